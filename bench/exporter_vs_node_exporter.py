@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Server CPU per scrape and series count: fleetscope exporter vs node_exporter, one run.
+
+Both serve the same 256-core fixture root (tests/fixtures/bundles/x86-256, sample s0000):
+node_exporter with only its cpu and stat collectors (Debian's prometheus-node-exporter),
+fleetscope in full per-core mode (the same series node_exporter has) and in summary mode.
+Scrapes go over one keep-alive connection each, with the headers Prometheus sends, in
+alternating rounds so drift on a shared machine hits both alike. Server CPU is the
+process's utime+stime from /proc/<pid>/stat (exited threads included).
+
+    python bench/exporter_vs_node_exporter.py [--scrapes 300] [--rounds 5]
+
+Prints the medians and the ratios fleetscope/node_exporter; exit 0 whatever they are
+(benchmarks report, tests assert behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE = REPO / "tests" / "fixtures" / "bundles" / "x86-256"
+SAMPLE = BUNDLE / "samples" / "s0000"
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def wait_ready(port: int, proc: subprocess.Popen, name: str) -> None:
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{name} exited at start (code {proc.returncode})")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{name} did not listen on 127.0.0.1:{port}")
+
+
+class Server:
+    def __init__(self, name: str, args: list[str], port: int):
+        self.name = name
+        self.port = port
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_ready(port, self.proc, name)
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def scrape(self) -> bytes:
+        self.conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+        response = self.conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            sys.exit(f"{self.name}: HTTP {response.status}")
+        if response.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return body
+
+    def cpu_per_scrape(self, scrapes: int) -> float:
+        before = cpu_seconds(self.proc.pid)
+        for _ in range(scrapes):
+            self.scrape()
+        return (cpu_seconds(self.proc.pid) - before) / scrapes
+
+    def series(self) -> int:
+        return sum(
+            1 for line in self.scrape().decode().splitlines() if line and not line.startswith("#")
+        )
+
+    def stop(self) -> None:
+        self.conn.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scrapes", type=int, default=300, help="scrapes per round (300)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
+    args = parser.parse_args()
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not node_exporter:
+        sys.exit("node_exporter not found: apt-get install prometheus-node-exporter")
+    version = subprocess.run([node_exporter, "--version"], capture_output=True, text=True)
+    workdir = Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
+    configs = {}
+    for mode in ("full", "summary"):
+        configs[mode] = workdir / f"{mode}.yaml"
+        configs[mode].write_text(f"per_core: {mode}\n")
+
+    servers = []
+    try:
+        port = free_port()
+        servers.append(Server("node_exporter", [
+            node_exporter, f"--web.listen-address=127.0.0.1:{port}",
+            "--collector.disable-defaults", "--collector.cpu", "--collector.stat",
+            f"--path.procfs={SAMPLE / 'proc'}", f"--path.sysfs={BUNDLE / 'static' / 'sys'}",
+            "--log.level=error",
+        ], port))
+        for mode in ("full", "summary"):
+            port = free_port()
+            servers.append(Server(f"fleetscope ({mode})", [
+                sys.executable, "-m", "fleetscope", "--log-level", "error", "exporter",
+                "--listen", f"127.0.0.1:{port}", "--root", str(SAMPLE),
+                "--config", str(configs[mode]),
+            ], port))
+        for server in servers:
+            for _ in range(20):  # warm-up: imports, caches, connection
+                server.scrape()
+
+        per_scrape: dict[str, list[float]] = {s.name: [] for s in servers}
+        for _ in range(args.rounds):
+            for server in servers:
+                per_scrape[server.name].append(server.cpu_per_scrape(args.scrapes))
+        series = {s.name: s.series() for s in servers}
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    base = "node_exporter"
+    print(f"fixture: 256-core x86 ({SAMPLE.relative_to(REPO)}); {args.rounds} rounds x "
+          f"{args.scrapes} scrapes each, Prometheus's Accept and gzip headers")
+    print(f"node_exporter: {(version.stdout or version.stderr).splitlines()[0]}")
+    print(f"{'server':<22}{'CPU ms/scrape (median)':>24}{'min':>8}{'max':>8}{'series':>8}")
+    for name, values in per_scrape.items():
+        print(f"{name:<22}{statistics.median(values) * 1e3:>24.3f}{min(values) * 1e3:>8.3f}"
+              f"{max(values) * 1e3:>8.3f}{series[name]:>8}")
+    base_cpu = statistics.median(per_scrape[base])
+    for name in per_scrape:
+        if name == base:
+            continue
+        print(f"ratio {name}/node_exporter: CPU per scrape "
+              f"{statistics.median(per_scrape[name]) / base_cpu:.2f}x, "
+              f"series {series[name] / series[base]:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

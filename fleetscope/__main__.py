@@ -1,0 +1,3 @@
+from fleetscope.cli import main
+
+raise SystemExit(main())

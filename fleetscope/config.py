@@ -1,0 +1,174 @@
+"""The node config file (`--config FILE`, YAML), validated into a `Config`.
+
+    pools:
+      - {name: chat-online, class: online, match: {cgroup: "*/online/*"}}
+      - {name: batch, class: offline, match: {cmdline: "etl|train"}}
+    per_core: summary            # or full: every core's 8 modes (node_exporter's shape)
+    busy_interval_min_seconds: 5 # shortest interval the per-core busy distribution covers
+
+Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
+section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    workload_class: str  # "online" or "offline"
+    cgroup_glob: str | None = None
+    cmdline_regex: str | None = None
+
+
+@dataclass(frozen=True)
+class RedisQueue:
+    key: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class Config:
+    per_core: str = "summary"
+    busy_interval_min_seconds: float = 5.0
+    saturated_core_busy_ratio: float = 0.9
+    collectors: tuple[str, ...] | None = None  # None: every collector
+    pools: tuple[Pool, ...] = ()
+    agent_metrics_url: str | None = None
+    redis_url: str | None = None
+    redis_queues: tuple[RedisQueue, ...] = ()
+    memory_peak_bytes_per_second: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
+
+
+_KNOWN_KEYS = {
+    "pools",
+    "agent_metrics_url",
+    "redis_url",
+    "redis_queues",
+    "platform",
+    "per_core",
+    "busy_interval_min_seconds",
+    "saturated_core_busy_ratio",
+    "collectors",
+}
+
+
+def _number(raw: dict, key: str, default: float, low: float, high: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"{key} must be a number from {low} to {high}, got {value!r}")
+    return float(value)
+
+
+def _pool(index: int, raw: Any) -> Pool:
+    where = f"pools[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping with name, class and match")
+    name, workload_class, match = raw.get("name"), raw.get("class"), raw.get("match")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name must be a non-empty string")
+    if workload_class not in ("online", "offline"):
+        raise ConfigError(f"{where}.class must be 'online' or 'offline', got {workload_class!r}")
+    if not isinstance(match, dict) or not (set(match) & {"cgroup", "cmdline"}):
+        raise ConfigError(f"{where}.match needs a 'cgroup' glob or a 'cmdline' regex")
+    unknown = set(match) - {"cgroup", "cmdline"}
+    if unknown:
+        raise ConfigError(f"{where}.match has unknown keys: {', '.join(sorted(unknown))}")
+    for key in ("cgroup", "cmdline"):
+        if key in match and not isinstance(match[key], str):
+            raise ConfigError(f"{where}.match.{key} must be a string")
+    if "cmdline" in match:
+        try:
+            re.compile(match["cmdline"])
+        except re.error as err:
+            raise ConfigError(f"{where}.match.cmdline is not a valid regex: {err}") from None
+    return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"))
+
+
+def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
+    """Validate a loaded YAML document. Unknown top-level keys are errors (typos hide)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a YAML mapping")
+    unknown = set(raw) - _KNOWN_KEYS
+    if unknown:
+        raise ConfigError(f"unknown config keys: {', '.join(sorted(map(str, unknown)))}")
+    per_core = raw.get("per_core", "summary")
+    if per_core not in ("summary", "full"):
+        raise ConfigError(f"per_core must be 'summary' or 'full', got {per_core!r}")
+    pools_raw = raw.get("pools", [])
+    if not isinstance(pools_raw, list):
+        raise ConfigError("pools must be a list")
+    pools = tuple(_pool(i, p) for i, p in enumerate(pools_raw))
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise ConfigError("pool names must be unique")
+    queues_raw = raw.get("redis_queues", [])
+    if not isinstance(queues_raw, list) or not all(
+        isinstance(q, dict) and isinstance(q.get("key"), str) and isinstance(q.get("pool"), str)
+        for q in queues_raw
+    ):
+        raise ConfigError("redis_queues must be a list of {key: str, pool: str}")
+    for key in ("agent_metrics_url", "redis_url"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ConfigError(f"{key} must be a string URL")
+    platform = raw.get("platform", {}) or {}
+    if not isinstance(platform, dict):
+        raise ConfigError("platform must be a mapping")
+    peak = platform.get("memory_peak_bytes_per_second")
+    bad_peak = isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0
+    if peak is not None and bad_peak:
+        raise ConfigError("platform.memory_peak_bytes_per_second must be a positive number")
+    collectors = raw.get("collectors")
+    if collectors is not None:
+        if not isinstance(collectors, list) or not all(isinstance(c, str) for c in collectors):
+            raise ConfigError("collectors must be a list of collector names")
+        unknown = set(collectors) - set(known_collectors)
+        if known_collectors and unknown:
+            raise ConfigError(
+                f"unknown collectors: {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(known_collectors)})"
+            )
+        collectors = tuple(collectors)
+    return Config(
+        per_core=per_core,
+        busy_interval_min_seconds=_number(raw, "busy_interval_min_seconds", 5.0, 0.0, 3600.0),
+        saturated_core_busy_ratio=_number(raw, "saturated_core_busy_ratio", 0.9, 0.0, 1.0),
+        collectors=collectors,
+        pools=pools,
+        agent_metrics_url=raw.get("agent_metrics_url"),
+        redis_url=raw.get("redis_url"),
+        redis_queues=tuple(RedisQueue(q["key"], q["pool"]) for q in queues_raw),
+        memory_peak_bytes_per_second=float(peak) if peak is not None else None,
+        raw=raw,
+    )
+
+
+def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Config:
+    """Read and validate a config file; no file means the defaults."""
+    if path is None:
+        return parse_config({}, known_collectors)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config {path} is not valid YAML{where}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text") from None
+    return parse_config(raw, known_collectors)

@@ -1,0 +1,232 @@
+"""`fleetscope exporter`: the node's Prometheus endpoint, GET /metrics.
+
+Runs every enabled collector per scrape, each isolated: a collector that fails costs its own
+metrics only and shows as `fleetscope_scrape_collector_success{collector="..."} 0`; a source
+a machine lacks (no PSI, no schedstat) shows as `fleetscope_scrape_source_available 0` and is
+logged once with how to enable it. Serves the text format, or OpenMetrics when the scraper
+asks for it, gzip-compressed when accepted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client import ProcessCollector
+
+from fleetscope import __version__
+from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape, bundle_roots
+from fleetscope.collectors.parsers import ParseError
+from fleetscope.config import Config
+from fleetscope.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    Family,
+    gauge,
+    labels,
+    render,
+    wants_openmetrics,
+)
+from fleetscope.webconfig import WebConfig
+
+log = logging.getLogger("fleetscope.exporter")
+
+
+class Exporter:
+    """Collects every enabled collector into metric families; no HTTP here."""
+
+    def __init__(self, root: str, config: Config):
+        self.roots = bundle_roots(root)
+        self.config = config
+        enabled = config.collectors
+        self.collectors = [
+            cls(config) for name, cls in COLLECTORS.items() if enabled is None or name in enabled
+        ]
+        # The exporter's own process (CPU, RSS, fds) comes from prometheus-client: it is about
+        # this process, so it reads the real /proc whatever the root.
+        self._process = ProcessCollector(registry=None)
+        self._problems: dict[tuple[str, str], str] = {}
+        self._problems_lock = threading.Lock()
+
+    def collect(self, now: float | None = None) -> list[Family]:
+        scrape = Scrape(self.roots, now)
+        families: list[Family] = []
+        durations: list[tuple[str, float]] = []
+        for collector in self.collectors:
+            start = time.perf_counter()
+            try:
+                for family in collector.collect(scrape):
+                    families.append(family)
+            except (NotAvailable, ParseError) as err:
+                scrape.errors.setdefault(collector.name, str(err))
+            except Exception as err:  # a bug in one collector must not cost the others
+                log.debug("collector %s crashed", collector.name, exc_info=True)
+                scrape.errors.setdefault(collector.name, f"{type(err).__name__}: {err}")
+            durations.append((collector.name, time.perf_counter() - start))
+        families.extend(self._scrape_meta(scrape, durations))
+        self._log_problems(scrape)
+        return families
+
+    def _scrape_meta(self, scrape: Scrape, durations) -> list[Family]:
+        success = gauge(
+            "fleetscope_scrape_collector_success",
+            "Whether the collector ran without error (missing optional sources are not errors).",
+        )
+        duration = gauge(
+            "fleetscope_scrape_collector_duration_seconds", "Time the collector took this scrape."
+        )
+        for name, seconds in durations:
+            success.add(0 if name in scrape.errors else 1, labels(collector=name))
+            duration.add(round(seconds, 6), labels(collector=name))
+        available = gauge(
+            "fleetscope_scrape_source_available",
+            "Whether a collector's source exists and parses on this node (0: see the log).",
+        )
+        for (collector, source), (ok, _) in sorted(scrape.sources.items()):
+            available.add(1 if ok else 0, labels(collector=collector, source=source))
+        info = gauge("fleetscope_exporter_build_info", "fleetscope version; always 1.")
+        info.add(1, labels(version=__version__))
+        return [success, duration, available, info]
+
+    def _log_problems(self, scrape: Scrape) -> None:
+        """Log a problem when it appears or changes, and its recovery: once, not per scrape."""
+        current = {(c, "collector"): msg for c, msg in scrape.errors.items()}
+        current.update({key: reason for key, (ok, reason) in scrape.sources.items() if not ok})
+        with self._problems_lock:
+            for key, message in current.items():
+                if self._problems.get(key) != message:
+                    collector, source = key
+                    what = "failed" if source == "collector" else f"source {source} not available"
+                    log.warning("collector %s %s: %s", collector, what, message)
+            for key in self._problems.keys() - current.keys():
+                log.info("collector %s %s recovered", *key)
+            self._problems = current
+
+    def _own_process(self) -> list[Family]:
+        """prometheus-client's process metrics, through our renderer (its exposition path
+        costs more than the rest of a summary scrape)."""
+        families = []
+        for metric in self._process.collect():
+            name = metric.name + "_total" if metric.type == "counter" else metric.name
+            family = Family(name, metric.type, metric.documentation)
+            for sample in metric.samples:
+                family.add(sample.value, labels(**sample.labels))
+            families.append(family)
+        return families
+
+    def render(self, openmetrics: bool = False) -> bytes:
+        body = render(self.collect() + self._own_process(), openmetrics)
+        return (body + "# EOF\n" if openmetrics else body).encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
+    server_version = f"fleetscope/{__version__}"
+    timeout = 30  # a client that stops talking must not hold a thread forever
+    server: ExporterServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        web = self.server.web
+        if web.auth is not None and not web.auth.check(self.headers.get("Authorization")):
+            self._reply(
+                401,
+                b"Unauthorized\n",
+                "text/plain; charset=utf-8",
+                {"WWW-Authenticate": 'Basic realm="fleetscope"'},
+            )
+            return
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            openmetrics = wants_openmetrics(self.headers.get("Accept"))
+            body = self.server.exporter.render(openmetrics)
+            content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+            extra = {}
+            if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+                body = gzip.compress(body, compresslevel=1)
+                extra["Content-Encoding"] = "gzip"
+            self._reply(200, body, content_type, extra)
+        elif path == "/":
+            page = (
+                "<html><head><title>fleetscope exporter</title></head><body>"
+                f"<h1>fleetscope exporter {__version__}</h1>"
+                '<p><a href="metrics">Metrics</a></p></body></html>\n'
+            )
+            self._reply(200, page.encode(), "text/html; charset=utf-8")
+        else:
+            self._reply(404, b"Not Found: try /metrics\n", "text/plain; charset=utf-8")
+
+    def _reply(self, status: int, body: bytes, content_type: str, extra=None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in {**self.server.web.headers, **(extra or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class ExporterServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # Prometheus HA pairs plus ad-hoc curls must not be refused
+
+    def __init__(self, address: tuple[str, int], exporter: Exporter, web: WebConfig):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.exporter = exporter
+        self.web = web
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request, client_address) -> None:
+        # The TLS handshake runs here, in the request's own thread, so a slow or hostile
+        # client cannot stall the accept loop.
+        if self.web.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10)
+        try:
+            tls_socket = self.web.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as err:
+            log.debug("TLS handshake with %s failed: %s", client_address, err)
+            return
+        try:
+            super().finish_request(tls_socket, client_address)
+        finally:
+            tls_socket.close()
+
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        scheme = "https" if self.web.tls else "http"
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{host}:{port}/metrics"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' (all interfaces) or '[::1]:PORT' -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def serve(listen: str, root: str, config: Config, web: WebConfig) -> None:
+    """Start the exporter and serve until interrupted."""
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"--root {root} is not a directory")
+    exporter = Exporter(root, config)
+    exporter.collect()  # first snapshot for interval metrics; logs what this node lacks
+    server = ExporterServer(parse_listen(listen), exporter, web)
+    print(f"fleetscope exporter listening on {server.url()}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()

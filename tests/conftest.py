@@ -1,0 +1,98 @@
+"""Shared test helpers: real exporter processes on 127.0.0.1, fixture bundles, tool checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BUNDLES = FIXTURES / "bundles"
+
+
+def require_tool(name: str) -> str:
+    """Path of a system tool the test needs. In CI (.ci/run installs them) a missing tool is a
+    failure, never a silent skip."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed; .ci/run must install it")
+    pytest.skip(f"{name} is not installed")
+
+
+class ExporterProcess:
+    """`fleetscope exporter` in a child process, listening on 127.0.0.1 (an OS-chosen port)."""
+
+    def __init__(self, root: str | Path, config: dict | None, tmp_path: Path, extra=()):
+        args = [sys.executable, "-m", "fleetscope", "exporter", "--listen", "127.0.0.1:0",
+                "--root", str(root)]
+        if config is not None:
+            config_path = tmp_path / f"config-{time.monotonic_ns()}.yaml"
+            config_path.write_text(yaml.safe_dump(config))
+            args += ["--config", str(config_path)]
+        args += list(extra)
+        self.stderr_path = tmp_path / f"exporter-{time.monotonic_ns()}.log"
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.stop()
+            raise AssertionError(f"exporter did not start: {line!r} {self.stderr()}")
+        self.url = line.split("listening on ", 1)[1].strip()
+
+    def scrape(self, headers: dict | None = None, context=None) -> tuple[int, dict, bytes]:
+        request = urllib.request.Request(self.url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return response.status, dict(response.headers), response.read()
+
+    def text(self) -> str:
+        return self.scrape()[2].decode()
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self._stderr.close()
+
+
+@pytest.fixture
+def exporter_factory(tmp_path):
+    started: list[ExporterProcess] = []
+
+    def start(root, config=None, extra=()):
+        process = ExporterProcess(root, config, tmp_path, extra)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def samples(text: str) -> dict[str, float]:
+    """Parse exposition text into {'name{labels}': value}, with prometheus-client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            label_string = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{label_string}}}" if label_string else sample.name] = sample.value
+    return out

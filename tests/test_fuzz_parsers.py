@@ -1,0 +1,61 @@
+"""Property-based fuzzing: every parser returns records or raises ParseError, nothing else,
+on arbitrary text and on real samples cut or corrupted at random."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetscope.collectors.parsers import ParseError, procfs, sysfs
+from tests.test_parsers import PROC_STAT_REAL, SCHEDSTAT_REAL
+
+PARSERS = {
+    "proc_stat": (procfs.parse_proc_stat, PROC_STAT_REAL),
+    "loadavg": (procfs.parse_loadavg, "0.20 0.18 0.12 1/80 11206\n"),
+    "pressure": (procfs.parse_pressure, "some avg10=2.32 avg60=0.64 avg300=0.48 total=3035326\n"
+                                        "full avg10=2.32 avg60=0.64 avg300=0.46 total=2891613\n"),
+    "schedstat": (procfs.parse_schedstat, SCHEDSTAT_REAL),
+    "cpulist": (sysfs.parse_cpulist, "0-63,128-191\n"),
+}
+
+# Text shaped like /proc files: digits, spaces, newlines, the punctuation they use, and a
+# little of everything else.
+procish = st.text(
+    alphabet=st.sampled_from(list("0123456789 \n\t-,./=:_cpuversionsomefullavgtotalx\x00\u00e9")),
+    max_size=400,
+)
+
+
+def _parse_or_parse_error(parser, text):
+    try:
+        parser(text)
+    except ParseError:
+        pass
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.one_of(st.text(max_size=300), procish))
+def test_garbage_never_escapes_as_another_exception(name, text):
+    _parse_or_parse_error(PARSERS[name][0], text)
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_truncated_and_corrupted_real_samples(name, data):
+    parser, sample = PARSERS[name]
+    cut = data.draw(st.integers(0, len(sample)))
+    _parse_or_parse_error(parser, sample[:cut])
+    position = data.draw(st.integers(0, len(sample) - 1))
+    replacement = data.draw(st.text(min_size=0, max_size=3))
+    _parse_or_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+
+
+@pytest.mark.parametrize("module", [procfs, sysfs])
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(module)
+    assert tried > 0 and failures == 0
