@@ -2,8 +2,10 @@
 """Server CPU per scrape and series count: fleetscope exporter vs node_exporter, one run.
 
 Both serve the same 256-core fixture root (tests/fixtures/bundles/x86-256, sample s0000):
-node_exporter with only its cpu and stat collectors (Debian's prometheus-node-exporter),
-fleetscope in full per-core mode (the same series node_exporter has) and in summary mode.
+node_exporter (Debian's prometheus-node-exporter) with only its cpu and stat collectors, and
+again with the collectors that read what fleetscope reads (adding pressure, schedstat,
+loadavg); fleetscope in full per-core mode (every core's series, as node_exporter) and in
+summary mode.
 Scrapes go over one keep-alive connection each, with the headers Prometheus sends, in
 alternating rounds so drift on a shared machine hits both alike. Server CPU is the
 process's utime+stime from /proc/<pid>/stat (exited threads included).
@@ -38,6 +40,12 @@ PROMETHEUS_HEADERS = {
     "Accept-Encoding": "gzip",
 }
 TICKS = os.sysconf("SC_CLK_TCK")
+# The anchor the issue names (cpu and stat collectors), and node_exporter reading everything
+# fleetscope's cpu and pressure collectors read (PSI, schedstat, loadavg too), like for like.
+ANCHORS = {
+    "node_exporter": ("cpu", "stat"),
+    "node_exporter (same sources)": ("cpu", "stat", "pressure", "schedstat", "loadavg"),
+}
 
 
 def free_port() -> int:
@@ -82,11 +90,13 @@ class Server:
             body = gzip.decompress(body)
         return body
 
-    def cpu_per_scrape(self, scrapes: int) -> float:
-        before = cpu_seconds(self.proc.pid)
+    def cpu_per_scrape(self, scrapes: int) -> tuple[float, float]:
+        """(server CPU seconds, client-seen wall seconds) per scrape."""
+        before, start = cpu_seconds(self.proc.pid), time.perf_counter()
         for _ in range(scrapes):
             self.scrape()
-        return (cpu_seconds(self.proc.pid) - before) / scrapes
+        wall = (time.perf_counter() - start) / scrapes
+        return (cpu_seconds(self.proc.pid) - before) / scrapes, wall
 
     def series(self) -> int:
         return sum(
@@ -116,13 +126,14 @@ def main() -> int:
 
     servers = []
     try:
-        port = free_port()
-        servers.append(Server("node_exporter", [
-            node_exporter, f"--web.listen-address=127.0.0.1:{port}",
-            "--collector.disable-defaults", "--collector.cpu", "--collector.stat",
-            f"--path.procfs={SAMPLE / 'proc'}", f"--path.sysfs={BUNDLE / 'static' / 'sys'}",
-            "--log.level=error",
-        ], port))
+        for name, collectors in ANCHORS.items():
+            port = free_port()
+            servers.append(Server(name, [
+                node_exporter, f"--web.listen-address=127.0.0.1:{port}",
+                "--collector.disable-defaults", *(f"--collector.{c}" for c in collectors),
+                f"--path.procfs={SAMPLE / 'proc'}", f"--path.sysfs={BUNDLE / 'static' / 'sys'}",
+                "--log.level=error",
+            ], port))
         for mode in ("full", "summary"):
             port = free_port()
             servers.append(Server(f"fleetscope ({mode})", [
@@ -135,30 +146,35 @@ def main() -> int:
                 server.scrape()
 
         per_scrape: dict[str, list[float]] = {s.name: [] for s in servers}
+        latency: dict[str, list[float]] = {s.name: [] for s in servers}
         for _ in range(args.rounds):
             for server in servers:
-                per_scrape[server.name].append(server.cpu_per_scrape(args.scrapes))
+                cpu, wall = server.cpu_per_scrape(args.scrapes)
+                per_scrape[server.name].append(cpu)
+                latency[server.name].append(wall)
         series = {s.name: s.series() for s in servers}
     finally:
         for server in servers:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    base = "node_exporter"
     print(f"fixture: 256-core x86 ({SAMPLE.relative_to(REPO)}); {args.rounds} rounds x "
           f"{args.scrapes} scrapes each, Prometheus's Accept and gzip headers")
     print(f"node_exporter: {(version.stdout or version.stderr).splitlines()[0]}")
-    print(f"{'server':<22}{'CPU ms/scrape (median)':>24}{'min':>8}{'max':>8}{'series':>8}")
+    print(f"{'server':<30}{'CPU ms/scrape (median)':>24}{'min':>8}{'max':>8}{'series':>8}"
+          f"{'latency ms':>12}")
     for name, values in per_scrape.items():
-        print(f"{name:<22}{statistics.median(values) * 1e3:>24.3f}{min(values) * 1e3:>8.3f}"
-              f"{max(values) * 1e3:>8.3f}{series[name]:>8}")
-    base_cpu = statistics.median(per_scrape[base])
-    for name in per_scrape:
-        if name == base:
-            continue
-        print(f"ratio {name}/node_exporter: CPU per scrape "
-              f"{statistics.median(per_scrape[name]) / base_cpu:.2f}x, "
-              f"series {series[name] / series[base]:.3f}x")
+        print(f"{name:<30}{statistics.median(values) * 1e3:>24.3f}{min(values) * 1e3:>8.3f}"
+              f"{max(values) * 1e3:>8.3f}{series[name]:>8}"
+              f"{statistics.median(latency[name]) * 1e3:>12.2f}")
+    for anchor in ANCHORS:
+        anchor_cpu = statistics.median(per_scrape[anchor])
+        for name in per_scrape:
+            if name in ANCHORS:
+                continue
+            print(f"ratio {name} / {anchor}: CPU per scrape "
+                  f"{statistics.median(per_scrape[name]) / anchor_cpu:.2f}x, "
+                  f"series {series[name] / series[anchor]:.3f}x")
     return 0
 
 

@@ -32,7 +32,8 @@ from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 
 MODES = CPU_STAT_FIELDS[:8]  # user .. steal: they add up to the CPU's wall time
 IDLE, IOWAIT, STEAL, GUEST, GUEST_NICE = 3, 4, 7, 8, 9
-QUANTILES = ("0", "0.5", "0.9", "1")
+# The spread across cores, as a `stat` label: promtool reserves `quantile` for summaries.
+STATS = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -182,16 +183,15 @@ class CpuCollector(Collector):
         busy = gauge(
             "fleetscope_cpu_core_busy_ratio",
             "Distribution over cores of each core's busy fraction (not idle, not iowait; "
-            "steal counts as busy) in the last interval; quantile 0 is the idlest core, "
-            "1 the busiest.",
+            "steal counts as busy) in the last interval: min, p50, p90 and max over cores.",
         )
         steal = gauge(
             "fleetscope_cpu_core_steal_ratio",
             "Distribution over cores of each core's steal fraction in the last interval.",
         )
-        for q in QUANTILES:
-            busy.add(round(quantile(busy_sorted, float(q)), 6), labels(quantile=q))
-            steal.add(round(quantile(steal_sorted, float(q)), 6), labels(quantile=q))
+        for stat, q in STATS:
+            busy.add(round(quantile(busy_sorted, q), 6), labels(stat=stat))
+            steal.add(round(quantile(steal_sorted, q), 6), labels(stat=stat))
         threshold = self.config.saturated_core_busy_ratio
         saturated = gauge(
             "fleetscope_cpu_saturated_cores",

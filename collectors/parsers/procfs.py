@@ -7,6 +7,7 @@ cumulative since boot; collectors export them as counters and compute deltas whe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import ParseError, parse_int
 
@@ -183,8 +184,7 @@ def parse_pressure(text: str, what: str = "pressure") -> dict[str, PressureLine]
     return lines
 
 
-@dataclass(slots=True, frozen=True)
-class SchedstatCpu:
+class SchedstatCpu(NamedTuple):  # a tuple: built 256 times a scrape on a big node
     running_ns: int  # field 7: time tasks spent running on this CPU
     waiting_ns: int  # field 8: time tasks spent runnable, waiting on this run queue
     timeslices: int  # field 9: timeslices run on this CPU
@@ -200,25 +200,23 @@ def parse_schedstat(text: str) -> dict[int, SchedstatCpu]:
     ...                 "cpu0 0 0 0 0 0 0 3035466036 858375615 67578\\n")[0].waiting_ns
     858375615
     """
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("version "):
+    first_line = text.partition("\n")[0]
+    if not first_line.startswith("version "):
         raise ParseError("/proc/schedstat: first line is not 'version N'")
-    version = parse_int(lines[0][8:].strip(), "/proc/schedstat version")
+    version = parse_int(first_line[8:].strip(), "/proc/schedstat version")
     if version < 15:
         raise ParseError(f"/proc/schedstat: version {version} is older than 15 (unsupported)")
     cpus: dict[int, SchedstatCpu] = {}
-    for line in lines[1:]:
-        if not line.startswith("cpu"):
-            continue
+    for line in text.split("\n"):
+        if line[:3] != "cpu":
+            continue  # domain lines: several per CPU, version-specific
         parts = line.split()
-        if len(parts) < 10:
-            raise ParseError(f"/proc/schedstat: {parts[0]} line has {len(parts) - 1} fields")
-        cpu = parse_int(parts[0][3:], "/proc/schedstat cpu number")
-        cpus[cpu] = SchedstatCpu(
-            parse_int(parts[7], "/proc/schedstat running"),
-            parse_int(parts[8], "/proc/schedstat waiting"),
-            parse_int(parts[9], "/proc/schedstat timeslices"),
-        )
+        if len(parts) < 10 or "-" in line:
+            raise ParseError(f"/proc/schedstat: malformed line {line[:40]!r}")
+        try:
+            cpus[int(parts[0][3:])] = SchedstatCpu(int(parts[7]), int(parts[8]), int(parts[9]))
+        except ValueError:
+            raise ParseError(f"/proc/schedstat: non-number in {line[:40]!r}") from None
     if not cpus:
         raise ParseError("/proc/schedstat: no cpu lines")
     return cpus

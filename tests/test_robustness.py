@@ -1,0 +1,116 @@
+"""Broken sources: a collector fails alone, the scrape still answers with everything else."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetscope.config import parse_config
+from fleetscope.exporter import Exporter
+from fleetscope.exposition import render
+from tests.conftest import BUNDLES, samples
+
+SOURCES = ["proc/stat", "proc/loadavg", "proc/schedstat", "proc/pressure/cpu",
+           "proc/pressure/memory", "proc/pressure/io",
+           "sys/devices/system/node/node0/cpulist"]
+
+
+def _root(tmp_path, bundle="kunpeng-128"):
+    """A flat copy of a bundle's first sample with its static files merged in."""
+    root = tmp_path / "root"
+    shutil.copytree(BUNDLES / bundle / "static", root, dirs_exist_ok=True)
+    shutil.copytree(BUNDLES / bundle / "samples" / "s0000", root, dirs_exist_ok=True)
+    return root
+
+
+def _scrape(root, per_core="full"):
+    exporter = Exporter(str(root), parse_config({"per_core": per_core}))
+    text = render(exporter.collect())
+    return samples(text)
+
+
+def _success(parsed, collector):
+    return parsed[f'fleetscope_scrape_collector_success{{collector="{collector}"}}']
+
+
+def test_missing_proc_stat_fails_cpu_only(tmp_path):
+    root = _root(tmp_path)
+    (root / "proc" / "stat").unlink()
+    parsed = _scrape(root)
+    assert _success(parsed, "cpu") == 0
+    assert not [k for k in parsed if k.startswith("fleetscope_cpu_")]
+    # pressure still reports PSI, schedstat and loadavg; only its /proc/stat part is gone.
+    assert parsed["fleetscope_load1"] > 0
+    assert 'fleetscope_pressure_stall_seconds_total{resource="io",stall="some"}' in parsed
+    assert parsed['fleetscope_scrape_source_available{collector="pressure",'
+                  'source="proc/stat"}'] == 0
+
+
+def test_missing_optional_sources_are_not_failures(tmp_path):
+    root = _root(tmp_path)
+    shutil.rmtree(root / "proc" / "pressure")
+    (root / "proc" / "schedstat").unlink()
+    parsed = _scrape(root)
+    assert _success(parsed, "pressure") == 1
+    assert parsed['fleetscope_scrape_source_available{collector="pressure",'
+                  'source="proc/schedstat"}'] == 0
+    assert not [k for k in parsed if k.startswith("fleetscope_schedstat_")]
+    assert "fleetscope_context_switches_total" in parsed
+
+
+def test_truncated_file_is_a_failure_not_a_crash(tmp_path):
+    root = _root(tmp_path)
+    stat = (root / "proc" / "stat").read_text()
+    (root / "proc" / "stat").write_text(stat[: len(stat) // 3].rsplit(" ", 1)[0])
+    parsed = _scrape(root)
+    # Cut mid-line: the last cpu line is short, so the file is rejected, not half-used.
+    assert _success(parsed, "cpu") == 0
+    assert _success(parsed, "pressure") == 0  # its /proc/stat source is corrupt too
+    assert "fleetscope_load1" in parsed
+
+
+def test_unreadable_directory_in_place_of_a_file(tmp_path):
+    root = _root(tmp_path)
+    (root / "proc" / "loadavg").unlink()
+    (root / "proc" / "loadavg").mkdir()
+    parsed = _scrape(root)
+    assert parsed['fleetscope_scrape_source_available{collector="pressure",'
+                  'source="proc/loadavg"}'] == 0
+    assert _success(parsed, "cpu") == 1
+
+
+def test_collector_bug_costs_only_its_own_metrics(tmp_path, monkeypatch):
+    from fleetscope.collectors.pressure import PressureCollector
+
+    def crash(self, scrape):
+        raise RuntimeError("bug")
+        yield
+
+    monkeypatch.setattr(PressureCollector, "collect", crash)
+    parsed = _scrape(_root(tmp_path))
+    assert _success(parsed, "pressure") == 0
+    assert _success(parsed, "cpu") == 1
+
+
+@pytest.fixture(scope="module")
+def garbage_root(tmp_path_factory):
+    return _root(tmp_path_factory.mktemp("garbage"))
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(source=st.sampled_from(SOURCES), content=st.binary(max_size=300))
+def test_garbage_in_any_source_never_breaks_a_scrape(garbage_root, source, content):
+    path = garbage_root / source
+    original = path.read_bytes()
+    try:
+        path.write_bytes(content)
+        for per_core in ("full", "summary"):
+            parsed = _scrape(garbage_root, per_core)
+            assert {_success(parsed, "cpu"), _success(parsed, "pressure")} <= {0, 1}
+            assert "fleetscope_exporter_build_info{version=" in "".join(parsed)
+    finally:
+        path.write_bytes(original)
