@@ -5,6 +5,7 @@
       - {name: batch, class: offline, match: {cmdline: "etl|train"}}
     per_core: summary            # or full: every core's 8 modes (node_exporter's shape)
     busy_interval_min_seconds: 5 # shortest interval the per-core busy distribution covers
+    numa_maps_min_interval_seconds: 30  # pool NUMA locality: numa_maps is costly to read
 
 Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
 section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -42,6 +43,7 @@ class Config:
     per_core: str = "summary"
     busy_interval_min_seconds: float = 5.0
     saturated_core_busy_ratio: float = 0.9
+    numa_maps_min_interval_seconds: float = 30.0
     collectors: tuple[str, ...] | None = None  # None: every collector
     pools: tuple[Pool, ...] = ()
     agent_metrics_url: str | None = None
@@ -52,6 +54,7 @@ class Config:
 
 
 _KNOWN_KEYS = {
+    "numa_maps_min_interval_seconds",
     "pools",
     "agent_metrics_url",
     "redis_url",
@@ -146,6 +149,9 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         per_core=per_core,
         busy_interval_min_seconds=_number(raw, "busy_interval_min_seconds", 5.0, 0.0, 3600.0),
         saturated_core_busy_ratio=_number(raw, "saturated_core_busy_ratio", 0.9, 0.0, 1.0),
+        numa_maps_min_interval_seconds=_number(
+            raw, "numa_maps_min_interval_seconds", 30.0, 0.0, 86400.0
+        ),
         collectors=collectors,
         pools=pools,
         agent_metrics_url=raw.get("agent_metrics_url"),

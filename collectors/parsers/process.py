@@ -1,0 +1,184 @@
+"""Parsers for per-process files under /proc/<pid>/ (fs/proc/array.c, fs/proc/base.c).
+
+    /proc/<pid>/stat       1234 (python3) S 1 1234 ... (52 fields; comm may hold spaces and ')')
+    /proc/<pid>/status     Threads:\t64 / Cpus_allowed_list:\t64-95 / voluntary_ctxt_switches: ...
+    /proc/<pid>/schedstat  84886 2950931 2   (ns on CPU, ns waiting on a run queue, timeslices)
+    /proc/<pid>/cgroup     0::/kubepods.slice/online/agent-chat   (v2; v1 lines are N:ctrl:/path)
+    /proc/<pid>/cmdline    python3\\0-m\\0agent.worker\\0
+    /proc/<pid>/limits     Max open files            1024                 1048576              files
+    /proc/<pid>/numa_maps  7f45.. default anon=2 dirty=2 N0=2 kernelpagesize_kB=4
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import ParseError, parse_int
+
+
+class ProcStat(NamedTuple):
+    comm: str
+    state: str
+    utime_ticks: int  # field 14, USER_HZ
+    stime_ticks: int  # field 15
+    num_threads: int  # field 20
+    starttime_ticks: int  # field 22, since boot
+    processor: int  # field 39: CPU it last ran on
+
+
+def parse_pid_stat(text: str) -> ProcStat:
+    """Parse /proc/<pid>/stat. comm sits in parentheses and may itself contain ') ', so the
+    fields start after the LAST ')' (as procps does).
+
+    >>> parse_pid_stat("42 (my (odd) name) R 1 42 42 0 -1 4194304 0 0 0 0 150 30 0 0 20 0 "
+    ...                "3 0 1000 0 0 0 0 0 0 0 0 0 0 0 0 0 0 7 0 0 0 0 0").utime_ticks
+    150
+    """
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 0 or close_paren < open_paren:
+        raise ParseError("/proc/<pid>/stat: no (comm)")
+    fields = text[close_paren + 1:].split()
+    # fields[0] is field 3 (state); field N is fields[N - 3]
+    if len(fields) < 37:
+        raise ParseError(f"/proc/<pid>/stat: {len(fields) + 2} fields, expected at least 39")
+    what = "/proc/<pid>/stat"
+    return ProcStat(
+        text[open_paren + 1:close_paren],
+        fields[0],
+        parse_int(fields[11], what),
+        parse_int(fields[12], what),
+        parse_int(fields[17], what),
+        parse_int(fields[19], what),
+        parse_int(fields[36], what),
+    )
+
+
+def parse_status(text: str) -> dict[str, str]:
+    """Parse /proc/<pid>/status into {key: value} with values stripped.
+
+    >>> parse_status("Name:\\tpython3\\nThreads:\\t64\\nCpus_allowed_list:\\t64-95\\n")["Threads"]
+    '64'
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if line.strip():
+                raise ParseError(f"/proc/<pid>/status: line without ':' {line[:40]!r}")
+            continue
+        fields[key] = value.strip()
+    if "Name" not in fields:
+        raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
+    return fields
+
+
+def status_int(status: dict[str, str], key: str) -> int:
+    """An integer field of a parsed status file ('VmRSS' -> kB value without the unit)."""
+    value = status.get(key)
+    if value is None:
+        raise ParseError(f"/proc/<pid>/status: no {key} line")
+    return parse_int(value.split()[0] if value else value, f"/proc/<pid>/status {key}")
+
+
+def parse_pid_schedstat(text: str) -> tuple[int, int, int]:
+    """Parse /proc/<pid>/schedstat: (ns on CPU, ns runnable but waiting, timeslices).
+
+    >>> parse_pid_schedstat("84886 2950931 2\\n")
+    (84886, 2950931, 2)
+    """
+    parts = text.split()
+    if len(parts) != 3:
+        raise ParseError("/proc/<pid>/schedstat: expected 3 numbers")
+    on_cpu, waiting, slices = (parse_int(p, "/proc/<pid>/schedstat") for p in parts)
+    return on_cpu, waiting, slices
+
+
+def parse_cgroup(text: str) -> str:
+    """The process's cgroup path: the v2 line (`0::/path`), else v1's cpu controller path.
+
+    >>> parse_cgroup("0::/kubepods.slice/online/agent-chat\\n")
+    '/kubepods.slice/online/agent-chat'
+    >>> parse_cgroup("12:cpu,cpuacct:/batch\\n1:name=systemd:/init.scope\\n")
+    '/batch'
+    """
+    v1_cpu = None
+    for line in text.splitlines():
+        if not line:
+            continue
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            raise ParseError(f"/proc/<pid>/cgroup: malformed line {line[:40]!r}")
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":
+            return path
+        if "cpu" in controllers.split(","):
+            v1_cpu = path
+    if v1_cpu is None:
+        raise ParseError("/proc/<pid>/cgroup: no v2 or cpu controller line")
+    return v1_cpu
+
+
+def parse_cmdline(raw: str) -> str:
+    """NUL-separated argv as one space-separated string ('' for kernel threads)."""
+    return raw.rstrip("\0").replace("\0", " ")
+
+
+def parse_limits(text: str) -> dict[str, tuple[int | None, int | None]]:
+    """Parse /proc/<pid>/limits into {limit name: (soft, hard)}; None means unlimited.
+
+    The table is printed with fixed columns (fs/proc/base.c proc_pid_limits:
+    "%-25s %-20s %-20s %-10s"); names contain spaces, so columns are cut by position.
+
+    >>> header = "Limit".ljust(26) + "Soft Limit".ljust(21) + "Hard Limit".ljust(21) + "Units"
+    >>> row = "Max open files".ljust(26) + "1024".ljust(21) + "1048576".ljust(21) + "files"
+    >>> parse_limits(header + "\\n" + row + "\\n")
+    {'Max open files': (1024, 1048576)}
+    """
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("Limit"):
+        raise ParseError("/proc/<pid>/limits: no header line")
+    limits: dict[str, tuple[int | None, int | None]] = {}
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        name = line[:26].strip()
+        values = line[26:].split()
+        if not name or len(values) < 2:
+            raise ParseError(f"/proc/<pid>/limits: malformed line {line[:40]!r}")
+
+        soft, hard = (
+            None if token == "unlimited" else parse_int(token, f"/proc/<pid>/limits {name}")
+            for token in values[:2]
+        )
+        limits[name] = (soft, hard)
+    return limits
+
+
+def parse_numa_maps(text: str) -> dict[int, int]:
+    """Resident bytes per NUMA node from /proc/<pid>/numa_maps (mm/mempolicy.c show_numa_map):
+    sums `N<node>=<pages>` times the line's `kernelpagesize_kB`.
+
+    >>> parse_numa_maps("7f45 default anon=2 dirty=2 N0=2 N1=1 kernelpagesize_kB=4\\n"
+    ...                 "7f46 default file=/lib/x.so huge N1=1 kernelpagesize_kB=2048\\n")
+    {0: 8192, 1: 2101248}
+    """
+    per_node: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line:
+            continue
+        page_kb = None
+        pages: list[tuple[int, int]] = []
+        for token in line.split()[2:]:
+            key, eq, value = token.partition("=")
+            if not eq:
+                continue  # bare words: heap, stack, huge
+            if key == "kernelpagesize_kB":
+                page_kb = parse_int(value, "/proc/<pid>/numa_maps page size")
+            elif key[:1] == "N" and key[1:].isdigit():
+                pages.append((int(key[1:]), parse_int(value, "/proc/<pid>/numa_maps pages")))
+        if pages and page_kb is None:
+            raise ParseError(f"/proc/<pid>/numa_maps: no kernelpagesize_kB in {line[:40]!r}")
+        for node, count in pages:
+            per_node[node] = per_node.get(node, 0) + count * page_kb * 1024
+    return per_node

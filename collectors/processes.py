@@ -1,0 +1,82 @@
+"""The node's processes grouped into the config's workload pools, once per scrape.
+
+A process belongs to the first pool whose `match` it satisfies: `cgroup`, a glob on its
+cgroup path from /proc/<pid>/cgroup (`0::/kubepods.slice/online/agent-chat-7d9f`), or
+`cmdline`, a regex searched in its NUL-separated argv joined by spaces. Kernel threads (empty
+cmdline) match no cmdline pattern. Shared by the pools, numa and irq collectors, which
+export per pool, never per pid.
+
+A process may exit between the directory listing and the reads: it is skipped silently.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from functools import lru_cache
+from typing import NamedTuple
+
+from fleetscope.config import Pool
+
+from .base import NotAvailable, Scrape
+from .parsers import ParseError
+from .parsers.process import parse_cgroup, parse_cmdline
+
+
+class PoolProcess(NamedTuple):
+    pid: int
+    pool: Pool
+    cmdline: str
+    cgroup: str  # "" when no pool matches by cgroup (the file is then not read)
+
+
+class PoolMatcher:
+    def __init__(self, pools: tuple[Pool, ...]):
+        self.pools = pools
+        self.needs_cgroup = any(p.cgroup_glob for p in pools)
+        self._rules = [
+            (
+                pool,
+                re.compile(fnmatch.translate(pool.cgroup_glob)) if pool.cgroup_glob else None,
+                re.compile(pool.cmdline_regex) if pool.cmdline_regex else None,
+            )
+            for pool in pools
+        ]
+
+    def match(self, cmdline: str, cgroup: str) -> Pool | None:
+        for pool, cgroup_pattern, cmdline_pattern in self._rules:
+            if cgroup_pattern is not None and cgroup and cgroup_pattern.match(cgroup):
+                return pool
+            if cmdline_pattern is not None and cmdline and cmdline_pattern.search(cmdline):
+                return pool
+        return None
+
+
+@lru_cache(maxsize=8)
+def matcher_for(pools: tuple[Pool, ...]) -> PoolMatcher:
+    return PoolMatcher(pools)
+
+
+def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
+    if not pools:
+        return []
+    matcher = matcher_for(pools)
+    found: list[PoolProcess] = []
+    for name in sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int):
+        try:
+            cmdline = parse_cmdline(scrape.read_text(f"proc/{name}/cmdline"))
+            cgroup = (
+                parse_cgroup(scrape.read_text(f"proc/{name}/cgroup"))
+                if matcher.needs_cgroup else ""
+            )
+        except (NotAvailable, ParseError):
+            continue  # exited while we looked, or a zombie
+        pool = matcher.match(cmdline, cgroup)
+        if pool is not None:
+            found.append(PoolProcess(int(name), pool, cmdline, cgroup))
+    return found
+
+
+def pool_processes(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
+    """Every process that belongs to a pool, in pid order."""
+    return scrape.memo("pool_processes", lambda: _scan(scrape, pools))
