@@ -50,11 +50,20 @@ class Config:
     redis_url: str | None = None
     redis_queues: tuple[RedisQueue, ...] = ()
     memory_peak_bytes_per_second: float | None = None
+    # Platform facts perf cannot tell: bytes per HiSilicon DDRC flux count (Huawei's own
+    # tooling uses 32; the kernel documents no unit).
+    ddrc_bytes_per_count: float = 32.0
+    perf_window_seconds: float = 5.0  # perf stat sampling window, in a background thread
+    command_timeout_seconds: float = 10.0  # perf, ethtool: killed and reported past this
+    agent_timeout_seconds: float = 2.0  # agent metrics endpoint and Redis, per scrape
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 
 _KNOWN_KEYS = {
     "numa_maps_min_interval_seconds",
+    "perf_window_seconds",
+    "command_timeout_seconds",
+    "agent_timeout_seconds",
     "pools",
     "agent_metrics_url",
     "redis_url",
@@ -130,6 +139,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
     platform = raw.get("platform", {}) or {}
     if not isinstance(platform, dict):
         raise ConfigError("platform must be a mapping")
+    unknown = set(platform) - {"memory_peak_bytes_per_second", "ddrc_bytes_per_count"}
+    if unknown:
+        raise ConfigError(f"platform has unknown keys: {', '.join(sorted(map(str, unknown)))}")
+    ddrc = _number(platform, "ddrc_bytes_per_count", 32.0, 1.0, 4096.0)
     peak = platform.get("memory_peak_bytes_per_second")
     bad_peak = isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0
     if peak is not None and bad_peak:
@@ -158,6 +171,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         redis_url=raw.get("redis_url"),
         redis_queues=tuple(RedisQueue(q["key"], q["pool"]) for q in queues_raw),
         memory_peak_bytes_per_second=float(peak) if peak is not None else None,
+        ddrc_bytes_per_count=ddrc,
+        perf_window_seconds=_number(raw, "perf_window_seconds", 5.0, 0.1, 3600.0),
+        command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
+        agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         raw=raw,
     )
 
