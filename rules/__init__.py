@@ -1,0 +1,1 @@
+"""Rule catalog and the expressions shared by the Python engine and the exported PromQL."""

@@ -1,0 +1,401 @@
+"""Rule expressions that are both PromQL and Python: one source of truth for every rule.
+
+A rule's condition is built from these nodes; `promql()` renders it for the exported
+Prometheus rules and `evaluate()` computes the same instant vector in-process over recorded
+series (a bundle replayed through the collectors, the live node, a Prometheus range query).
+
+    expr = Rate(Selector("fleetscope_pool_run_delay_seconds_total", {"class": "online"}), 120)
+    (Sum(expr, by=("pool",)) > 0.05).promql()
+    # 'sum by (pool) (rate(fleetscope_pool_run_delay_seconds_total{class="online"}[2m])) > 0.05'
+
+The subset is what the catalog needs, with Prometheus 2.x semantics kept exactly where a
+number depends on them: instant selectors look back 5 minutes for the latest sample;
+`rate`/`increase` use Prometheus's extrapolation (promql/functions.go extrapolatedRate) and
+counter-reset handling over the closed range [t - window, t]; binary operators match on
+all labels but the metric name; comparisons filter; `and`/`unless` are set operations.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs; may hold __name__
+Vector = dict[Labels, float]
+NAME = "__name__"
+
+
+def strip_name(labels: Labels) -> Labels:
+    """Labels without the metric name: what operators match on and what alerts carry."""
+    return tuple(pair for pair in labels if pair[0] != NAME)
+
+
+class Series:
+    """Recorded samples: metric name -> label set -> [(timestamp ms, value)] ascending."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, dict[Labels, list[tuple[int, float]]]] = {}
+
+    def add(self, name: str, labels: dict[str, str], timestamp_ms: int, value: float) -> None:
+        key = tuple(sorted(labels.items()))
+        points = self.by_name.setdefault(name, {}).setdefault(key, [])
+        if points and points[-1][0] >= timestamp_ms:
+            if points[-1][0] == timestamp_ms:
+                points[-1] = (timestamp_ms, value)
+                return
+            points.sort()
+        points.append((timestamp_ms, value))
+
+    def names(self) -> set[str]:
+        return set(self.by_name)
+
+    def timestamps(self) -> list[int]:
+        return sorted({t for series in self.by_name.values() for pts in series.values()
+                       for t, _ in pts})
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+class Expr:
+    """A node of a rule expression."""
+
+    def promql(self) -> str:
+        raise NotImplementedError
+
+    def evaluate(self, series: Series, at_ms: int) -> Vector:
+        raise NotImplementedError
+
+    def metrics(self) -> set[str]:
+        """Metric names this expression reads (to report rules whose inputs are absent)."""
+        raise NotImplementedError
+
+    # Operators build nodes, so rules read like the PromQL they become.
+    def __gt__(self, other): return Compare(">", self, _wrap(other))  # noqa: E704
+    def __ge__(self, other): return Compare(">=", self, _wrap(other))  # noqa: E704
+    def __lt__(self, other): return Compare("<", self, _wrap(other))  # noqa: E704
+    def __le__(self, other): return Compare("<=", self, _wrap(other))  # noqa: E704
+    def __add__(self, other): return Arith("+", self, _wrap(other))  # noqa: E704
+    def __sub__(self, other): return Arith("-", self, _wrap(other))  # noqa: E704
+    def __mul__(self, other): return Arith("*", self, _wrap(other))  # noqa: E704
+    def __truediv__(self, other): return Arith("/", self, _wrap(other))  # noqa: E704
+    def __rmul__(self, other): return Arith("*", _wrap(other), self)  # noqa: E704
+    def __radd__(self, other): return Arith("+", _wrap(other), self)  # noqa: E704
+    def __rsub__(self, other): return Arith("-", _wrap(other), self)  # noqa: E704
+    def __rtruediv__(self, other): return Arith("/", _wrap(other), self)  # noqa: E704
+    def __and__(self, other): return SetOp("and", self, other)  # noqa: E704
+    def __or__(self, other): return SetOp("or", self, other)  # noqa: E704
+
+    def unless(self, other: Expr) -> Expr:
+        return SetOp("unless", self, other)
+
+    __hash__ = object.__hash__
+
+
+def _wrap(value) -> Expr:
+    return value if isinstance(value, Expr) else Scalar(float(value))
+
+
+@dataclass(eq=False)
+class Scalar(Expr):
+    value: float
+
+    def promql(self) -> str:
+        return repr(self.value).removesuffix(".0") if self.value == int(self.value) \
+            else repr(self.value)
+
+    def evaluate(self, series, at_ms):
+        raise TypeError("a scalar is evaluated by its parent")
+
+    def metrics(self):
+        return set()
+
+
+@dataclass(eq=False)
+class Selector(Expr):
+    """`name{label="value", other=~"regex"}`; a matcher value starting with '~' is a regex."""
+
+    name: str
+    matchers: dict[str, str] | None = None
+
+    def _matcher_text(self) -> str:
+        if not self.matchers:
+            return ""
+        parts = []
+        for key, value in self.matchers.items():
+            if value.startswith("~"):
+                parts.append(f"{key}=~{_quote(value[1:])}")
+            else:
+                parts.append(f"{key}={_quote(value)}")
+        return "{" + ",".join(parts) + "}"
+
+    def promql(self) -> str:
+        return self.name + self._matcher_text()
+
+    def matching(self, series: Series) -> Iterable[tuple[Labels, list[tuple[int, float]]]]:
+        tests: list[Callable[[dict], bool]] = []
+        for key, value in (self.matchers or {}).items():
+            if value.startswith("~"):
+                pattern = re.compile(value[1:])  # PromQL regexes are anchored: fullmatch
+                tests.append(lambda d, k=key, p=pattern: p.fullmatch(d.get(k, "")) is not None)
+            else:
+                tests.append(lambda d, k=key, v=value: d.get(k, "") == v)
+        for labels, points in series.by_name.get(self.name, {}).items():
+            as_dict = dict(labels)
+            if all(test(as_dict) for test in tests):
+                yield labels, points
+
+    def evaluate(self, series, at_ms):
+        out: Vector = {}
+        for labels, points in self.matching(series):
+            latest = None
+            for t, v in reversed(points):
+                if t <= at_ms:
+                    if t > at_ms - LOOKBACK_MS:
+                        latest = v
+                    break
+            if latest is not None:
+                out[tuple(sorted(((NAME, self.name), *labels)))] = latest
+        return out
+
+    def metrics(self):
+        return {self.name}
+
+
+def extrapolated_delta(points: list[tuple[int, float]], start_ms: int, end_ms: int,
+                       is_rate: bool) -> float | None:
+    """Prometheus's extrapolatedRate for counters over the samples in [start, end]."""
+    window = [(t, v) for t, v in points if start_ms <= t <= end_ms]
+    if len(window) < 2:
+        return None
+    result = window[-1][1] - window[0][1]
+    last = 0.0
+    for _, v in window:  # a counter that went down was reset: add what it had reached
+        if v < last:
+            result += last
+        last = v
+    to_start = (window[0][0] - start_ms) / 1000
+    to_end = (end_ms - window[-1][0]) / 1000
+    sampled = (window[-1][0] - window[0][0]) / 1000
+    average = sampled / (len(window) - 1)
+    if result > 0 and window[0][1] >= 0:
+        to_zero = sampled * (window[0][1] / result)
+        to_start = min(to_start, to_zero)
+    threshold = average * 1.1
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    factor = interval / sampled
+    if is_rate:
+        factor /= (end_ms - start_ms) / 1000
+    return result * factor
+
+
+@dataclass(eq=False)
+class Rate(Expr):
+    """rate(selector[window]) per second, or increase() with `increase=True`."""
+
+    selector: Selector
+    window_seconds: int
+    increase: bool = False
+
+    def promql(self) -> str:
+        function = "increase" if self.increase else "rate"
+        return f"{function}({self.selector.promql()}[{_duration(self.window_seconds)}])"
+
+    def evaluate(self, series, at_ms):
+        out: Vector = {}
+        start = at_ms - self.window_seconds * 1000
+        for labels, points in self.selector.matching(series):
+            value = extrapolated_delta(points, start, at_ms, not self.increase)
+            if value is not None:
+                out[labels] = value
+        return out
+
+    def metrics(self):
+        return self.selector.metrics()
+
+
+def _sum(values: list[float]) -> float:
+    total = 0.0
+    for value in values:  # in series order, as Prometheus adds: the last bits must agree
+        total += value
+    return total
+
+
+def _avg(values: list[float]) -> float:
+    mean, count = values[0], 1
+    for value in values[1:]:  # Prometheus 2.x's incremental mean (promql/engine.go)
+        count += 1
+        mean += value / count - mean / count
+    return mean
+
+
+_AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
+    "sum": _sum,
+    "max": max,
+    "min": min,
+    "avg": _avg,
+    "count": lambda values: float(len(values)),
+}
+
+
+@dataclass(eq=False)
+class Aggregate(Expr):
+    function: str
+    inner: Expr
+    by: tuple[str, ...] = ()
+
+    def promql(self) -> str:
+        grouping = f" by ({', '.join(self.by)})" if self.by else ""
+        return f"{self.function}{grouping} ({self.inner.promql()})"
+
+    def evaluate(self, series, at_ms):
+        groups: dict[Labels, list[float]] = {}
+        for labels, value in sorted(self.inner.evaluate(series, at_ms).items()):
+            key = tuple((k, v) for k, v in labels if k in self.by)
+            groups.setdefault(key, []).append(value)
+        return {key: _AGGREGATIONS[self.function](values) for key, values in groups.items()}
+
+    def metrics(self):
+        return self.inner.metrics()
+
+
+def Sum(inner: Expr, by: tuple[str, ...] = ()) -> Aggregate:  # noqa: N802 (reads as PromQL)
+    return Aggregate("sum", inner, tuple(by))
+
+
+def Max(inner: Expr, by: tuple[str, ...] = ()) -> Aggregate:  # noqa: N802
+    return Aggregate("max", inner, tuple(by))
+
+
+def Min(inner: Expr, by: tuple[str, ...] = ()) -> Aggregate:  # noqa: N802
+    return Aggregate("min", inner, tuple(by))
+
+
+def Avg(inner: Expr, by: tuple[str, ...] = ()) -> Aggregate:  # noqa: N802
+    return Aggregate("avg", inner, tuple(by))
+
+
+def Count(inner: Expr, by: tuple[str, ...] = ()) -> Aggregate:  # noqa: N802
+    return Aggregate("count", inner, tuple(by))
+
+
+def _divide(a: float, b: float) -> float:
+    if b == 0:  # IEEE 754, as Go computes it
+        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
+    return a / b
+
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
+_COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+            "==": operator.eq, "!=": operator.ne}
+_PRECEDENCE = {"or": 1, "and": 2, "unless": 2, "==": 3, "!=": 3, ">": 3, ">=": 3, "<": 3,
+               "<=": 3, "+": 4, "-": 4, "*": 5, "/": 5}
+
+
+def _operand(expr: Expr, parent: str, right: bool) -> str:
+    text = expr.promql()
+    op = getattr(expr, "op", None)
+    if op is not None and (_PRECEDENCE[op] < _PRECEDENCE[parent]
+                           or (right and _PRECEDENCE[op] == _PRECEDENCE[parent])):
+        return f"({text})"
+    return text
+
+
+class _Binary(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def promql(self) -> str:
+        left = _operand(self.left, self.op, False)
+        return f"{left} {self.op} {_operand(self.right, self.op, True)}"
+
+    def metrics(self):
+        return self.left.metrics() | self.right.metrics()
+
+    def _apply(self, series, at_ms, combine: Callable[[float, float], float | None],
+               keep_name: bool) -> Vector:
+        """Vector-scalar or one-to-one vector matching on all labels but the name."""
+        def result_labels(labels: Labels) -> Labels:
+            return labels if keep_name else strip_name(labels)
+
+        left_scalar = isinstance(self.left, Scalar)
+        right_scalar = isinstance(self.right, Scalar)
+        if left_scalar and right_scalar:
+            raise TypeError("scalar-scalar expressions are not rule conditions")
+        out: Vector = {}
+        if right_scalar or left_scalar:
+            vector = self.left if right_scalar else self.right
+            for labels, value in vector.evaluate(series, at_ms).items():
+                result = (combine(value, self.right.value) if right_scalar
+                          else combine(self.left.value, value))
+                if result is not None:
+                    out[result_labels(labels)] = result
+            return out
+        right = {strip_name(k): v for k, v in self.right.evaluate(series, at_ms).items()}
+        for labels, value in self.left.evaluate(series, at_ms).items():
+            other = right.get(strip_name(labels))
+            if other is not None:
+                result = combine(value, other)
+                if result is not None:
+                    out[result_labels(labels)] = result
+        return out
+
+
+@dataclass(eq=False)
+class Arith(_Binary):
+    op: str
+    left: Expr
+    right: Expr
+
+    def evaluate(self, series, at_ms):
+        return self._apply(series, at_ms, _ARITH[self.op], keep_name=False)
+
+
+@dataclass(eq=False)
+class Compare(_Binary):
+    """A filter, as PromQL comparisons without `bool`: keeps the left value where true."""
+
+    op: str
+    left: Expr
+    right: Expr
+
+    def evaluate(self, series, at_ms):
+        test = _COMPARE[self.op]
+        if isinstance(self.left, Scalar):
+            return self._apply(series, at_ms, lambda a, b: b if test(a, b) else None, True)
+        return self._apply(series, at_ms, lambda a, b: a if test(a, b) else None, True)
+
+
+@dataclass(eq=False)
+class SetOp(_Binary):
+    op: str
+    left: Expr
+    right: Expr
+
+    def evaluate(self, series, at_ms):
+        left = self.left.evaluate(series, at_ms)
+        right = self.right.evaluate(series, at_ms)
+        right_keys = {strip_name(k) for k in right}
+        if self.op == "and":
+            return {k: v for k, v in left.items() if strip_name(k) in right_keys}
+        if self.op == "unless":
+            return {k: v for k, v in left.items() if strip_name(k) not in right_keys}
+        left_keys = {strip_name(k) for k in left}  # or: left wins, right fills in
+        return {**left, **{k: v for k, v in right.items() if strip_name(k) not in left_keys}}
