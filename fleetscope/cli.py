@@ -50,6 +50,35 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from fleetscope.diagnose.command import run
+
+    return run(args)
+
+
+def _cmd_rules_list(args: argparse.Namespace) -> int:
+    from fleetscope.rules.catalog import CATALOG
+
+    for rule in CATALOG:
+        print(f"{rule.id:<30} {rule.severity:<8} {rule.symptom}")
+    return 0
+
+
+def _cmd_rules_export(args: argparse.Namespace) -> int:
+    from fleetscope.rules.export import export_yaml
+
+    text = export_yaml(args.runbook_url_base)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as err:
+        return _fail(f"cannot write {args.output}: {err.strerror or err}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope",
@@ -89,6 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS and basic-auth config, node_exporter's web-config format (default: plain HTTP)",
     )
     exporter.set_defaults(run=_cmd_exporter)
+
+    diagnose = commands.add_parser(
+        "diagnose", help="diagnose the live node, a bundle or Prometheus",
+        description="Diagnosis with evidence and runbooks. Exit 0 ok, 1 warning, "
+        "2 critical, 3 could not diagnose.",
+    )
+    from fleetscope.diagnose.command import add_arguments
+
+    add_arguments(diagnose)
+    diagnose.set_defaults(run=_cmd_diagnose)
+
+    rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
+    rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
+    rule_commands.add_parser("list", help="list the rules").set_defaults(run=_cmd_rules_list)
+    export = rule_commands.add_parser("export", help="write the Prometheus rule file")
+    export.add_argument("-o", "--output", metavar="FILE", help="file to write (default stdout)")
+    export.add_argument("--runbook-url-base", default="runbooks/", metavar="URL",
+                        help="prefix of every alert's runbook_url (default runbooks/)")
+    export.set_defaults(run=_cmd_rules_export)
     return parser
 
 
@@ -100,4 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `fleetscope diagnose --json | head`: the reader left
+        sys.stderr.close()
+        return 0

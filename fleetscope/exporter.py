@@ -55,8 +55,10 @@ class Exporter:
         self._problems: dict[tuple[str, str], str] = {}
         self._problems_lock = threading.Lock()
 
-    def collect(self, now: float | None = None) -> list[Family]:
-        scrape = Scrape(self.roots, now)
+    def collect(self, now: float | None = None, roots: tuple[str, ...] | None = None
+                ) -> list[Family]:
+        """One pass of every collector. `now` and `roots` replay a recorded sample."""
+        scrape = Scrape(roots or self.roots, now)
         families: list[Family] = []
         durations: list[tuple[str, float]] = []
         for collector in self.collectors:

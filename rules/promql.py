@@ -40,6 +40,7 @@ class Series:
 
     def __init__(self) -> None:
         self.by_name: dict[str, dict[Labels, list[tuple[int, float]]]] = {}
+        self.max_window_ms: int | None = None  # set to the span to rate short evidence
 
     def add(self, name: str, labels: dict[str, str], timestamp_ms: int, value: float) -> None:
         key = tuple(sorted(labels.items()))
@@ -100,8 +101,12 @@ class Expr:
     def __and__(self, other): return SetOp("and", self, other)  # noqa: E704
     def __or__(self, other): return SetOp("or", self, other)  # noqa: E704
 
-    def unless(self, other: Expr) -> Expr:
-        return SetOp("unless", self, other)
+    def unless(self, other: Expr, on: tuple[str, ...] | None = None) -> Expr:
+        return SetOp("unless", self, other, on)
+
+    def and_on(self, other: Expr, on: tuple[str, ...]) -> Expr:
+        """`self and on (labels) other`: keep self where other has the same `on` labels."""
+        return SetOp("and", self, other, tuple(on))
 
     __hash__ = object.__hash__
 
@@ -121,8 +126,24 @@ class Scalar(Expr):
     def evaluate(self, series, at_ms):
         raise TypeError("a scalar is evaluated by its parent")
 
+    def scalar(self, at_ms: int) -> float:
+        return self.value
+
     def metrics(self):
         return set()
+
+
+class Time(Scalar):
+    """PromQL time(): the evaluation time in seconds (the last sample of a bundle)."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    def promql(self) -> str:
+        return "time()"
+
+    def scalar(self, at_ms: int) -> float:
+        return at_ms / 1000
 
 
 @dataclass(eq=False)
@@ -219,7 +240,12 @@ class Rate(Expr):
 
     def evaluate(self, series, at_ms):
         out: Vector = {}
-        start = at_ms - self.window_seconds * 1000
+        window_ms = self.window_seconds * 1000
+        # Evidence shorter than the window (a 10 s live sample, a short bundle) is rated
+        # over its own span: Prometheus would under-count a partly filled window.
+        if series.max_window_ms:
+            window_ms = min(window_ms, series.max_window_ms)
+        start = at_ms - window_ms
         for labels, points in self.selector.matching(series):
             value = extrapolated_delta(points, start, at_ms, not self.increase)
             if value is not None:
@@ -321,10 +347,17 @@ class _Binary(Expr):
     op: str
     left: Expr
     right: Expr
+    on: tuple[str, ...] | None = None  # match on these labels only (PromQL `on (...)`)
 
     def promql(self) -> str:
         left = _operand(self.left, self.op, False)
-        return f"{left} {self.op} {_operand(self.right, self.op, True)}"
+        matching = f" on ({', '.join(self.on)})" if self.on is not None else ""
+        return f"{left} {self.op}{matching} {_operand(self.right, self.op, True)}"
+
+    def _key(self, labels: Labels) -> Labels:
+        if self.on is None:
+            return strip_name(labels)
+        return tuple(pair for pair in labels if pair[0] in self.on)
 
     def metrics(self):
         return self.left.metrics() | self.right.metrics()
@@ -343,14 +376,14 @@ class _Binary(Expr):
         if right_scalar or left_scalar:
             vector = self.left if right_scalar else self.right
             for labels, value in vector.evaluate(series, at_ms).items():
-                result = (combine(value, self.right.value) if right_scalar
-                          else combine(self.left.value, value))
+                result = (combine(value, self.right.scalar(at_ms)) if right_scalar
+                          else combine(self.left.scalar(at_ms), value))
                 if result is not None:
                     out[result_labels(labels)] = result
             return out
-        right = {strip_name(k): v for k, v in self.right.evaluate(series, at_ms).items()}
+        right = {self._key(k): v for k, v in self.right.evaluate(series, at_ms).items()}
         for labels, value in self.left.evaluate(series, at_ms).items():
-            other = right.get(strip_name(labels))
+            other = right.get(self._key(labels))
             if other is not None:
                 result = combine(value, other)
                 if result is not None:
@@ -363,6 +396,7 @@ class Arith(_Binary):
     op: str
     left: Expr
     right: Expr
+    on: tuple[str, ...] | None = None
 
     def evaluate(self, series, at_ms):
         return self._apply(series, at_ms, _ARITH[self.op], keep_name=False)
@@ -375,6 +409,7 @@ class Compare(_Binary):
     op: str
     left: Expr
     right: Expr
+    on: tuple[str, ...] | None = None
 
     def evaluate(self, series, at_ms):
         test = _COMPARE[self.op]
@@ -388,14 +423,15 @@ class SetOp(_Binary):
     op: str
     left: Expr
     right: Expr
+    on: tuple[str, ...] | None = None
 
     def evaluate(self, series, at_ms):
         left = self.left.evaluate(series, at_ms)
         right = self.right.evaluate(series, at_ms)
-        right_keys = {strip_name(k) for k in right}
+        right_keys = {self._key(k) for k in right}
         if self.op == "and":
-            return {k: v for k, v in left.items() if strip_name(k) in right_keys}
+            return {k: v for k, v in left.items() if self._key(k) in right_keys}
         if self.op == "unless":
-            return {k: v for k, v in left.items() if strip_name(k) not in right_keys}
-        left_keys = {strip_name(k) for k in left}  # or: left wins, right fills in
-        return {**left, **{k: v for k, v in right.items() if strip_name(k) not in left_keys}}
+            return {k: v for k, v in left.items() if self._key(k) not in right_keys}
+        left_keys = {self._key(k) for k in left}  # or: left wins, right fills in
+        return {**left, **{k: v for k, v in right.items() if self._key(k) not in left_keys}}

@@ -1,0 +1,163 @@
+"""Bundles (`fleetscope-bundle/1`, CONTRACT section 3): open, validate, replay.
+
+    meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
+                 "samples": [{"dir": "samples/s0000", "time": 1764660000.0}, ...],
+                 "config": {...}}
+
+A bundle is a directory or the same tree in a .tar.gz. Archives are unpacked into a
+temporary directory with tarfile's `data` filter: absolute paths, `..`, links leaving the
+tree and device files are refused, and so are archives over the size and member limits.
+Replaying runs the exporter's collectors over each sample directory through `--root`, so a
+bundle yields exactly the series a live node would have exported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, replace
+
+from fleetscope.collectors.base import BUNDLE_FORMAT
+from fleetscope.config import Config, ConfigError, parse_config
+
+MAX_MEMBERS = 500_000
+MAX_UNPACKED_BYTES = 8 * 1024**3
+
+
+class BundleError(Exception):
+    """The bundle cannot be read; the message is one line for the user."""
+
+
+@dataclass
+class Sample:
+    directory: str  # absolute path of the sample directory
+    time: float  # unix seconds
+
+
+@dataclass
+class Bundle:
+    root: str  # the unpacked bundle directory
+    hostname: str
+    interval_s: float
+    samples: list[Sample]
+    config_raw: dict
+    _tempdir: str | None = None
+
+    def config(self, override: Config | None = None) -> Config:
+        """The recorded config (CONTRACT: diagnosis uses it unless --config overrides)."""
+        if override is not None:
+            return override
+        try:
+            return parse_config(self.config_raw)
+        except ConfigError as err:
+            raise BundleError(f"meta.json config is invalid: {err}") from None
+
+    def close(self) -> None:
+        if self._tempdir:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unpack(path: str) -> tuple[str, str]:
+    """Unpack a .tar.gz safely; returns (bundle root inside it, temp dir to remove)."""
+    tempdir = tempfile.mkdtemp(prefix="fleetscope-bundle-")
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            members = []
+            total = 0
+            for member in archive:
+                members.append(member)
+                total += max(member.size, 0)
+                if len(members) > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
+                    raise BundleError(f"{path}: archive too large to be a bundle")
+            archive.extractall(tempdir, members=members, filter="data")
+    except tarfile.FilterError as err:
+        shutil.rmtree(tempdir, ignore_errors=True)
+        raise BundleError(f"{path}: refused archive member: {err}") from None
+    except (tarfile.TarError, EOFError, OSError, ValueError) as err:
+        shutil.rmtree(tempdir, ignore_errors=True)
+        raise BundleError(f"{path}: not a readable .tar.gz bundle ({err})") from None
+    except BundleError:
+        shutil.rmtree(tempdir, ignore_errors=True)
+        raise
+    # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
+    if os.path.isfile(os.path.join(tempdir, "meta.json")):
+        return tempdir, tempdir
+    entries = os.listdir(tempdir)
+    if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], "meta.json")):
+        return os.path.join(tempdir, entries[0]), tempdir
+    shutil.rmtree(tempdir, ignore_errors=True)
+    raise BundleError(f"{path}: archive has no meta.json (not a fleetscope bundle)")
+
+
+def open_bundle(path: str) -> Bundle:
+    """Open and validate a bundle directory or .tar.gz."""
+    if not os.path.exists(path):
+        raise BundleError(f"{path}: no such bundle")
+    tempdir = None
+    root = path
+    if os.path.isfile(path):
+        root, tempdir = _unpack(path)
+    try:
+        return _read_meta(os.path.abspath(root), tempdir)
+    except BundleError:
+        if tempdir:
+            shutil.rmtree(tempdir, ignore_errors=True)
+        raise
+
+
+def _read_meta(root: str, tempdir: str | None) -> Bundle:
+    meta_path = os.path.join(root, "meta.json")
+    try:
+        with open(meta_path, encoding="utf-8") as handle:
+            meta = json.load(handle)
+    except FileNotFoundError:
+        raise BundleError(f"{root}: no meta.json (not a fleetscope bundle)") from None
+    except (OSError, ValueError) as err:
+        raise BundleError(f"{meta_path}: unreadable ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != BUNDLE_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise BundleError(f"{meta_path}: format is {found!r}, expected {BUNDLE_FORMAT!r}")
+    raw_samples = meta.get("samples")
+    if not isinstance(raw_samples, list) or not raw_samples:
+        raise BundleError(f"{meta_path}: no samples")
+    samples = []
+    for index, raw in enumerate(raw_samples):
+        if not isinstance(raw, dict) or not isinstance(raw.get("dir"), str) \
+                or isinstance(raw.get("time"), bool) \
+                or not isinstance(raw.get("time"), (int, float)):
+            raise BundleError(f"{meta_path}: samples[{index}] needs dir and time")
+        directory = os.path.realpath(os.path.join(root, raw["dir"]))
+        if not directory.startswith(os.path.realpath(root) + os.sep):
+            raise BundleError(f"{meta_path}: samples[{index}] points outside the bundle")
+        if not os.path.isdir(directory):
+            raise BundleError(f"{meta_path}: sample directory {raw['dir']} is missing")
+        samples.append(Sample(directory, float(raw["time"])))
+    if any(b.time <= a.time for a, b in zip(samples, samples[1:], strict=False)):
+        raise BundleError(f"{meta_path}: sample times are not ascending")
+    config = meta.get("config", {})
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise BundleError(f"{meta_path}: config must be an object")
+    interval = meta.get("interval_s", 0)
+    interval = float(interval) if isinstance(interval, (int, float)) else 0.0
+    hostname = meta.get("hostname")
+    return Bundle(root, hostname if isinstance(hostname, str) else "unknown", interval, samples,
+                  config, tempdir)
+
+
+def replay_config(config: Config) -> Config:
+    """Replaying reads every sample completely: no rate limits between samples, and the
+    per-core summary shape the rules read."""
+    return replace(config, busy_interval_min_seconds=0.0, numa_maps_min_interval_seconds=0.0,
+                   per_core="summary")

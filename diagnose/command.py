@@ -1,0 +1,126 @@
+"""`fleetscope diagnose`: the live node (default), a bundle, or Prometheus.
+
+Exit codes (CONTRACT section 6): 0 no finding of warning or worse, 1 worst is warning,
+2 worst is critical, 3 could not diagnose (bad input, unreadable bundle, Prometheus
+unreachable) with one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from fleetscope.config import Config, ConfigError, load_config
+from fleetscope.rules.catalog import CATALOG
+
+from . import engine
+from .bundle import BundleError, open_bundle
+from .evidence import bundle_series, live_series
+from .prometheus import PrometheusError, prometheus_series
+
+EXIT_UNKNOWN = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--bundle", metavar="PATH", help="diagnose a recorded bundle "
+                        "(directory or .tar.gz); never contacts the network")
+    source.add_argument("--prometheus", metavar="URL", help="diagnose from a Prometheus server")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--node", metavar="NAME", help="with --prometheus: the instance label")
+    scope.add_argument("--fleet", action="store_true", help="with --prometheus: every node")
+    parser.add_argument("--seconds", type=float, default=5.0, metavar="N",
+                        help="live: how long to sample (default 5); Prometheus: how far back "
+                        "(default 5, at least two steps)")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
+    parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
+                        "overrides the recorded one)")
+
+
+class _Progress:
+    """A progress bar on stderr when it is a terminal; silent otherwise (and with --json)."""
+
+    def __init__(self, enabled: bool, label: str):
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True)
+            self.task = self.bar.add_task(label, total=None)
+            self.bar.start()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _fail(message: str) -> int:
+    print(f"fleetscope diagnose: error: {message}", file=sys.stderr)
+    return EXIT_UNKNOWN
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.node or args.fleet) and not args.prometheus:
+        print("fleetscope diagnose: error: --node and --fleet go with --prometheus",
+              file=sys.stderr)
+        return 2
+    if not 0 < args.seconds <= 3600 * 24:
+        print("fleetscope diagnose: error: --seconds must be between 0 and 86400",
+              file=sys.stderr)
+        return 2
+    # Sources a node lacks are reported as not_evaluated, not as log lines mid-report.
+    logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
+    try:
+        config: Config | None = load_config(args.config) if args.config else None
+    except ConfigError as err:
+        return _fail(str(err))
+    progress = _Progress(not args.json, "sampling")
+    try:
+        if args.bundle:
+            try:
+                with open_bundle(args.bundle) as bundle:
+                    series = bundle_series(bundle, bundle.config(config), progress)
+                    nodes = [bundle.hostname]
+                    window = (bundle.samples[0].time, bundle.samples[-1].time)
+            except BundleError as err:
+                return _fail(str(err))
+            source = "bundle"
+        elif args.prometheus:
+            metrics = set().union(*(rule.requires() for rule in CATALOG))
+            try:
+                series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
+                                                  None if args.fleet else args.node)
+            except PrometheusError as err:
+                return _fail(str(err))
+            if args.node and not nodes:
+                nodes = [args.node]
+            end = time.time()
+            window = (end - args.seconds, end)
+            source = "prometheus"
+        else:
+            import socket
+
+            series = live_series(config or Config(), args.seconds, 1.0, progress=progress)
+            nodes = [socket.gethostname()]
+            stamps = series.timestamps()
+            window = (stamps[0] / 1000, stamps[-1] / 1000)
+            source = "live"
+    finally:
+        progress.close()
+    stamps = series.timestamps()
+    series.max_window_ms = (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
+    findings, not_evaluated = engine.evaluate(series, nodes[0] if len(nodes) == 1 else "?")
+    document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
+    from .report import print_json, print_report  # rich, only when a report is printed
+
+    if args.json:
+        print_json(document)
+    else:
+        print_report(document)
+    return engine.exit_code(document)
