@@ -161,3 +161,43 @@ def replay_config(config: Config) -> Config:
     per-core summary shape the rules read."""
     return replace(config, busy_interval_min_seconds=0.0, numa_maps_min_interval_seconds=0.0,
                    per_core="summary")
+
+
+# What a sample may hold, and what each part is evidence for (for `bundle show`).
+SOURCES = (
+    ("proc/stat", "per-core CPU time"),
+    ("proc/schedstat", "run-queue delay"),
+    ("proc/pressure/cpu", "PSI"),
+    ("sys/devices/system/node", "NUMA counters"),
+    ("proc/interrupts", "interrupts"),
+    ("proc/net/netstat", "TCP counters"),
+    ("sys/class/infiniband", "RDMA counters"),
+    ("cmd/perf-stat.csv", "perf memory bandwidth / L3"),
+    ("agent.prom", "agent runtime metrics"),
+)
+
+
+def describe(bundle: Bundle) -> list[tuple[str, str]]:
+    """(what, value) rows summarising a bundle."""
+    first, last = bundle.samples[0], bundle.samples[-1]
+    rows = [
+        ("format", BUNDLE_FORMAT),
+        ("hostname", bundle.hostname),
+        ("samples", f"{len(bundle.samples)} every {bundle.interval_s:g} s, "
+                    f"{last.time - first.time:g} s in all"),
+        ("window", f"{first.time:.3f} .. {last.time:.3f}"),
+    ]
+    pools = bundle.config_raw.get("pools") or []
+    rows.append(("pools", ", ".join(f"{p.get('name')} ({p.get('class')})" for p in pools
+                                    if isinstance(p, dict)) or "none configured"))
+    processes = [n for n in os.listdir(os.path.join(last.directory, "proc"))
+                 if n.isdigit()] if os.path.isdir(os.path.join(last.directory, "proc")) else []
+    rows.append(("processes in last sample", str(len(processes))))
+    static = os.path.join(bundle.root, "static")
+    for relative, what in SOURCES:
+        present = os.path.exists(os.path.join(last.directory, relative)) or \
+            os.path.exists(os.path.join(static, relative))
+        rows.append((what, "yes" if present else "absent"))
+    rows.append(("kernel log (dmesg.txt)",
+                 "yes" if os.path.isfile(os.path.join(static, "dmesg.txt")) else "absent"))
+    return rows

@@ -79,6 +79,46 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bundle_record(args: argparse.Namespace) -> int:
+    from fleetscope.bundle_record import RecordError, record
+    from fleetscope.config import ConfigError, load_config
+
+    if not (0 < args.interval <= 3600 and 0 <= args.seconds <= 86400):
+        print("fleetscope bundle record: error: --interval must be in (0, 3600] and "
+              "--seconds in [0, 86400]", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        return _fail(str(err))
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("recording", total=None)
+        try:
+            path = record(args.output, args.seconds, args.interval, config, root=args.root,
+                          progress=lambda done, total: bar.update(task, completed=done,
+                                                                  total=total))
+        except RecordError as err:
+            return _fail(str(err))
+    print(f"bundle written to {path}")
+    return 0
+
+
+def _cmd_bundle_show(args: argparse.Namespace) -> int:
+    from fleetscope.diagnose.bundle import BundleError, describe, open_bundle
+
+    try:
+        with open_bundle(args.path) as bundle:
+            rows = describe(bundle)
+    except BundleError as err:
+        return _fail(str(err))
+    width = max(len(what) for what, _ in rows)
+    for what, value in rows:
+        print(f"{what:<{width}}  {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope",
@@ -128,6 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(diagnose)
     diagnose.set_defaults(run=_cmd_diagnose)
+
+    bundle = commands.add_parser("bundle", help="record or show an evidence bundle")
+    bundle_commands = bundle.add_subparsers(dest="bundle_command", metavar="COMMAND",
+                                            required=True)
+    record = bundle_commands.add_parser("record", help="capture this node's raw evidence")
+    record.add_argument("--seconds", type=float, default=30.0, metavar="N",
+                        help="how long to record (default 30)")
+    record.add_argument("--interval", type=float, default=5.0, metavar="S",
+                        help="seconds between samples (default 5)")
+    record.add_argument("-o", "--output", required=True, metavar="PATH",
+                        help="bundle directory, or a .tar.gz file")
+    record.add_argument("--config", metavar="FILE", help="node config YAML (pools...)")
+    record.add_argument("--root", default="/", metavar="DIR", help=argparse.SUPPRESS)
+    record.set_defaults(run=_cmd_bundle_record)
+    show = bundle_commands.add_parser("show", help="summarise a bundle")
+    show.add_argument("path", metavar="PATH")
+    show.set_defaults(run=_cmd_bundle_show)
 
     rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
     rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
