@@ -85,7 +85,8 @@ def _unpack(path: str) -> tuple[str, str]:
         raise BundleError(f"{path}: refused archive member: {err}") from None
     except (tarfile.TarError, EOFError, OSError, ValueError) as err:
         shutil.rmtree(tempdir, ignore_errors=True)
-        raise BundleError(f"{path}: not a readable .tar.gz bundle ({err})") from None
+        detail = str(err).splitlines()[0].rstrip(":") if str(err) else type(err).__name__
+        raise BundleError(f"{path}: not a readable .tar.gz bundle ({detail})") from None
     except BundleError:
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
