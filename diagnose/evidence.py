@@ -46,9 +46,12 @@ def add_families(series: Series, families: list[Family], timestamp_ms: int,
             series.add(name, cache[label_string], timestamp_ms, float(value))
         for block in family.blocks:
             for line in block.split("\n"):
+                # Block lines carry their own sample name (a histogram's _bucket/_sum/_count).
                 head, _, value = line.rpartition(" ")
-                label_string = head[head.index("{") + 1:-1] if "{" in head else ""
-                series.add(name, cache[label_string], timestamp_ms, float(value))
+                brace = head.find("{")
+                sample_name = head if brace < 0 else head[:brace]
+                label_string = "" if brace < 0 else head[brace + 1:-1]
+                series.add(sample_name, cache[label_string], timestamp_ms, float(value))
 
 
 def bundle_series(bundle: Bundle, config: Config,

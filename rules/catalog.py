@@ -55,7 +55,7 @@ class Rule:
     @property
     def needs_rates(self) -> bool:
         text = self.condition.promql()
-        return "rate(" in text or "increase(" in text
+        return any(f"{fn}(" in text for fn in ("rate", "increase", "delta"))
 
     @property
     def alert_name(self) -> str:

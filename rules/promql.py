@@ -226,6 +226,49 @@ def extrapolated_delta(points: list[tuple[int, float]], start_ms: int, end_ms: i
     return result * factor
 
 
+def extrapolated_gauge_delta(points: list[tuple[int, float]], start_ms: int, end_ms: int
+                             ) -> float | None:
+    """Prometheus's delta() for gauges: extrapolated, no counter-reset handling."""
+    window = [(t, v) for t, v in points if start_ms <= t <= end_ms]
+    if len(window) < 2:
+        return None
+    result = window[-1][1] - window[0][1]
+    to_start = (window[0][0] - start_ms) / 1000
+    to_end = (end_ms - window[-1][0]) / 1000
+    sampled = (window[-1][0] - window[0][0]) / 1000
+    average = sampled / (len(window) - 1)
+    threshold = average * 1.1
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    return result * (interval / sampled)
+
+
+@dataclass(eq=False)
+class Delta(Expr):
+    """delta(selector[window]) for gauges: how much a queue grew over the window."""
+
+    selector: Selector
+    window_seconds: int
+
+    def promql(self) -> str:
+        return f"delta({self.selector.promql()}[{_duration(self.window_seconds)}])"
+
+    def evaluate(self, series, at_ms):
+        window_ms = self.window_seconds * 1000
+        if series.max_window_ms:
+            window_ms = min(window_ms, series.max_window_ms)
+        out: Vector = {}
+        for labels, points in self.selector.matching(series):
+            value = extrapolated_gauge_delta(points, at_ms - window_ms, at_ms)
+            if value is not None:
+                out[labels] = value
+        return out
+
+    def metrics(self):
+        return self.selector.metrics()
+
+
 @dataclass(eq=False)
 class Rate(Expr):
     """rate(selector[window]) per second, or increase() with `increase=True`."""

@@ -17,11 +17,13 @@ import yaml
 from fleetscope.rules.promql import (
     Avg,
     Count,
+    Delta,
     Max,
     Rate,
     Selector,
     Series,
     Sum,
+    Time,
 )
 from tests.conftest import require_tool
 
@@ -63,6 +65,13 @@ EXPRESSIONS = [
                                           by=("class", "pool")) > 1),
     (Selector("queue_depth") >= 0).unless(Selector("queue_depth", {"class": "offline"})),
     Selector("stale_gauge"),
+    Delta(Selector("queue_depth"), 60),
+    Delta(Selector("queue_depth", {"pool": "chat"}), 120) > 0,
+    Time() - Selector("queue_depth") * 10,
+    (Selector("queue_depth") > 5).and_on(Sum(Selector("queue_depth"), by=("pool",)) > 20,
+                                         ("pool",)),
+    (Selector("queue_depth") > 0).unless(Max(Selector("queue_depth"), by=("class",)) > 45,
+                                         ("class",)),
     2 * Selector("queue_depth") - Selector("queue_depth"),
 ]
 
