@@ -119,6 +119,12 @@ def _cmd_bundle_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    from fleetscope.stacks import run_stacks
+
+    return run_stacks(args.pids, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope",
@@ -185,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     show = bundle_commands.add_parser("show", help="summarise a bundle")
     show.add_argument("path", metavar="PATH")
     show.set_defaults(run=_cmd_bundle_show)
+
+    stacks = commands.add_parser(
+        "stacks", help="py-spy stacks of agent workers, classified",
+        description="Dump every Python thread of the given processes with py-spy and say "
+        "whether each waits on the network, on a lock, runs on CPU or is idle.",
+    )
+    stacks.add_argument("pids", nargs="+", type=int, metavar="PID")
+    stacks.add_argument("--json", action="store_true", help="print JSON")
+    stacks.set_defaults(run=_cmd_stacks)
 
     rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
     rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)

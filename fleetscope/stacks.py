@@ -1,0 +1,148 @@
+"""`fleetscope stacks PID...`: where agent workers' threads are, and what they wait on.
+
+Runs `py-spy dump --pid PID --json` (py-spy reads the interpreter's memory with ptrace; the
+target keeps running) and classifies each thread by its innermost frames:
+
+    network  waiting on a socket or TLS read, write, accept or connect (a tool call or
+             model endpoint that does not answer: worker-blocked-external-call)
+    lock     waiting to acquire a lock, condition or semaphore
+    cpu      running Python code on a CPU
+    idle     parked: sleeping, waiting on an empty queue, or in a selector with nothing to do
+
+py-spy needs ptrace rights on the target: root, CAP_SYS_PTRACE, or the same user with
+kernel.yama.ptrace_scope=0. Without them the error says so and how to get them.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+# selectors/asyncio are left out: an event loop with nothing to do sits in select() too.
+NETWORK_FILES = re.compile(r"(^|/)(socket|ssl|http/client|"
+                           r"urllib3/.*|requests/.*|httpx/.*|httpcore/.*|grpc/.*|aiohttp/.*|"
+                           r"redis/.*|kafka/.*)\.py$")
+NETWORK_FUNCTIONS = {"recv", "recv_into", "recvfrom", "readinto", "read", "readline",
+                     "accept", "connect", "create_connection", "sendall", "send", "do_handshake",
+                     "getresponse", "_read_status", "begin", "getaddrinfo", "_recv",
+                     "wait_for_read", "sock_recv", "sock_connect"}
+NETWORK_CALLS = re.compile(r"\.(recv|recv_into|recvfrom|accept|connect|sendall|getresponse|"
+                           r"urlopen|request|get|post|do_handshake)\(|urlopen\(|"
+                           r"create_connection\(")
+LOCK_FUNCTIONS = {"acquire", "_acquire_restore", "_wait_for_tstate_lock"}
+LOCK_CALLS = re.compile(r"\.acquire\(|\bwith\s+[\w.]*(lock|mutex|semaphore|cond)\w*\s*:",
+                        re.IGNORECASE)
+
+
+class StacksError(Exception):
+    """py-spy missing, no ptrace rights, or no such process: one line for the user."""
+
+
+@dataclass
+class ThreadStack:
+    pid: int
+    thread_id: int
+    thread_name: str
+    state: str  # network | lock | cpu | idle
+    frames: list[str] = field(default_factory=list)  # innermost first, "func (file:line)"
+    blocking_call: str = ""  # the source line it waits in, where readable
+
+
+def _source(filename: str, line: int) -> str:
+    return linecache.getline(filename, line).strip() if line else ""
+
+
+def classify(thread: dict) -> tuple[str, str]:
+    """(state, blocking source line) for one thread of py-spy's JSON dump."""
+    frames = thread.get("frames") or []
+    if thread.get("active"):
+        return "cpu", ""
+    for frame in frames[:6]:
+        filename = frame.get("filename") or ""
+        name = (frame.get("name") or "").rsplit(".", 1)[-1]  # py-spy 0.4: "Thread.run"
+        text = _source(filename, frame.get("line") or 0)
+        if NETWORK_FILES.search(filename) and name in NETWORK_FUNCTIONS:
+            return "network", text
+        if name in LOCK_FUNCTIONS or LOCK_CALLS.search(text):
+            return "lock", text
+        if NETWORK_CALLS.search(text):
+            return "network", text
+    top = frames[0] if frames else {}
+    return "idle", _source(top.get("filename") or "", top.get("line") or 0)
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = shutil.which("py-spy", path=str(__import__("pathlib").Path(sys.executable).parent))
+    if beside:
+        return beside
+    raise StacksError("py-spy is not installed: pip install 'fleetscope[stacks]'")
+
+
+def dump(pid: int, timeout: float = 20.0) -> list[ThreadStack]:
+    """Every Python thread of a process, classified."""
+    try:
+        result = subprocess.run([_py_spy(), "dump", "--pid", str(pid), "--json"],
+                                capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise StacksError(f"py-spy did not finish within {timeout:g} s on pid {pid}") from None
+    if result.returncode != 0:
+        message = (result.stderr or result.stdout).strip().splitlines()
+        # py-spy prints "Error: ..." then a backtrace; the first line is the reason.
+        errors = [line.removeprefix("Error:").strip() for line in message
+                  if line.startswith("Error")]
+        detail = errors[0] if errors else (message[0] if message else
+                                           f"exit code {result.returncode}")
+        if "ermission" in detail or "ptrace" in detail.lower():
+            raise StacksError(
+                f"no ptrace rights on pid {pid}: run as root or with CAP_SYS_PTRACE "
+                "(e.g. kubectl debug --profile=sysadmin, docker --cap-add SYS_PTRACE), or set "
+                "kernel.yama.ptrace_scope=0 for the same user")
+        if "No such" in detail or "not found" in detail.lower() or "exist" in detail:
+            raise StacksError(f"no such process: {pid}")
+        if "python version" in detail:
+            raise StacksError(f"pid {pid} is not a Python process py-spy can read ({detail})")
+        raise StacksError(f"py-spy failed on pid {pid}: {detail}")
+    try:
+        threads = json.loads(result.stdout)
+    except ValueError:
+        raise StacksError(f"py-spy printed something that is not JSON for pid {pid}") from None
+    stacks = []
+    for thread in threads:
+        state, line = classify(thread)
+        frames = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:"
+                  f"{f.get('line')})" for f in thread.get("frames") or []]
+        stacks.append(ThreadStack(pid, int(thread.get("thread_id") or 0),
+                                  thread.get("thread_name") or "", state, frames, line))
+    return stacks
+
+
+def run_stacks(pids: list[int], as_json: bool) -> int:
+    """The `fleetscope stacks` command: 0 all dumped, 3 if any could not be."""
+    failures = 0
+    everything = []
+    for pid in pids:
+        try:
+            everything.extend(dump(pid))
+        except StacksError as err:
+            print(f"fleetscope stacks: error: {err}", file=sys.stderr)
+            failures += 1
+    if as_json:
+        json.dump([stack.__dict__ for stack in everything], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for stack in everything:
+            print(f"pid {stack.pid} thread {stack.thread_name or stack.thread_id}: "
+                  f"{stack.state.upper()}")
+            if stack.blocking_call:
+                print(f"    waiting in: {stack.blocking_call}")
+            for frame in stack.frames[:8]:
+                print(f"    {frame}")
+    return 3 if failures else 0
