@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import linecache
+import os
 import re
 import shutil
 import subprocess
@@ -80,7 +81,7 @@ def _py_spy() -> str:
     found = shutil.which("py-spy")
     if found:
         return found
-    beside = shutil.which("py-spy", path=str(__import__("pathlib").Path(sys.executable).parent))
+    beside = shutil.which("py-spy", path=os.path.dirname(sys.executable))
     if beside:
         return beside
     raise StacksError("py-spy is not installed: pip install 'fleetscope[stacks]'")
@@ -88,6 +89,8 @@ def _py_spy() -> str:
 
 def dump(pid: int, timeout: float = 20.0) -> list[ThreadStack]:
     """Every Python thread of a process, classified."""
+    if not os.path.isdir(f"/proc/{pid}"):
+        raise StacksError(f"no such process: {pid}")
     try:
         result = subprocess.run([_py_spy(), "dump", "--pid", str(pid), "--json"],
                                 capture_output=True, text=True, timeout=timeout, check=False)
