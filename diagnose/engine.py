@@ -81,8 +81,12 @@ def _confidence(rule: Rule, evidence: list[dict]) -> float:
 
 
 def missing_signals(rule: Rule, series: Series) -> list[str]:
+    """Signals the rule lacks on this source ([] when any alternative is complete)."""
     present = series.names()
-    return sorted(name for name in rule.requires() if name not in present)
+    missing = [sorted(side - present) for side in rule.alternatives()]
+    if any(not names for names in missing):
+        return []
+    return sorted(set().union(*missing))
 
 
 def evaluate(series: Series, hostname: str, *,

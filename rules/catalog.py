@@ -14,15 +14,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .promql import Expr, Max, Rate, Selector, Sum
+from .promql import Delta, Expr, Max, Rate, Selector, SetOp, Sum
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
 NODE = NODE_LABELS
 WINDOW = 60  # seconds: rate windows (short bundles are rated over their own span)
 
-# Thresholds (fraction 0-1 unless a unit says otherwise).
+# Thresholds (fraction 0-1 unless a unit says otherwise). Where the field articles give a
+# number it is cited; the rest are our policy, tuned on the scenario bundles in tests/.
 CORE_IMBALANCE_SPREAD = 0.5  # busiest core minus the median core
 NUMA_REMOTE_RATIO = 0.3  # share of a pool's resident memory on nodes its CPUs are not on
+ONLINE_RUN_DELAY = 0.05  # s/s an online process's main thread waits for a CPU (50 ms a second)
+OFFLINE_CPU = 0.5  # CPUs offline pools use on the node while online ones wait
+STEAL_P90 = 0.1  # a tenth of the CPU time stolen on most cores
+THREADS_PER_CORE = 2.0  # "more than ~2x as many runnable threads as physical cores"
+NONVOLUNTARY_SWITCHES = 50.0  # per second, main threads of the pool: preempted, not waiting
+FD_RATIO = 0.9  # open fds over RLIMIT_NOFILE (default 1024: "Too many open files")
+IRQ_RATE_ON_ONLINE_CPUS = 500.0  # device interrupts per second on the online pool's CPUs
+BANDWIDTH_RATIO = 0.8  # DRAM read+write over the platform peak
+LLC_MISS_RATIO = 0.2  # "L3 hit rate < 80 %"
+ROCE_EVENTS = 100.0  # ECN-marked packets, CNPs, out-of-sequence per second on a port
+PFC_PAUSES = 100.0  # PFC pause frames per second on an interface
+QUEUE_DEPTH = 50.0  # tasks waiting in a queue
+HEARTBEAT_AGE = 120.0  # seconds: "a task whose heartbeat is older than 120 s is requeued"
+MIGRATIONS = 0.05  # session migrations per second in a pool (3 a minute)
+BAD_ARGUMENTS_RATIO = 0.05  # tool calls with malformed arguments, per model
+MODEL_LOAD_SECONDS = 5.0  # average model-load stage time
+SIGILL_WINDOW = 900  # seconds: crashes this recent, or first seen in the kernel log
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,16 @@ class Rule:
 
     def requires(self) -> set[str]:
         return self.condition.metrics() | set(self.extra_requires)
+
+    def alternatives(self) -> list[set[str]]:
+        """Metric sets any one of which lets the rule be evaluated: a condition of the form
+        `a or b` is evaluable when either side's signals exist."""
+        condition = self.condition
+        if isinstance(condition, SetOp) and condition.op == "or":
+            sides = [condition.left.metrics(), condition.right.metrics()]
+        else:
+            sides = [condition.metrics()]
+        return [side | set(self.extra_requires) for side in sides]
 
     @property
     def needs_rates(self) -> bool:
@@ -123,8 +151,282 @@ NUMA_REMOTE_ACCESS = Rule(
     confidence=0.75,
 )
 
+def _pool(metric: str, matchers: dict | None = None) -> Selector:
+    return Selector(metric, matchers)
+
+
+_POOL = (*NODE, "pool", "class")
+# Per process (main thread), so a pool of 40 workers is held to the same bar as one of 4.
+_ONLINE_DELAY = (Sum(Rate(_pool("fleetscope_pool_run_delay_seconds_total", {"class": "online"}),
+                          WINDOW), by=_POOL)
+                 / Sum(Selector("fleetscope_pool_processes", {"class": "online"}), by=_POOL))
+_OFFLINE_CPU = Sum(Rate(_pool("fleetscope_pool_cpu_seconds_total", {"class": "offline"}),
+                        WINDOW), by=NODE)
+_STEAL_P90 = Max(Selector("fleetscope_cpu_core_steal_ratio", {"stat": "p90"}), by=NODE)
+
+OFFLINE_PREEMPTION = Rule(
+    id="offline-preemption",
+    severity="warning",
+    symptom="online P99 latency jumps around (200 ms -> 1 s)",
+    cause="offline/batch jobs (or a noisy VM neighbour: steal) take CPU from online agents on "
+          "the same node",
+    action="separate online and offline pools; give offline cgroups strict CPU limits "
+           "(cpu.max) or move them off the online pool's CPUs",
+    summary="online pool {pool} waits {value:.2f} s/s for CPU while offline work runs",
+    condition=((_ONLINE_DELAY > ONLINE_RUN_DELAY).and_on(_OFFLINE_CPU > OFFLINE_CPU, NODE)
+               | (_ONLINE_DELAY > ONLINE_RUN_DELAY).and_on(_STEAL_P90 > STEAL_P90, NODE)),
+    evidence=(
+        Evidence("online pool run-queue delay per process", _ONLINE_DELAY, ONLINE_RUN_DELAY,
+                 "s/s"),
+        Evidence("offline pools' CPU use", _OFFLINE_CPU, OFFLINE_CPU, "CPUs"),
+        Evidence("steal on the p90 core", _STEAL_P90, STEAL_P90, "ratio"),
+        Evidence("online pool cgroup CPU pressure (some)",
+                 Sum(Rate(Selector("fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total",
+                                   {"class": "online", "stall": "some"}), WINDOW), by=_POOL),
+                 0.1, "s/s"),
+    ),
+    confidence=0.8,
+    extra_requires=(),
+)
+
+_THREADS_PER_CORE = Max(Selector("fleetscope_pool_threads_per_core"), by=_POOL)
+_NONVOLUNTARY = Sum(Rate(Selector("fleetscope_pool_context_switches_total",
+                                  {"kind": "nonvoluntary"}), WINDOW), by=_POOL)
+THREAD_OVERSUBSCRIPTION = Rule(
+    id="thread-oversubscription",
+    severity="warning",
+    symptom="throughput drops as threads are added",
+    cause="more than ~2x as many threads as physical cores: context-switch cost eats the CPU",
+    action="size thread pools to the physical cores (e.g. OMP_NUM_THREADS, worker counts); "
+           "use async I/O instead of a thread per request",
+    summary="pool {pool}: {value:.1f} threads per physical core, preempted often",
+    condition=(_THREADS_PER_CORE > THREADS_PER_CORE).and_on(
+        _NONVOLUNTARY > NONVOLUNTARY_SWITCHES, (*NODE, "pool")),
+    evidence=(
+        Evidence("threads per physical core", _THREADS_PER_CORE, THREADS_PER_CORE, "threads"),
+        Evidence("nonvoluntary context switches (main threads)", _NONVOLUNTARY,
+                 NONVOLUNTARY_SWITCHES, "1/s"),
+    ),
+    confidence=0.65,
+)
+
+_FD_RATIO = Max(Selector("fleetscope_pool_fd_usage_ratio"), by=_POOL)
+FD_EXHAUSTION = Rule(
+    id="fd-exhaustion",
+    severity="critical",
+    symptom='"Too many open files" as agents scale',
+    cause="a process is close to its file-descriptor limit (RLIMIT_NOFILE, 1024 by default)",
+    action="raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the container "
+           "runtime) before deploying; look for fd leaks (ls -l /proc/PID/fd)",
+    summary="pool {pool}: a process uses {value:.0%} of its open-file limit",
+    condition=_FD_RATIO > FD_RATIO,
+    evidence=(
+        Evidence("open fds over RLIMIT_NOFILE (worst process)", _FD_RATIO, FD_RATIO, "ratio"),
+        Evidence("open fds of that process",
+                 Max(Selector("fleetscope_pool_fd_usage_open_fds"), by=_POOL), 0, "fds"),
+        Evidence("its soft limit", Max(Selector("fleetscope_pool_fd_usage_limit_fds"), by=_POOL),
+                 65535, "fds", pick="min"),
+    ),
+    confidence=0.9,
+)
+
+_OVERLAP = Max(Selector("fleetscope_irq_online_pool_overlap_cpus"), by=(*NODE, "pool"))
+_IRQ_ON_ONLINE = Sum(Rate(Selector("fleetscope_irq_online_pool_device_interrupts_total"),
+                          WINDOW), by=(*NODE, "pool"))
+IRQ_CORE_OVERLAP = Rule(
+    id="irq-core-overlap",
+    severity="warning",
+    symptom="latency jitter under network load",
+    cause="device interrupts (NIC queues) land on the CPUs the online agents run on",
+    action="keep 10-15 % of cores for the system and IRQs: set /proc/irq/N/smp_affinity_list "
+           "(or irqbalance --banirq / IRQBALANCE_BANNED_CPULIST) away from the workers' CPUs",
+    summary="online pool {pool}: {value:g} of its CPUs take device interrupts",
+    condition=(_OVERLAP > 0).and_on(_IRQ_ON_ONLINE > IRQ_RATE_ON_ONLINE_CPUS, (*NODE, "pool")),
+    evidence=(
+        Evidence("online pool CPUs targeted by device IRQ affinity", _OVERLAP, 0, "cpus"),
+        Evidence("device interrupts on the online pool's CPUs", _IRQ_ON_ONLINE,
+                 IRQ_RATE_ON_ONLINE_CPUS, "1/s"),
+    ),
+    confidence=0.6,
+)
+
+_SIGILL = Selector("fleetscope_sigill_crashes_total")
+ISA_MISMATCH = Rule(
+    id="isa-mismatch",
+    severity="critical",
+    symptom="some nodes crash as soon as a task starts",
+    cause="a binary built for a newer instruction set than this node's CPU (e.g. "
+          "-march=native on a newer stepping) dies with SIGILL",
+    action="rebuild for the fleet's common baseline (no -march=native; x86-64-v2/v3 or "
+           "armv8.2-a as the oldest stepping allows) and redeploy; fleetscope isa check BINARY "
+           "names the missing extension",
+    summary="{binary} crashed with SIGILL (illegal instruction)",
+    # New crashes in the window, or crashes already in the kernel log when first seen (an
+    # exporter that just started, a bundle): both say this node cannot run that binary.
+    condition=(Max(Rate(_SIGILL, SIGILL_WINDOW, increase=True), by=(*NODE, "binary")) > 0)
+    | (Max(_SIGILL, by=(*NODE, "binary")) > 0).unless(
+        Max(Selector("fleetscope_sigill_crashes_total", offset_seconds=SIGILL_WINDOW),
+            by=(*NODE, "binary"))),
+    evidence=(
+        Evidence("SIGILL crashes in the kernel log", Max(_SIGILL, by=(*NODE, "binary")), 0,
+                 "crashes"),
+    ),
+    confidence=0.9,
+    subject_labels={"binaries": "binary"},
+)
+
+_BANDWIDTH = Max(Selector("fleetscope_memory_bandwidth_utilization_ratio"), by=NODE)
+_LLC_MISS = Max(Selector("fleetscope_llc_miss_ratio"), by=NODE)
+MEMORY_BANDWIDTH_SATURATION = Rule(
+    id="memory-bandwidth-saturation",
+    severity="warning",
+    symptom="fine at low concurrency, stalls as concurrency rises",
+    cause="DRAM bandwidth near the platform's peak: cores wait on memory (L3 misses high, "
+          "IPC falls)",
+    action="fewer sessions per node or more memory channels; improve locality (NUMA binding, "
+           "smaller working sets, quantised weights shared per NUMA node)",
+    summary="memory bandwidth at {value:.0%} of the platform peak",
+    condition=(_BANDWIDTH > BANDWIDTH_RATIO).and_on(_LLC_MISS > LLC_MISS_RATIO, NODE),
+    evidence=(
+        Evidence("DRAM bandwidth over platform peak", _BANDWIDTH, BANDWIDTH_RATIO, "ratio"),
+        Evidence("L3/LLC miss ratio", _LLC_MISS, LLC_MISS_RATIO, "ratio"),
+        Evidence("DRAM bandwidth", Sum(Selector("fleetscope_memory_bandwidth_bytes_per_second"),
+                                       by=NODE), 0, "bytes/s"),
+        Evidence("instructions per cycle", Max(Selector("fleetscope_instructions_per_cycle"),
+                                               by=NODE), 1.0, "ipc", pick="min"),
+    ),
+    confidence=0.75,
+)
+
+_ROCE = Sum(Rate(Selector("fleetscope_rdma_hw_stats_total",
+                          {"counter": "~np_ecn_marked_roce_packets|np_cnp_sent|rp_cnp_handled|"
+                                      "out_of_sequence|packet_seq_err"}), WINDOW),
+            by=(*NODE, "device"))
+_PFC = Sum(Rate(Selector("fleetscope_nic_pfc_pause_frames_total"), WINDOW),
+           by=(*NODE, "interface"))
+ROCE_CONGESTION = Rule(
+    id="roce-congestion",
+    severity="warning",
+    symptom="Redis / storage latency high, cross-node bandwidth low, jitter",
+    cause="congestion on a shared network plane: ECN marks and CNPs, PFC pauses; storage and "
+          "business traffic mixed, or PFC watermarks misconfigured",
+    action="separate storage and business planes; check PFC watermarks and ECN (DCQCN) on "
+           "NICs and switches; RoCEv2 packet loss must be zero",
+    summary="RoCE congestion signals at {value:g}/s",
+    condition=(_ROCE > ROCE_EVENTS) | (_PFC > PFC_PAUSES),
+    evidence=(
+        Evidence("ECN marks, CNPs and sequence errors on the RDMA port", _ROCE, ROCE_EVENTS,
+                 "1/s"),
+        Evidence("PFC pause frames", _PFC, PFC_PAUSES, "1/s"),
+    ),
+    confidence=0.7,
+    subject_labels={"devices": "device", "interfaces": "interface"},
+)
+
+_DEPTH = Max(Selector("agent_queue_depth"), by=(*NODE, "pool", "queue"))
+_GROWTH = Max(Delta(Selector("agent_queue_depth"), WINDOW), by=(*NODE, "pool", "queue"))
+QUEUE_BACKLOG = Rule(
+    id="queue-backlog",
+    severity="warning",
+    symptom="end-to-end latency rises, queue keeps growing",
+    cause="the orchestration layer is saturated: tasks arrive faster than workers dispatch "
+          "them (serial scheduling, lock contention, too few CPU workers)",
+    action="scale out CPU workers for the pool; look for lock waits in the framework "
+           "(fleetscope stacks PID); apply backpressure at the gateway (token bucket, 429)",
+    summary="queue {queue} of pool {pool} holds {value:g} tasks and grows",
+    condition=(_DEPTH > QUEUE_DEPTH).and_on(_GROWTH > 0, (*NODE, "pool", "queue")),
+    evidence=(
+        Evidence("tasks waiting", _DEPTH, QUEUE_DEPTH, "tasks"),
+        Evidence("growth over the window", _GROWTH, 0, "tasks"),
+        Evidence("busiest core busy", busy_ratio("max"), 0.9, "ratio"),
+    ),
+    confidence=0.7,
+)
+
+_HEARTBEAT = Max(Selector("agent_task_heartbeat_age_seconds"), by=(*NODE, "pool"))
+_TIMEOUTS = Sum(Rate(Selector("agent_tool_calls_total", {"outcome": "timeout"}), WINDOW),
+                by=(*NODE, "pool"))
+WORKER_BLOCKED = Rule(
+    id="worker-blocked-external-call",
+    severity="critical",
+    symptom="agent task times out, no log lines",
+    cause="a worker is blocked in an external API or tool call (no timeout, exhausted "
+          "connection pool)",
+    action="give every tool call its own timeout and a circuit breaker; check the connection "
+           "pool size; fleetscope stacks PID shows the blocking call",
+    summary="pool {pool}: oldest in-flight task silent for {value:.0f} s",
+    condition=_HEARTBEAT > HEARTBEAT_AGE,
+    evidence=(
+        Evidence("oldest in-flight task heartbeat age", _HEARTBEAT, HEARTBEAT_AGE, "s"),
+        Evidence("tool calls timing out", _TIMEOUTS, 0, "1/s"),
+    ),
+    confidence=0.8,
+)
+
+_MIGRATIONS = Sum(Rate(Selector("agent_session_migrations_total"), WINDOW), by=(*NODE, "pool"))
+SESSION_AFFINITY_LOSS = Rule(
+    id="session-affinity-loss",
+    severity="warning",
+    symptom="a session gets slow half-way",
+    cause="the scheduler moves sessions to other nodes, which then re-sync their context",
+    action="route by session id (consistent hashing), stick-and-redirect failover, longer "
+           "stickiness; check health-check flapping",
+    summary="pool {pool}: {value:.2f} session migrations per second",
+    condition=_MIGRATIONS > MIGRATIONS,
+    evidence=(Evidence("session migrations", _MIGRATIONS, MIGRATIONS, "1/s"),),
+    confidence=0.65,
+)
+
+_BY_MODEL = (*NODE, "pool", "model")
+_BAD_RATIO = (Sum(Rate(Selector("agent_tool_calls_total", {"outcome": "bad_arguments"}),
+                       WINDOW), by=_BY_MODEL)
+              / Sum(Rate(Selector("agent_tool_calls_total"), WINDOW), by=_BY_MODEL))
+QUANTIZATION_TOOL_ERRORS = Rule(
+    id="quantization-tool-errors",
+    severity="warning",
+    symptom="tool-call arguments sometimes malformed",
+    cause="the model is quantised too aggressively (e.g. Q2_K) to produce valid tool-call "
+          "arguments",
+    action="compare tool-call success of Q4_K_M against Q8_0 on a test set; move the pool to "
+           "the better quantisation",
+    summary="model {model} in pool {pool}: {value:.0%} of tool calls had malformed arguments",
+    condition=_BAD_RATIO > BAD_ARGUMENTS_RATIO,
+    evidence=(Evidence("tool calls with bad arguments", _BAD_RATIO, BAD_ARGUMENTS_RATIO,
+                       "ratio"),),
+    confidence=0.7,
+)
+
+_LOAD = (Sum(Rate(Selector("agent_stage_duration_seconds_sum", {"stage": "model_load"}),
+                  300, increase=True), by=(*NODE, "pool"))
+         / Sum(Rate(Selector("agent_stage_duration_seconds_count", {"stage": "model_load"}),
+                    300, increase=True), by=(*NODE, "pool")))
+COLD_START = Rule(
+    id="cold-start",
+    severity="warning",
+    symptom="first request after a restart is very slow",
+    cause="the model is loaded cold on the first request",
+    action="keep warm instances; preload models at start (readiness only after the load)",
+    summary="pool {pool}: model loads take {value:.1f} s on average",
+    condition=_LOAD > MODEL_LOAD_SECONDS,
+    evidence=(Evidence("average model-load stage", _LOAD, MODEL_LOAD_SECONDS, "s"),),
+    confidence=0.65,
+)
+
+# Order breaks ties between equally severe, equally confident findings: causes first.
 CATALOG: tuple[Rule, ...] = (
+    ISA_MISMATCH,
+    WORKER_BLOCKED,
+    FD_EXHAUSTION,
+    OFFLINE_PREEMPTION,
+    MEMORY_BANDWIDTH_SATURATION,
     NUMA_REMOTE_ACCESS,
+    ROCE_CONGESTION,
+    QUEUE_BACKLOG,
+    IRQ_CORE_OVERLAP,
+    THREAD_OVERSUBSCRIPTION,
+    QUANTIZATION_TOOL_ERRORS,
+    SESSION_AFFINITY_LOSS,
+    COLD_START,
     CORE_IMBALANCE,
 )
 

@@ -152,6 +152,7 @@ class Selector(Expr):
 
     name: str
     matchers: dict[str, str] | None = None
+    offset_seconds: int = 0  # `offset 15m`: the value that long ago
 
     def _matcher_text(self) -> str:
         if not self.matchers:
@@ -165,7 +166,8 @@ class Selector(Expr):
         return "{" + ",".join(parts) + "}"
 
     def promql(self) -> str:
-        return self.name + self._matcher_text()
+        offset = f" offset {_duration(self.offset_seconds)}" if self.offset_seconds else ""
+        return self.name + self._matcher_text() + offset
 
     def matching(self, series: Series) -> Iterable[tuple[Labels, list[tuple[int, float]]]]:
         tests: list[Callable[[dict], bool]] = []
@@ -182,6 +184,7 @@ class Selector(Expr):
 
     def evaluate(self, series, at_ms):
         out: Vector = {}
+        at_ms -= self.offset_seconds * 1000
         for labels, points in self.matching(series):
             latest = None
             for t, v in reversed(points):

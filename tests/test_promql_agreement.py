@@ -65,6 +65,8 @@ EXPRESSIONS = [
                                           by=("class", "pool")) > 1),
     (Selector("queue_depth") >= 0).unless(Selector("queue_depth", {"class": "offline"})),
     Selector("stale_gauge"),
+    Selector("queue_depth", offset_seconds=60),
+    (Selector("queue_depth") > 0).unless(Selector("queue_depth", offset_seconds=120)),
     Delta(Selector("queue_depth"), 60),
     Delta(Selector("queue_depth", {"pool": "chat"}), 120) > 0,
     Time() - Selector("queue_depth") * 10,
