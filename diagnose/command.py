@@ -8,15 +8,18 @@ unreachable) with one clear line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
 
+from fleetscope.collectors.base import bundle_roots
 from fleetscope.config import Config, ConfigError, load_config
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
 from .bundle import BundleError, open_bundle
+from .enrich import Enricher
 from .evidence import bundle_series, live_series
 from .prometheus import PrometheusError, prometheus_series
 
@@ -81,15 +84,24 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         return _fail(str(err))
     progress = _Progress(not args.json, "sampling")
+    stack = contextlib.ExitStack()
     try:
+        enricher = None
         if args.bundle:
             try:
-                with open_bundle(args.bundle) as bundle:
-                    series = bundle_series(bundle, bundle.config(config), progress)
-                    nodes = [bundle.hostname]
-                    window = (bundle.samples[0].time, bundle.samples[-1].time)
+                bundle = open_bundle(args.bundle)
             except BundleError as err:
                 return _fail(str(err))
+            stack.callback(bundle.close)
+            try:
+                bundle_config = bundle.config(config)
+            except BundleError as err:
+                return _fail(str(err))
+            series = bundle_series(bundle, bundle_config, progress)
+            nodes = [bundle.hostname]
+            window = (bundle.samples[0].time, bundle.samples[-1].time)
+            enricher = Enricher(bundle_config, bundle_roots(bundle.samples[0].directory),
+                                bundle_roots(bundle.samples[-1].directory), series)
             source = "bundle"
         elif args.prometheus:
             metrics = set().union(*(rule.requires() for rule in CATALOG))
@@ -106,16 +118,21 @@ def run(args: argparse.Namespace) -> int:
         else:
             import socket
 
+            enricher = Enricher(config or Config(), ("/",), ("/",), live=True)
+            enricher.snapshot()
             series = live_series(config or Config(), args.seconds, 1.0, progress=progress)
+            enricher.series = series
             nodes = [socket.gethostname()]
             stamps = series.timestamps()
             window = (stamps[0] / 1000, stamps[-1] / 1000)
             source = "live"
     finally:
         progress.close()
-    stamps = series.timestamps()
-    series.max_window_ms = (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
-    findings, not_evaluated = engine.evaluate(series, nodes[0] if len(nodes) == 1 else "?")
+    with stack:
+        stamps = series.timestamps()
+        series.max_window_ms = (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
+        findings, not_evaluated = engine.evaluate(
+            series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
     from .report import print_json, print_report  # rich, only when a report is printed
 

@@ -31,6 +31,7 @@ class Finding:
     confidence: float
     evidence: list[dict] = field(default_factory=list)
     subjects: dict[str, list] = field(default_factory=lambda: {k: [] for k in SUBJECT_KINDS})
+    extra_summary: str = ""  # added by enrichment, e.g. the antagonists' names
 
     def to_json(self) -> dict:
         rule = self.rule
@@ -39,7 +40,8 @@ class Finding:
             "severity": rule.severity,
             "node": self.node,
             "confidence": round(self.confidence, 3),
-            "summary": rule.render_summary(self.labels, self.value),
+            "summary": rule.render_summary(self.labels, self.value)
+            + (f"; {self.extra_summary}" if self.extra_summary else ""),
             "cause": rule.cause,
             "action": rule.action,
             "runbook": f"runbooks/{rule.id}.md",

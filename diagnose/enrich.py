@@ -1,0 +1,173 @@
+"""Subjects the metrics deliberately do not carry (which pids, cgroups, CPUs, NUMA nodes),
+read from the raw evidence where the source has it: a bundle's first and last samples, or
+the live node. Metrics stay per pool; a finding names the processes.
+
+    offline-preemption   the offline processes that used the most CPU (the antagonists)
+    numa-remote-access   the pool's processes with the most memory off their CPUs' nodes
+    fd-exhaustion        the process closest to its open-file limit
+    core-imbalance       the busiest CPU
+    worker-blocked-...   live only: pool workers whose threads wait on the network (py-spy)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.parsers.process import (
+    parse_limits,
+    parse_numa_maps,
+    parse_pid_stat,
+    parse_status,
+)
+from fleetscope.collectors.parsers.sysfs import parse_cpulist
+from fleetscope.collectors.processes import pool_processes
+from fleetscope.collectors.shared import numa_node_cpus
+from fleetscope.config import Config
+from fleetscope.rules.promql import Selector, Series
+
+from .engine import Finding
+
+log = logging.getLogger("fleetscope.diagnose")
+MAX_SUBJECTS = 5
+
+
+def _read(scrape: Scrape, path: str, parser):
+    try:
+        return parser(scrape.read_text(path))
+    except (NotAvailable, ParseError):
+        return None
+
+
+class Enricher:
+    """Called once per finding by the engine; `first`/`last` are the raw evidence roots."""
+
+    def __init__(self, config: Config, first: tuple[str, ...], last: tuple[str, ...],
+                 series: Series | None = None, live: bool = False):
+        self.config = config
+        self.first = Scrape(first)
+        self.last = Scrape(last)
+        self.series = series
+        self.live = live
+        self._before: dict | None = None
+
+    def snapshot(self) -> None:
+        """Live: remember the offline processes' CPU before sampling (a bundle has its first
+        sample for that)."""
+        self._before = {p.pid: _read(self.first, f"proc/{p.pid}/stat", parse_pid_stat)
+                        for p in self._pool_members(self.first, workload_class="offline")}
+
+    def __call__(self, finding: Finding) -> None:
+        handler = getattr(self, "_" + finding.rule.id.replace("-", "_"), None)
+        if handler is None:
+            return
+        try:
+            handler(finding)
+        except Exception:  # enrichment is a bonus: never lose the finding over it
+            log.debug("enrichment of %s failed", finding.rule.id, exc_info=True)
+
+    def _pool_members(self, scrape: Scrape, pool_name: str | None = None,
+                      workload_class: str | None = None):
+        for process in pool_processes(scrape, self.config.pools):
+            if pool_name and process.pool.name != pool_name:
+                continue
+            if workload_class and process.pool.workload_class != workload_class:
+                continue
+            yield process
+
+    def _offline_preemption(self, finding: Finding) -> None:
+        before = self._before
+        if before is None:
+            before = {p.pid: _read(self.first, f"proc/{p.pid}/stat", parse_pid_stat)
+                      for p in self._pool_members(self.first, workload_class="offline")}
+        usage = []
+        for process in self._pool_members(self.last, workload_class="offline"):
+            now = _read(self.last, f"proc/{process.pid}/stat", parse_pid_stat)
+            if now is None:
+                continue
+            then = before.get(process.pid)
+            used = now.utime_ticks + now.stime_ticks
+            if then is not None:
+                used -= then.utime_ticks + then.stime_ticks
+            usage.append((used, process, now.processor))
+        usage.sort(key=lambda item: -item[0])
+        for used, process, cpu in usage[:MAX_SUBJECTS]:
+            if used <= 0:
+                break
+            finding.subjects["pids"].append(process.pid)
+            if process.cgroup and process.cgroup not in finding.subjects["cgroups"]:
+                finding.subjects["cgroups"].append(process.cgroup)
+            if cpu not in finding.subjects["cpus"]:
+                finding.subjects["cpus"].append(cpu)
+        if usage and usage[0][0] > 0:
+            names = ", ".join(f"{p.cmdline[:40] or p.pid}" for _, p, _ in usage[:2])
+            finding.extra_summary = f"antagonists: {names}"
+
+    def _numa_remote_access(self, finding: Finding) -> None:
+        nodes = numa_node_cpus(self.last)
+        node_of = {cpu: node for node, cpus in nodes.items() for cpu in cpus}
+        remote_by_pid = []
+        remote_nodes: set[int] = set()
+        for process in self._pool_members(self.last, finding.labels.get("pool")):
+            status = _read(self.last, f"proc/{process.pid}/status", parse_status)
+            resident = _read(self.last, f"proc/{process.pid}/numa_maps", parse_numa_maps)
+            if not status or not resident:
+                continue
+            allowed = parse_cpulist(status.get("Cpus_allowed_list", ""))
+            local = {node_of[c] for c in allowed if c in node_of}
+            remote = {n: size for n, size in resident.items() if n not in local}
+            total = sum(resident.values())
+            if total and remote:
+                remote_by_pid.append((sum(remote.values()) / total, process.pid))
+                remote_nodes.update(remote)
+        remote_by_pid.sort(reverse=True)
+        finding.subjects["pids"] = [pid for _, pid in remote_by_pid[:MAX_SUBJECTS]]
+        finding.subjects["numa_nodes"] = sorted(remote_nodes)
+
+    def _fd_exhaustion(self, finding: Finding) -> None:
+        worst = []
+        for process in self._pool_members(self.last, finding.labels.get("pool")):
+            limits = _read(self.last, f"proc/{process.pid}/limits", parse_limits)
+            soft = (limits or {}).get("Max open files", (None, None))[0]
+            try:
+                count = int(self.last.read_text(f"proc/{process.pid}/fd_count").strip())
+            except (NotAvailable, ValueError):
+                try:
+                    count = len(self.last.listdir(f"proc/{process.pid}/fd"))
+                except NotAvailable:
+                    continue
+            if soft:
+                worst.append((count / soft, process.pid))
+        worst.sort(reverse=True)
+        # Name the processes near the limit, not every member of the pool.
+        finding.subjects["pids"] = [pid for ratio, pid in worst[:MAX_SUBJECTS]
+                                    if ratio >= worst[0][0] * 0.8]
+
+    def _core_imbalance(self, finding: Finding) -> None:
+        busiest = Selector("fleetscope_cpu_busiest_core").evaluate(
+            self.series, self.series.timestamps()[-1])
+        for value in busiest.values():
+            finding.subjects["cpus"].append(int(value))
+
+    def _worker_blocked_external_call(self, finding: Finding) -> None:
+        if not self.live:
+            return  # stacks exist only for running processes
+        from fleetscope.stacks import StacksError, dump
+
+        blocked = []
+        for process in self._pool_members(self.last, finding.labels.get("pool")):
+            try:
+                threads = dump(process.pid, timeout=10)
+            except StacksError as err:
+                finding.evidence.append({"signal": f"stacks of pid {process.pid}: {err}",
+                                         "value": 0, "threshold": 0, "unit": "threads"})
+                continue
+            waiting = [t for t in threads if t.state == "network"]
+            if waiting:
+                blocked.append(process.pid)
+                finding.evidence.append({
+                    "signal": f"pid {process.pid} threads waiting on the network "
+                              f"(e.g. {waiting[0].blocking_call or waiting[0].frames[0]})",
+                    "value": len(waiting), "threshold": 0, "unit": "threads"})
+        finding.subjects["pids"] = blocked[:MAX_SUBJECTS]
