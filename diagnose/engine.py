@@ -19,6 +19,19 @@ from fleetscope.rules.promql import Series, strip_name
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+# Why a family of signals is usually missing, for not_evaluated reasons.
+MISSING_HINTS = (
+    ("fleetscope_pool_", "no workload pools in the config, or no process matched them"),
+    ("fleetscope_irq_online_pool", "no online pool in the config, or no process matched it"),
+    ("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues (a bundle "
+               "carries them as agent.prom)"),
+    ("fleetscope_memory_bandwidth", "perf cannot count memory traffic here: no uncore PMU "
+                                    "access (VM, perf_event_paranoid) or perf missing"),
+    ("fleetscope_llc_", "perf cannot count last-level cache events here"),
+    ("fleetscope_rdma_", "no RDMA device"),
+    ("fleetscope_nic_pfc", "no PFC counters: no ethtool -S output for a RoCE NIC"),
+    ("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),
+)
 SUBJECT_KINDS = ("pids", "cgroups", "cpus", "numa_nodes", "interfaces", "devices", "binaries")
 
 
@@ -105,9 +118,12 @@ def evaluate(series: Series, hostname: str, *,
     for rule in rules:
         missing = missing_signals(rule, series)
         if missing:
+            hints = sorted({hint for prefix, hint in MISSING_HINTS
+                            if any(name.startswith(prefix) for name in missing)})
+            reason = f"signals absent from this source: {', '.join(missing)}"
             not_evaluated.append({"rule": rule.id,
-                                  "reason": f"signals absent from this source: "
-                                            f"{', '.join(missing)}"})
+                                  "reason": reason + (f" ({'; '.join(hints)})" if hints
+                                                      else "")})
             continue
         if rule.needs_rates and span_ms <= 0:
             not_evaluated.append({"rule": rule.id,

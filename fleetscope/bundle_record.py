@@ -69,7 +69,7 @@ def _copy(root: str, relative: str, destination: str) -> bool:
     return True
 
 
-def _copy_globs(root: str, patterns, destination: str) -> None:
+def copy_globs(root: str, patterns, destination: str) -> None:
     for pattern in patterns:
         for path in sorted(glob.glob(os.path.join(root, pattern))):
             if os.path.isfile(path):
@@ -117,10 +117,18 @@ def _capture_processes(root: str, destination: str, config: Config, now: float) 
 
 
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
-           progress: Callable[[int, int], None] | None = None,
-           extra_sample: Callable[[str, float], None] | None = None) -> str:
-    """Record a bundle; returns the path written. `extra_sample(sample_dir, interval)` adds
-    command outputs (perf, ethtool, agent metrics) to each sample."""
+           progress: Callable[[int, int], None] | None = None) -> str:
+    """Record a bundle; returns the path written."""
+    from fleetscope.bundle_commands import CommandOutputs
+
+    commands = CommandOutputs(config, root)
+    try:
+        return _record(output, seconds, interval, config, root, progress, commands.sample)
+    finally:
+        commands.close()
+
+
+def _record(output, seconds, interval, config, root, progress, extra_sample) -> str:
     as_tar = output.endswith((".tar.gz", ".tgz"))
     if not as_tar and os.path.exists(output) and os.listdir(output):
         raise RecordError(f"{output} exists and is not empty")
@@ -129,7 +137,7 @@ def record(output: str, seconds: float, interval: float, config: Config, root: s
     os.makedirs(bundle_dir, exist_ok=True)
     try:
         static = os.path.join(bundle_dir, "static")
-        _copy_globs(root, STATIC_GLOBS, static)
+        copy_globs(root, STATIC_GLOBS, static)
         dmesg = _run(["dmesg"], config.command_timeout_seconds) if root == "/" else None
         if dmesg is None and os.path.isfile(os.path.join(root, "dmesg.txt")):
             with open(os.path.join(root, "dmesg.txt"), encoding="utf-8", errors="replace") as f:
@@ -148,7 +156,7 @@ def record(output: str, seconds: float, interval: float, config: Config, root: s
             relative = f"samples/s{index:04d}"
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
-            _copy_globs(root, SAMPLE_GLOBS, sample_dir)
+            copy_globs(root, SAMPLE_GLOBS, sample_dir)
             if os.path.isdir(os.path.join(root, "proc")):
                 _capture_processes(root, sample_dir, config, now)
             if extra_sample is not None:

@@ -1,0 +1,118 @@
+"""Command outputs a bundle sample carries besides /proc and /sys (CONTRACT section 3):
+
+    cmd/perf-stat.csv         perf stat -x, -a -e <events> -- sleep <interval>, for the
+                              interval ending at this sample (cmd/perf-stat.args: its argv)
+    cmd/ethtool-S-<iface>.txt ethtool -S <iface>, for RDMA netdevs and configured interfaces
+    agent.prom                the agent runtime's metrics, with Redis queue depths merged
+
+perf runs in the background across each interval, so recording does not stretch it. Each
+part fails alone: a node without perf or ethtool records the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+
+from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.config import Config
+
+log = logging.getLogger("fleetscope.bundle")
+
+# The RDMA-to-netdev mapping and routes the rdma collector reads to tell planes apart.
+NETWORK_GLOBS = (
+    "sys/class/infiniband/*/device/net/*/dev_port",
+    "sys/class/infiniband/*/ports/*/state", "sys/class/infiniband/*/ports/*/link_layer",
+    "sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*",
+    "sys/class/net/*/upper_*", "proc/net/route", "proc/net/ipv6_route",
+)
+
+
+class CommandOutputs:
+    """Adds cmd/ and agent.prom to each sample; call `sample(dir, interval)` per sample and
+    `close()` at the end."""
+
+    def __init__(self, config: Config, root: str = "/"):
+        self.config = config
+        self.root = root
+        self.live = os.path.abspath(root) == os.sep
+        self._perf: subprocess.Popen | None = None
+        self._perf_argv: list[str] | None = None
+
+    def _start_perf(self, interval: float) -> None:
+        from fleetscope.collectors.perf import perf_stat_argv, select_events
+
+        perf = os.environ.get("FLEETSCOPE_PERF") or shutil.which("perf")
+        if not perf:
+            return
+        selection = select_events(Scrape((self.root,)))
+        self._perf_argv = perf_stat_argv(perf, selection.events, interval)
+        try:
+            self._perf = subprocess.Popen(self._perf_argv, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL,
+                                          env={**os.environ, "LC_ALL": "C"})
+        except OSError as err:
+            log.warning("perf could not start: %s", err)
+            self._perf = None
+
+    def _finish_perf(self, sample_dir: str) -> None:
+        process, self._perf = self._perf, None
+        if process is None:
+            return
+        try:
+            output, _ = process.communicate(timeout=self.config.command_timeout_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            log.warning("perf stat did not finish within %gs: killed",
+                        self.config.command_timeout_seconds)
+            return
+        os.makedirs(os.path.join(sample_dir, "cmd"), exist_ok=True)
+        with open(os.path.join(sample_dir, "cmd", "perf-stat.csv"), "wb") as out:
+            out.write(output)
+        with open(os.path.join(sample_dir, "cmd", "perf-stat.args"), "w") as out:
+            out.write("\n".join(["perf", *self._perf_argv[1:]]) + "\n")
+
+    def _ethtool(self, sample_dir: str) -> None:
+        from fleetscope.collectors.nic import NicCollector, run_ethtool
+
+        interfaces = NicCollector(self.config).interfaces(Scrape((self.root,)))
+        if not interfaces:
+            return
+        for iface, text in run_ethtool(interfaces, self.config.command_timeout_seconds).items():
+            if isinstance(text, NotAvailable):
+                continue
+            os.makedirs(os.path.join(sample_dir, "cmd"), exist_ok=True)
+            with open(os.path.join(sample_dir, "cmd", f"ethtool-S-{iface}.txt"), "w") as out:
+                out.write(text)
+
+    def _agent(self, sample_dir: str) -> None:
+        if not (self.config.agent_metrics_url or self.config.redis_queues):
+            return
+        from fleetscope.collectors.agent import agent_prom
+
+        text = agent_prom(self.config)
+        if text:
+            with open(os.path.join(sample_dir, "agent.prom"), "w") as out:
+                out.write(text)
+
+    def sample(self, sample_dir: str, interval: float) -> None:
+        from fleetscope.bundle_record import copy_globs
+
+        copy_globs(self.root, NETWORK_GLOBS, sample_dir)
+        if not self.live:
+            return  # a replayed root has no commands to run and no endpoints to ask
+        for part in (self._finish_perf, self._ethtool, self._agent):
+            try:
+                part(sample_dir)
+            except Exception as err:  # one missing tool must not cost the bundle
+                log.warning("bundle: %s failed: %s", part.__name__.strip("_"), err)
+        self._start_perf(interval)
+
+    def close(self) -> None:
+        if self._perf is not None:
+            self._perf.kill()
+            self._perf.communicate()
+            self._perf = None
