@@ -3,13 +3,28 @@
 Importing this package does no I/O; collectors read only inside `collect()`.
 """
 
+from .agent import AgentCollector
 from .base import Collector, NotAvailable, Scrape, bundle_roots
 from .cpu import CpuCollector
+from .cpu_features import CpuFeaturesCollector
+from .irq import IrqCollector
+from .nic import NicCollector
 from .numa import NumaCollector
+from .perf import PerfCollector
+from .pools import PoolsCollector
 from .pressure import PressureCollector
+from .rdma import RdmaCollector
+from .tcp import TcpCollector
+from .tuning import TuningCollector
 
 COLLECTORS: dict[str, type[Collector]] = {
     cls.name: cls for cls in (CpuCollector, PressureCollector, NumaCollector)
 }
+COLLECTORS.update({c.name: c for c in (PoolsCollector, IrqCollector, TuningCollector)})
+
+COLLECTORS[AgentCollector.name] = AgentCollector
+COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
+COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
+COLLECTORS[PerfCollector.name] = PerfCollector
 
 __all__ = ["COLLECTORS", "Collector", "NotAvailable", "Scrape", "bundle_roots"]

@@ -125,6 +125,12 @@ def _cmd_stacks(args: argparse.Namespace) -> int:
     return run_stacks(args.pids, args.json)
 
 
+def _cmd_isa_check(args: argparse.Namespace) -> int:
+    from fleetscope.isa import run_isa_check
+
+    return run_isa_check(args.arguments)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope",
@@ -201,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
     stacks.add_argument("--json", action="store_true", help="print JSON")
     stacks.set_defaults(run=_cmd_stacks)
 
+    isa = commands.add_parser("isa", help="instruction-set checks of binaries")
+    isa_commands = isa.add_subparsers(dest="isa_command", metavar="COMMAND", required=True)
+    check = isa_commands.add_parser(
+        "check", add_help=False,
+        help="extensions an ELF binary uses and which a CPU lacks: "
+        "isa check BINARY [--features-from CPUINFO] [--json]")
+    check.add_argument("arguments", nargs=argparse.REMAINDER)
+    check.set_defaults(run=_cmd_isa_check)
+
     rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
     rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
     rule_commands.add_parser("list", help="list the rules").set_defaults(run=_cmd_rules_list)
@@ -213,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["isa", "check"]:  # its own parser: options may come first (--help)
+        from fleetscope.isa import run_isa_check
+
+        return run_isa_check(argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -6,6 +6,7 @@
     per_core: summary            # or full: every core's 8 modes (node_exporter's shape)
     busy_interval_min_seconds: 5 # shortest interval the per-core busy distribution covers
     numa_maps_min_interval_seconds: 30  # pool NUMA locality: numa_maps is costly to read
+    ethtool_interfaces: [eth0, "ens*"]  # ethtool -S these, besides the RDMA netdevs
 
 Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
 section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -60,6 +61,7 @@ class Config:
 
 
 _KNOWN_KEYS = {
+    "ethtool_interfaces",
     "numa_maps_min_interval_seconds",
     "perf_window_seconds",
     "command_timeout_seconds",
@@ -147,6 +149,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
     bad_peak = isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0
     if peak is not None and bad_peak:
         raise ConfigError("platform.memory_peak_bytes_per_second must be a positive number")
+    interfaces = raw.get("ethtool_interfaces", [])
+    if interfaces is not None and (not isinstance(interfaces, list) or not all(
+            isinstance(i, str) and i for i in interfaces)):
+        raise ConfigError("ethtool_interfaces must be a list of interface names or globs")
     collectors = raw.get("collectors")
     if collectors is not None:
         if not isinstance(collectors, list) or not all(isinstance(c, str) for c in collectors):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import gzip
+import json
 import os
 import re
 import shutil
@@ -44,8 +45,10 @@ def replay(exporter_factory, tmp_path, bundle, config):
 @pytest.mark.parametrize("bundle", ["x86-256", "kunpeng-128"])
 @pytest.mark.parametrize("per_core", ["full", "summary"])
 def test_golden_output(exporter_factory, tmp_path, bundle, per_core):
+    recorded = json.loads((BUNDLES / bundle / "meta.json").read_text())["config"]
     exporter = replay(exporter_factory, tmp_path, bundle,
-                      {"per_core": per_core, "busy_interval_min_seconds": 0})
+                      {**recorded, "per_core": per_core, "busy_interval_min_seconds": 0,
+                       "numa_maps_min_interval_seconds": 0})
     text = exporter.text()
     got = "".join(line + "\n" for line in text.splitlines() if not NONDETERMINISTIC.match(line))
     golden = GOLDEN / f"{bundle}-{per_core}.txt"

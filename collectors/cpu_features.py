@@ -1,0 +1,254 @@
+"""Collector `cpu_features`: what the CPU is, which instruction-set extensions it has, and
+which binaries died of SIGILL on it (the evidence of the `isa-mismatch` rule).
+
+Sources, each optional on its own:
+- /proc/cpuinfo (parsers/cpuinfo.py): model, stepping or MIDR fields, microcode, flags.
+- the kernel log (parsers/kmsg.py), for lines such as (x86; arm64 prints
+  `agent[4242]: unhandled exception: undefined instruction in agent[400000+1000]`)
+
+      traps: agent_worker_il[6073] trap invalid opcode ip:55bc07eee040 sp:7fff9ef3b438
+      error:0 in agent_worker_ill[1040,55bc07eee000+1000]     (one line in the log)
+
+  Live: /dev/kmsg under the root, opened once (non-blocking), positioned at the start of the
+  ring so crashes already logged count, then read record by record until EAGAIN on every
+  scrape. Reading it needs CAP_SYSLOG (root) when kernel.dmesg_restrict is 1. Without it (a
+  bundle, a fixture tree) `dmesg.txt` at the root is read instead; a bundle keeps it in
+  static/, found through the scrape's fallback root.
+- /proc/sys/debug/exception-trace (show_unhandled_signals): when 0 the kernel logs no SIGILL
+  and the crash counter cannot move.
+
+Label values stay bounded: the binary label keeps the first MAX_BINARIES names (the most
+frequent first among those seen together), the rest count as binary="other"; a name once
+given its own series keeps it, so no counter ever goes down.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+from fleetscope.exposition import Family, counter, gauge, labels
+
+from .base import Collector, NotAvailable, Scrape
+from .parsers import ParseError
+from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
+from .parsers.kmsg import KernelLogScan, scan_kernel_log
+
+MAX_BINARIES = 50
+MAX_VARIANTS = 16  # distinct CPU variants exported; more than this is not a real machine
+CPUINFO_MEMO = "proc/cpuinfo:CpuInfo"  # the parsed record, shared with any other reader
+KMSG = "dev/kmsg"
+DMESG = "dmesg.txt"
+EXCEPTION_TRACE = "proc/sys/debug/exception-trace"
+KMSG_HINT = (
+    "reading /dev/kmsg needs CAP_SYSLOG (run as root) when kernel.dmesg_restrict=1; "
+    "a bundle carries the kernel log as static/dmesg.txt"
+)
+EXCEPTION_TRACE_HINT = (
+    "the sysctl exists with CONFIG_SYSCTL_EXCEPTION_TRACE (x86, arm64); bundles do not record it"
+)
+_READ_SIZE = 16384  # larger than any /dev/kmsg record (a smaller buffer gets EINVAL)
+
+
+class _Kmsg:
+    """An open /dev/kmsg, read incrementally."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.lseek(self.fd, 0, os.SEEK_SET)  # the first record still in the ring
+        except OSError:
+            os.close(self.fd)
+            raise
+
+    def read_new(self) -> str:
+        """Every record logged since the last call, one per line."""
+        records: list[str] = []
+        while True:
+            try:
+                data = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                if err.errno == errno.EPIPE:  # records overwritten before we read them
+                    continue
+                raise
+            if not data:
+                break
+            records.append(data.decode("utf-8", "replace"))
+        return "".join(records)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class CpuFeaturesCollector(Collector):
+    name = "cpu_features"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._lock = threading.Lock()
+        self._cpuinfo: tuple[str, CpuInfo] | None = None
+        self._kmsg: _Kmsg | None = None
+        self._counts: Counter[str] = Counter()  # live kernel log: crashes since the start
+        self._suppressed = 0
+        self._dmesg: tuple[str, KernelLogScan] | None = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._kmsg is not None:
+                self._kmsg.close()
+                self._kmsg = None
+
+    def __del__(self):
+        kmsg = getattr(self, "_kmsg", None)
+        if kmsg is not None:
+            kmsg.close()
+
+    def collect(self, scrape: Scrape) -> Iterator[Family]:
+        with scrape.source(self.name, "proc/cpuinfo"):
+            info = scrape.memo(CPUINFO_MEMO, lambda: self._parse_cpuinfo(scrape))
+            yield from self._cpu(info)
+        yield from self._sigill(scrape)
+        with scrape.source(self.name, EXCEPTION_TRACE, EXCEPTION_TRACE_HINT):
+            text = scrape.read_text(EXCEPTION_TRACE).strip()
+            if text.isdigit() and text.isascii():
+                yield gauge(
+                    "fleetscope_sigill_exception_trace_enabled",
+                    "1 when the kernel logs unhandled SIGILL/SIGSEGV (debug.exception-trace); "
+                    "at 0 fleetscope_sigill_crashes_total cannot count crashes.",
+                ).add(1 if int(text) else 0)
+
+    # -- /proc/cpuinfo ---------------------------------------------------------------------
+
+    def _parse_cpuinfo(self, scrape: Scrape) -> CpuInfo:
+        text = scrape.read_text("proc/cpuinfo")
+        cached = self._cpuinfo
+        if cached is not None and cached[0] == text:
+            return cached[1]
+        info = parse_cpuinfo(text)
+        self._cpuinfo = (text, info)
+        return info
+
+    @staticmethod
+    def _identity(model: CpuModel) -> dict[str, str]:
+        if model.arch == "aarch64":
+            return {"implementer": model.implementer, "part": model.part,
+                    "variant": model.variant, "revision": model.revision}
+        return {"family": model.family, "model": model.model, "stepping": model.stepping}
+
+    def _cpu(self, info: CpuInfo) -> Iterator[Family]:
+        model = info.model
+        extra = {"microcode": model.microcode} if model.arch == "x86_64" else {
+            "architecture": model.architecture}
+        yield gauge(
+            "fleetscope_cpu_info",
+            "The node's CPU model (the first CPU in /proc/cpuinfo); always 1.",
+        ).add(1, labels(arch=model.arch, vendor=model.vendor, model_name=model.model_name,
+                         **self._identity(model), **extra))
+        feature_labels: dict[str, str] = {"arch": model.arch, "fingerprint": model.fingerprint}
+        if model.arch == "x86_64":
+            feature_labels["isa_level"] = psabi_level_name(psabi_level(model.features))
+        elif model.arch == "aarch64":
+            feature_labels["features"] = " ".join(model.features)
+        yield gauge(
+            "fleetscope_cpu_features_info",
+            "The first CPU's feature set: fingerprint = first 12 hex digits of the SHA-256 of "
+            "its sorted /proc/cpuinfo flags; x86-64 psABI level on x86, the Features list on "
+            "arm64; always 1.",
+        ).add(1, labels(**feature_labels))
+        cpus = gauge(
+            "fleetscope_cpu_model_cpus",
+            "CPUs of each model, stepping and feature set; more than one series means a mixed "
+            "node.",
+        )
+        for variant, count in info.variants[:MAX_VARIANTS]:
+            cpus.add(count, labels(model_name=variant.model_name, **self._identity(variant),
+                                   fingerprint=variant.fingerprint))
+        yield cpus
+
+    # -- the kernel log ---------------------------------------------------------------------
+
+    def _sigill(self, scrape: Scrape) -> Iterator[Family]:
+        source = KMSG
+        try:
+            with self._lock:
+                try:
+                    counts, suppressed = self._read_kmsg(scrape)
+                except NotAvailable as kmsg_error:
+                    source = DMESG
+                    try:
+                        counts, suppressed = self._read_dmesg(scrape)
+                    except NotAvailable as dmesg_error:
+                        scrape.sources[(self.name, KMSG)] = (
+                            False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
+                        return
+        except ParseError as err:  # not kernel log text (NUL bytes)
+            scrape.sources[(self.name, source)] = (False, str(err))
+            scrape.errors.setdefault(self.name, str(err))
+            return
+        scrape.sources[(self.name, source)] = (True, "")
+        crashes = counter(
+            "fleetscope_sigill_crashes_total",
+            "Processes killed by SIGILL (illegal instruction) as the kernel logged them, by the "
+            "file holding the faulting instruction (or the task name for anonymous code).",
+        )
+        for binary in sorted(counts):
+            crashes.add(counts[binary], labels(binary=binary))
+        yield crashes
+        yield counter(
+            "fleetscope_sigill_reports_suppressed_total",
+            "Unhandled-signal reports the kernel dropped by rate limit ('show_signal: N "
+            "callbacks suppressed'); while it rises the crash counter undercounts.",
+        ).add(suppressed)
+
+    def _read_kmsg(self, scrape: Scrape) -> tuple[dict[str, int], int]:
+        path = scrape.path(KMSG)
+        if self._kmsg is not None and self._kmsg.path != path:
+            self._kmsg.close()
+            self._kmsg = None
+        if self._kmsg is None:
+            try:
+                self._kmsg = _Kmsg(path)
+            except OSError as err:
+                raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+        try:
+            text = self._kmsg.read_new()
+        except OSError as err:
+            self._kmsg.close()
+            self._kmsg = None
+            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+        scan = scan_kernel_log(text, f"/{KMSG}")
+        self._suppressed += scan.suppressed
+        _admit(self._counts, Counter(crash.binary for crash in scan.crashes))
+        return dict(self._counts), self._suppressed
+
+    def _read_dmesg(self, scrape: Scrape) -> tuple[dict[str, int], int]:
+        text = scrape.read_text(DMESG)
+        cached = self._dmesg
+        if cached is None or cached[0] != text:
+            cached = self._dmesg = (text, scan_kernel_log(text, f"/{DMESG}"))
+        scan = cached[1]
+        counts: Counter[str] = Counter()
+        _admit(counts, Counter(crash.binary for crash in scan.crashes))
+        return dict(counts), scan.suppressed
+
+
+def _admit(counts: Counter[str], new: Counter[str]) -> None:
+    """Add new crashes to `counts`, giving a binary its own series while fewer than
+    MAX_BINARIES have one (most crashes first, then by name), else counting it as "other"."""
+    admitted = len(counts) - (1 if "other" in counts else 0)
+    for binary, count in sorted(new.items(), key=lambda item: (-item[1], item[0])):
+        if binary in counts and binary != "other":
+            counts[binary] += count
+        elif admitted < MAX_BINARIES and binary != "other":
+            counts[binary] = count
+            admitted += 1
+        else:
+            counts["other"] += count

@@ -1,0 +1,275 @@
+"""Collector `irq`: where interrupts land, and whether device interrupts may land on the CPUs
+of online pools (troubleshooting: irq-core-overlap, "system work and interrupts share the
+agents' cores").
+
+Inputs:
+
+    proc/interrupts                          (parsers/interrupts.py has the full format)
+                   CPU0       CPU1
+         36:          0      84951 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0
+        LOC:     122488     132036   Local timer interrupts
+    proc/irq/<n>/smp_affinity_list           0-1   (cpulist: where IRQ n may be delivered)
+    proc/<pid>/status                        Cpus_allowed_list:\t0-1 (online pools' processes)
+
+Rows are of two kinds (label `kind`):
+- `device`: numbered IRQs of devices (MSI/MSI-X, IO-APIC, GIC SPIs): steerable with
+  smp_affinity, the ones the runbook moves off worker cores.
+- `local`: interrupts every CPU raises for itself: the architecture's named rows (LOC, RES,
+  CAL, TLB, IPI0..) and GIC interrupts below 32 (SGIs and PPIs such as arch_timer and the
+  PMU; Documentation/devicetree/bindings/interrupt-controller/arm,gic-v3.yaml numbering).
+Single-number rows (ERR, MIS, Err) are left out.
+
+Cardinality stays bounded: per NUMA node and kind (per CPU only with `per_core: full`), and
+per online pool; never per IRQ.
+
+The per-CPU counts are 32-bit and wrap, and IRQs come and go (a driver reload frees its
+vectors), so a plain sum over rows would fall and Prometheus would read a reset. The totals
+here are accumulated from per-row differences between scrapes: a vanished IRQ keeps what it
+counted, a count that fell from the upper half of the 32-bit range wrapped (2^32 is added),
+one that fell from lower was reallocated to a new IRQ (the new count is all new). A CPU that
+comes online adds its counts since boot once. Totals restart with the exporter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from operator import sub
+
+from fleetscope.exposition import Family, counter, gauge, labels
+
+from .base import Collector, NotAvailable, Scrape
+from .parsers import ParseError
+from .parsers.interrupts import Interrupts, IrqRow, parse_interrupts
+from .parsers.sysfs import parse_cpulist
+from .pools import SourceTally, process_status
+from .processes import pool_processes
+from .shared import NODE_DIR, numa_node_of_cpus
+
+KINDS = ("device", "local")
+WRAP = 1 << 32  # kstat_irqs are unsigned int per CPU
+
+
+def row_kind(row: IrqRow) -> str:
+    """`device` for a numbered, steerable IRQ; `local` for per-CPU interrupts."""
+    if not (row.name.isdigit() and row.name.isascii()):
+        return "local"
+    if row.chip.startswith("GIC") and row.hwirq is not None and row.hwirq < 32:
+        return "local"  # SGI 0-15 and PPI 16-31 are private to each CPU
+    return "device"
+
+
+class IrqCollector(Collector):
+    name = "irq"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.full = config.per_core == "full"
+        self._lock = threading.Lock()
+        self._cpus: tuple[int, ...] | None = None
+        self._rows: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # name: kind, id, counts
+        self._sums: dict[str, list[int]] = {}  # kind -> column sums at the last scrape
+        self._acc: dict[str, dict[int, int]] = {kind: {} for kind in KINDS}  # kind -> cpu
+        self._node_of: dict[int, str] = {}  # last known NUMA node of every CPU seen
+        self._pool_device: dict[str, int] = {}  # online pool -> device interrupts on its CPUs
+
+    def collect(self, scrape: Scrape) -> Iterator[Family]:
+        parsed = parse_interrupts(scrape.read_text("proc/interrupts"))  # the required source
+        pool_cpus = self._online_pool_cpus(scrape, parsed.cpus)
+        affinity = self._device_affinity(scrape, parsed)
+        with self._lock:  # the running totals advance in reading order
+            before = dict(self._acc["device"])
+            self._advance(parsed)
+            device = self._acc["device"]
+            for pool, cpus in (pool_cpus or {}).items():
+                if pool in self._pool_device:
+                    landed = sum(device[c] - before.get(c, 0) for c in cpus if c in device)
+                    self._pool_device[pool] += landed
+                else:
+                    self._pool_device[pool] = sum(device.get(c, 0) for c in cpus)
+            acc = {kind: dict(values) for kind, values in self._acc.items()}
+            pool_device = dict(self._pool_device)
+        with scrape.source(self.name, NODE_DIR):
+            known = numa_node_of_cpus(scrape, parsed.cpus)
+            self._node_of.update((c, n) for c, n in known.items() if n != "unknown")
+        yield from self._per_cpu(acc, parsed.cpus)
+        if pool_cpus is not None:
+            yield from self._pools(pool_cpus, affinity, pool_device)
+
+    def _advance(self, parsed: Interrupts) -> None:
+        """Add this scrape's increase to the per-(kind, CPU) totals (see the docstring)."""
+        cpus = parsed.cpus
+        ncpu = len(cpus)
+        previous, sums_before = self._rows, self._sums
+        if self._cpus is not None and self._cpus != cpus:
+            previous, sums_before = self._realign(cpus)
+        first = self._cpus is None
+        rows: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+        columns: dict[str, list[tuple[int, ...]]] = {kind: [] for kind in KINDS}
+        fix: dict[str, list[int]] = {kind: [0] * ncpu for kind in KINDS}
+        for row in parsed.rows:
+            if not row.per_cpu:
+                continue
+            kind = row_kind(row)
+            counts = row.counts
+            columns[kind].append(counts)
+            rows[row.name] = (kind, row.description, counts)
+            old = previous.get(row.name)
+            if old is None:
+                continue
+            old_kind, old_id, old_counts = old
+            if old_kind != kind or old_id != row.description:
+                # Another IRQ under the same number: the old one's counts stay counted.
+                fix[old_kind] = list(map(sum, zip(fix[old_kind], old_counts, strict=True)))
+            elif old_counts != counts and min(map(sub, counts, old_counts)) < 0:
+                out = fix[kind]
+                for i, (now, then) in enumerate(zip(counts, old_counts, strict=True)):
+                    if now < then:
+                        out[i] += WRAP if then >= WRAP // 2 else then
+        for name, (old_kind, _, old_counts) in previous.items():
+            if name not in rows:  # freed: what it counted stays counted
+                fix[old_kind] = list(map(sum, zip(fix[old_kind], old_counts, strict=True)))
+        sums = {
+            kind: [sum(col) for col in zip(*columns[kind], strict=True)] or [0] * ncpu
+            for kind in KINDS
+        }
+        for kind in KINDS:
+            acc = self._acc[kind]
+            before = sums_before.get(kind, [0] * ncpu)
+            for i, cpu in enumerate(cpus):
+                if first:
+                    acc[cpu] = sums[kind][i]
+                else:
+                    acc[cpu] = acc.get(cpu, 0) + sums[kind][i] - before[i] + fix[kind][i]
+        self._cpus, self._rows, self._sums = cpus, rows, sums
+
+    def _realign(self, cpus: tuple[int, ...]):
+        """The previous rows and sums laid out on a new CPU header (CPU hotplug); a CPU that
+        was not online before starts from 0, so its counts since boot count once."""
+        index = {cpu: i for i, cpu in enumerate(self._cpus or ())}
+
+        def align(values):
+            return tuple(values[index[c]] if c in index else 0 for c in cpus)
+
+        rows = {name: (kind, ident, align(counts))
+                for name, (kind, ident, counts) in self._rows.items()}
+        sums = {kind: list(align(values)) for kind, values in self._sums.items()}
+        return rows, sums
+
+    def _per_cpu(self, acc: dict, online: tuple[int, ...]) -> Iterator[Family]:
+        if self.full:
+            per_cpu = counter(
+                "fleetscope_irq_interrupts_total",
+                "Interrupts each CPU handled (/proc/interrupts): kind=device for device IRQs, "
+                "local for per-CPU ones (timer, IPIs, rescheduling, PMU).",
+            )
+            for cpu in online:
+                for kind in KINDS:
+                    per_cpu.add(acc[kind][cpu], labels(cpu=cpu, kind=kind))
+            yield per_cpu
+        per_node = counter(
+            "fleetscope_irq_numa_node_interrupts_total",
+            "Interrupts the CPUs of each NUMA node handled (/proc/interrupts), by kind: device "
+            "IRQs or per-CPU (local) interrupts.",
+        )
+        node_of = self._node_of
+        totals: dict[tuple[str, str], int] = {}
+        for kind in KINDS:
+            for cpu, value in acc[kind].items():
+                key = (node_of.get(cpu, "unknown"), kind)
+                totals[key] = totals.get(key, 0) + value
+        for (node, kind) in sorted(totals, key=lambda k: (not k[0].isdigit(), len(k[0]), k)):
+            per_node.add(totals[(node, kind)], labels(numa_node=node, kind=kind))
+        yield per_node
+
+    def _online_pool_cpus(self, scrape: Scrape, online: tuple[int, ...]):
+        """Online pool -> the online CPUs its processes may run on (None without pools)."""
+        pools = [p for p in self.config.pools if p.workload_class == "online"]
+        if not pools:
+            return None
+        online_set = set(online)
+        allowed: dict[str, set[int]] = {p.name: set() for p in pools}
+        tally = SourceTally()
+        processes = None
+        with scrape.source(self.name, "proc"):
+            processes = pool_processes(scrape, self.config.pools)
+        if processes is None:
+            return None
+        parsed_lists: dict[str, frozenset[int]] = {}
+        for process in processes:
+            if process.pool.workload_class != "online":
+                continue
+            try:
+                text = process_status(scrape, process.pid).get("Cpus_allowed_list")
+                if text is None:
+                    raise ParseError(f"/proc/{process.pid}/status: no Cpus_allowed_list")
+                cpus = parsed_lists.get(text)
+                if cpus is None:
+                    cpus = parsed_lists[text] = frozenset(parse_cpulist(text))
+            except (NotAvailable, ParseError) as err:
+                tally.fail(err)
+                continue
+            tally.ok += 1
+            allowed[process.pool.name] |= cpus
+        tally.report(scrape, self.name, "proc/<pid>/status")
+        return {name: cpus & online_set for name, cpus in allowed.items()}
+
+    def _device_affinity(self, scrape: Scrape, parsed: Interrupts) -> list[frozenset[int]]:
+        """The smp_affinity_list of every device IRQ, as CPU sets."""
+        if not any(p.workload_class == "online" for p in self.config.pools):
+            return []
+        tally = SourceTally()
+        masks: list[frozenset[int]] = []
+        parsed_lists: dict[str, frozenset[int]] = {}
+        for row in parsed.rows:
+            if not row.per_cpu or row_kind(row) != "device":
+                continue
+            path = f"proc/irq/{row.name}/smp_affinity_list"
+            try:
+                text = scrape.read_text(path).strip()
+                cpus = parsed_lists.get(text)
+                if cpus is None:
+                    cpus = parsed_lists[text] = frozenset(parse_cpulist(text, f"/{path}"))
+            except (NotAvailable, ParseError) as err:
+                tally.fail(err)
+                continue
+            tally.ok += 1
+            masks.append(cpus)
+        tally.report(scrape, self.name, "proc/irq/<n>/smp_affinity_list")
+        return masks
+
+    def _pools(self, pool_cpus: dict, affinity: list, pool_device: dict) -> Iterator[Family]:
+        targeted = frozenset().union(*affinity) if affinity else frozenset()
+        if affinity:
+            yield gauge(
+                "fleetscope_irq_device_affinity_cpus",
+                "CPUs at least one device IRQ may be delivered to (union of "
+                "/proc/irq/<n>/smp_affinity_list).",
+            ).add(len(targeted))
+        cpus = gauge(
+            "fleetscope_irq_online_pool_cpus",
+            "Online CPUs the online pool's processes may run on (union of their "
+            "Cpus_allowed_list).",
+        )
+        overlap = gauge(
+            "fleetscope_irq_online_pool_overlap_cpus",
+            "CPUs that online pool processes may run on and device IRQ affinity masks "
+            "target (irq-core-overlap when above 0).",
+        )
+        overlap_irqs = gauge(
+            "fleetscope_irq_online_pool_overlap_irqs",
+            "Device IRQs whose smp_affinity_list includes a CPU the online pool may run on.",
+        )
+        landed = counter(
+            "fleetscope_irq_online_pool_device_interrupts_total",
+            "Device interrupts handled by the CPUs the online pool may run on (the set at "
+            "each scrape); over the node's device interrupts it is the share landing there.",
+        )
+        for pool, allowed in pool_cpus.items():
+            pool_label = labels(pool=pool)
+            cpus.add(len(allowed), pool_label)
+            landed.add(pool_device.get(pool, 0), pool_label)
+            if affinity:
+                overlap.add(len(allowed & targeted), pool_label)
+                overlap_irqs.add(sum(1 for mask in affinity if mask & allowed), pool_label)
+        yield from (f for f in (cpus, overlap, overlap_irqs, landed) if f.samples)

@@ -1,0 +1,205 @@
+"""Parser for the kernel log: SIGILL crashes (an instruction the CPU does not implement).
+
+Input is `dmesg` output or /dev/kmsg records, one per line, e.g. (x86, 6.18, and the same
+kind of line read from /dev/kmsg; each is one line in the log, wrapped here):
+
+    [ 1725.924917] traps: ud_probe[6911] trap invalid opcode ip:564cd741512d
+        sp:7ffece00e4c0 error:0 in ud_probe[112d,564cd7415000+1000]
+    6,341,2230812820,-;traps: probe_fma4[14722] trap invalid opcode ip:557dc188f08b
+        sp:7ffe14508080 error:0 in probe_fma4[108b,557dc188f000+1000]
+
+arm64 (4.19+ arch/arm64/kernel/traps.c arm64_show_signal(), and the older do_undefinstr()):
+
+    [  812.331702] agent[4242]: unhandled exception: undefined instruction in agent[400000+1000]
+    myproc[1234]: undefined instruction: pc=0000000000400544
+
+Formats, from the kernel source:
+- x86 arch/x86/kernel/traps.c show_signal(): pr_fmt "traps: ", then
+  `"%s[%d] %s%s ip:%lx sp:%lx error:%lx"` with type "trap " and desc "invalid opcode" for #UD
+  (the only x86 trap that raises SIGILL for user code), then print_vma_addr(" in ", ip).
+- arm64 arm64_show_signal(): `"%s[%d]: unhandled exception: "`, then `"%s, ESR 0x%08x, "`
+  (0x%016lx in 6.x) only when the fault code is non-zero, the description, print_vma_addr.
+  do_undefinstr() (5.10) and do_el0_undef() (6.x) call force_signal_inject(SIGILL, ...,  0):
+  description "undefined instruction", no ESR part. bad_el0_sync() also raises SIGILL
+  ("Bad EL0 synchronous exception", with the ESR part). Kernels up to 4.18 printed
+  `"%s[%d]: undefined instruction: pc=%p"`.
+- print_vma_addr() (mm/memory.c) appends the basename of the file mapped at ip and
+  `[start+size]`, or `[offset,start+size]` on newer kernels; nothing for anonymous or JIT
+  memory. So the file named there holds the faulting instruction: the executable or a
+  shared library. The task name (comm) is cut to 15 characters.
+
+Both lines are rate limited (x86: the global printk_ratelimit(); arm64: its own limit, 10 per
+5 s) and printed only when debug.exception-trace is 1 and the process has no SIGILL handler.
+Dropped reports show up later as `show_signal: N callbacks suppressed` (x86: the global
+limit is shared, so N also counts other callers' messages) or
+`arm64_show_signal: N callbacks suppressed`. Segfaults and other traps are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from . import ParseError
+
+# /dev/kmsg: "<prio>,<seq>,<usec since boot>,<flags>[,caller=...];<message>" and continuation
+# lines " KEY=value" (Documentation/ABI/testing/dev-kmsg).
+_KMSG = re.compile(r"([0-9]{1,3}),([0-9]{1,20}),([0-9]{1,20}),[^;]{0,64};(.*)", re.ASCII)
+# dmesg: optional raw level "<6>", the timestamp "[ 1725.924917]" (or a -T date), an optional
+# caller id "[ T6911]".
+_DMESG_PREFIX = re.compile(r"(?:<[0-9]{1,3}>)?((?:\[[^\]\n]{1,64}\] ?){1,2})", re.ASCII)
+_SECONDS = re.compile(r"\[\s*([0-9]{1,12}\.[0-9]{1,9})\]", re.ASCII)
+# journald / syslog: "Dec 01 03:09:00 host kernel: <message>"
+_SYSLOG_KERNEL = " kernel: "
+
+# " in libc.so.6[7fa7c7c26000+178000]" (print_vma_addr); text after it is tolerated, so a
+# later kernel appending e.g. " likely on CPU 3" (as segfault reports do) still parses.
+_WHERE = r"(?: in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?.*"
+_X86 = re.compile(
+    r"(?:traps: )?(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\] trap invalid opcode "
+    r"ip:(?P<ip>[0-9a-f]{1,16}) sp:[0-9a-f]{1,16} error:[0-9a-f]{1,16}" + _WHERE,
+    re.ASCII,
+)
+_ARM64_DESC = r"(?P<desc>undefined instruction|Bad EL0 synchronous exception)"
+_ARM64_ESR = r"(?:[^,\n]{1,80}, ESR 0x[0-9a-f]{1,16}, )?"
+_ARM64 = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: unhandled exception: "
+    + _ARM64_ESR + _ARM64_DESC + _WHERE,
+    re.ASCII,
+)
+# The arm64 line is printed in pieces (pr_info then pr_cont); when another CPU prints in
+# between, the description lands in a record of its own.
+_ARM64_HEAD = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: unhandled exception:\s*", re.ASCII
+)
+_ARM64_TAIL = re.compile(_ARM64_ESR + _ARM64_DESC + _WHERE, re.ASCII)
+_ARM64_OLD = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: undefined instruction: pc=(?P<ip>\S{1,20})",
+    re.ASCII,
+)
+_SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
+
+MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
+
+
+@dataclass(frozen=True, slots=True)
+class SigillCrash:
+    """One SIGILL crash the kernel logged."""
+
+    arch: str  # "x86" or "arm64" (which kernel printed the line)
+    comm: str  # task name as printed (at most 15 characters on most kernels)
+    pid: int
+    binary: str  # the file holding the faulting instruction, else comm (anonymous/JIT code)
+    mapping: str  # the raw text after " in " ("" when the kernel printed none)
+    ip: str  # faulting address in hex as printed ("" when the line has none)
+    seconds: float | None  # kernel timestamp, seconds since boot, when the line carries one
+    description: str  # "invalid opcode", "undefined instruction", ...
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogScan:
+    crashes: tuple[SigillCrash, ...]
+    suppressed: int  # reports the kernel's rate limit dropped ("callbacks suppressed")
+    lines: int  # log lines or records read
+
+
+def _message(line: str) -> tuple[str, float | None] | None:
+    """The message of one log line and its timestamp; None for lines that are not kernel
+    messages (continuation lines, userspace records written to /dev/kmsg)."""
+    if not line or line[0] in " \t":
+        return None  # /dev/kmsg continuation (" SUBSYSTEM=...") or indented dump text
+    match = _KMSG.match(line)
+    if match:
+        if int(match.group(1)) >> 3 != 0:  # facility 0 is the kernel; others are userspace
+            return None
+        return match.group(4), int(match.group(3)) / 1e6
+    match = _DMESG_PREFIX.match(line)
+    if match:
+        seconds = _SECONDS.match(match.group(1))
+        return line[match.end():], float(seconds.group(1)) if seconds else None
+    _, found, message = line.partition(_SYSLOG_KERNEL)
+    return (message if found else line), None
+
+
+def _binary(where: str | None, comm: str) -> tuple[str, str]:
+    """(binary, mapping) from print_vma_addr's text, e.g. "libc.so.6[7fa7c7c26000+178000]"."""
+    if not where:
+        return comm[:MAX_NAME], ""
+    name = where[: where.index("[")].strip()
+    return (name or comm)[:MAX_NAME], where.strip()[:MAX_NAME]
+
+
+def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
+    """SIGILL crashes and rate-limit reports in `dmesg` text or /dev/kmsg records.
+
+    >>> scan = scan_kernel_log(
+    ...     "[ 1725.924917] traps: ud_probe[6911] trap invalid opcode ip:564cd741512d "
+    ...     "sp:7ffece00e4c0 error:0 in ud_probe[112d,564cd7415000+1000]\\n")
+    >>> crash = scan.crashes[0]
+    >>> crash.binary, crash.pid, crash.arch, crash.seconds
+    ('ud_probe', 6911, 'x86', 1725.924917)
+    """
+    if "\x00" in text:
+        raise ParseError(f"{what}: NUL bytes (not kernel log text)")
+    crashes: list[SigillCrash] = []
+    suppressed = 0
+    lines = 0
+    pending: tuple[re.Match, float | None] | None = None  # arm64 head waiting for its tail
+    for line in text.splitlines():
+        lines += 1
+        parsed = _message(line)
+        if parsed is None:
+            continue
+        message, seconds = parsed
+        message = message.rstrip()
+        if pending is not None:
+            head, head_seconds = pending
+            pending = None
+            tail = _ARM64_TAIL.fullmatch(message)
+            if tail:
+                comm = head.group("comm")
+                binary, mapping = _binary(tail.group("where"), comm)
+                crashes.append(SigillCrash("arm64", comm, int(head.group("pid")), binary,
+                                           mapping, "", head_seconds, tail.group("desc")))
+                continue
+        if "invalid opcode" in message:
+            match = _X86.fullmatch(message)
+            if match:
+                comm = match.group("comm")
+                binary, mapping = _binary(match.group("where"), comm)
+                crashes.append(SigillCrash("x86", comm, int(match.group("pid")), binary,
+                                           mapping, match.group("ip"), seconds,
+                                           "invalid opcode"))
+            continue
+        if "]: unhandled exception:" in message:
+            match = _ARM64.fullmatch(message)
+            if match:
+                comm = match.group("comm")
+                binary, mapping = _binary(match.group("where"), comm)
+                crashes.append(SigillCrash("arm64", comm, int(match.group("pid")), binary,
+                                           mapping, "", seconds, match.group("desc")))
+                continue
+            head = _ARM64_HEAD.fullmatch(message)
+            if head:
+                pending = (head, seconds)
+            continue
+        if "]: undefined instruction: pc=" in message:
+            match = _ARM64_OLD.fullmatch(message)
+            if match:
+                comm = match.group("comm")
+                crashes.append(SigillCrash("arm64", comm, int(match.group("pid")), comm[:MAX_NAME],
+                                           "", match.group("ip"), seconds,
+                                           "undefined instruction"))
+            continue
+        if "callbacks suppressed" in message:
+            match = _SUPPRESSED.fullmatch(message)
+            if match:
+                suppressed += int(match.group(1))
+    # pid 0 is the idle task: an undefined instruction there is a kernel oops (old arm64
+    # kernels printed the same line for kernel mode), not a process killed by SIGILL.
+    return KernelLogScan(tuple(c for c in crashes if c.pid), suppressed, lines)
+
+
+def parse_sigill(text: str, what: str = "kernel log") -> list[SigillCrash]:
+    """Just the SIGILL crashes of `scan_kernel_log`."""
+    return list(scan_kernel_log(text, what).crashes)

@@ -1,0 +1,591 @@
+"""Collector `pools`: what each workload pool of the config uses and waits for, per pool
+(labels `pool`, `class`), never per process.
+
+Inputs, per process of a pool (collectors/processes.py decides membership):
+
+    proc/<pid>/stat        4242 (python3) S 1 ... 150 30 ... 8 0 91234 ...  (utime, stime in
+                           USER_HZ ticks, fields 14-15, whole thread group; threads, field 20)
+    proc/<pid>/status      voluntary_ctxt_switches:\t2 / nonvoluntary_ctxt_switches:\t1
+    proc/<pid>/schedstat   84886 2950931 2   (field 2: ns runnable but waiting for a CPU)
+    proc/<pid>/limits      Max open files            1024                 1048576    files
+    proc/<pid>/fd_count    57   (bundles) or the entries of proc/<pid>/fd (a live host)
+    proc/<pid>/cgroup      0::/kubepods.slice/online/agent-chat
+and per pool, the cgroup v2 directories its processes live in:
+    sys/fs/cgroup/<path>/cpu.stat       usage_usec 97113019 / nr_periods 123456 / ...
+    sys/fs/cgroup/<path>/cpu.max        200000 100000
+    sys/fs/cgroup/<path>/cpu.pressure   some avg10=1.65 avg60=0.50 avg300=0.33 total=4410972
+and the CPU topology (sys/devices/system/cpu/cpu*/topology/) for threads per physical core.
+
+Per thread or per process? /proc/<pid>/stat CPU time covers the whole thread group
+(fs/proc/array.c do_task_stat(..., whole=1)), but /proc/<pid>/status context switches
+(task_context_switch_counts() prints p->nvcsw, p->nivcsw of that task) and /proc/<pid>/schedstat
+(fs/proc/base.c proc_pid_schedstat(), that task's sched_info) are the thread-group leader's
+only; verified on 6.18: a process whose 4 worker threads switched 4,437 times showed 21 in its
+top-level status. Summing task/*/status and task/*/schedstat costs two reads per thread (about
+10 us each here): 4,000 threads would add some 80 ms a scrape, over this collector's budget. So
+those two metrics cover each process's main thread, which is exact for single-threaded
+workers (and for event-loop workers whose loop runs on the main thread), and say so in their
+help. The cgroup's cpu.pressure covers every thread of the cgroup.
+
+Counters summed over processes would fall when a process exits, and Prometheus takes any fall
+for a reset to zero: rate() would add the whole pre-fall sum, a spike of thousands of CPU
+seconds. So each pool's counters are kept monotonic here, as a cgroup's usage_usec keeps the
+time of exited tasks: a process that leaves keeps its last reading in the pool's total (what it
+did between its last scrape and its exit is not counted), a process that reappears (a racing
+listing) takes it back. The same holds for the cgroup counters when a pool's cgroup goes away
+or is recreated (a fall in a cgroup's own counter is a new cgroup: its old total is kept).
+These totals restart when the exporter restarts, which Prometheus handles as any reset.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Hashable, Iterator
+from typing import NamedTuple
+
+from fleetscope.exposition import Family, counter, gauge, labels
+
+from .base import Collector, NotAvailable, Scrape
+from .parsers import ParseError, parse_int
+from .parsers.cgroup import parse_cpu_max, parse_cpu_stat
+from .parsers.process import (
+    parse_cgroup,
+    parse_limits,
+    parse_pid_schedstat,
+    parse_pid_stat,
+    status_int,
+)
+from .parsers.procfs import parse_pressure
+from .processes import pool_processes
+from .shared import proc_stat
+
+CPU_DIR = "sys/devices/system/cpu"
+CGROUP_DIR = "sys/fs/cgroup"
+# A process that left a pool is remembered this long in case a racing listing missed it.
+GONE_TTL_SECONDS = 600.0
+GONE_MAX = 65536
+CGROUP_HINT = (
+    "the pool's processes are not in cgroup v2 directories visible under /sys/fs/cgroup "
+    "(cgroup v1 host, or the exporter runs in its own cgroup namespace)"
+)
+
+
+STATUS_KEYS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "Cpus_allowed_list")
+
+
+def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, str]:
+    """The named fields of a /proc/<pid>/status text ("Key:\\tvalue" lines), as
+    parsers/process.parse_status gives them but found directly: parsing all ~57 lines costs
+    a quarter of a 500-process scrape. Missing keys are left out.
+
+    >>> status_values("Name:\\tpython3\\nThreads:\\t4\\nCpus_allowed_list:\\t0-3\\n")
+    {'Cpus_allowed_list': '0-3'}
+    """
+    if not text.startswith("Name:"):
+        raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
+    values: dict[str, str] = {}
+    for key in keys:
+        start = text.find(f"\n{key}:")
+        if start < 0:
+            continue
+        start += len(key) + 2
+        end = text.find("\n", start)
+        values[key] = text[start: end if end >= 0 else len(text)].strip()
+    return values
+
+
+def process_status(scrape: Scrape, pid: int) -> dict[str, str]:
+    """The status fields pools and irq need, read once per scrape."""
+    path = f"proc/{pid}/status"
+    return scrape.memo(path, lambda: status_values(scrape.read_text(path)))
+
+
+def _topology_id(text: str, what: str) -> int:
+    # physical_package_id and core_id print "%d"; -1 means the firmware did not say.
+    value = text.strip()
+    digits = value[1:] if value.startswith("-") else value
+    if not (digits.isdigit() and digits.isascii()):
+        raise ParseError(f"{what}: expected an integer, got {value[:40]!r}")
+    return int(value)
+
+
+def _read_physical_cores(scrape: Scrape) -> int:
+    cores: set[tuple[int, int | None, int]] = set()
+    for name in scrape.listdir(CPU_DIR):
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        base = f"{CPU_DIR}/{name}/topology"
+        try:
+            package = _topology_id(scrape.read_text(f"{base}/physical_package_id"), base)
+            core = _topology_id(scrape.read_text(f"{base}/core_id"), base)
+        except NotAvailable:
+            continue  # an offline CPU has no topology directory
+        try:  # x86 numbers cores within a die on multi-die packages
+            die: int | None = _topology_id(scrape.read_text(f"{base}/die_id"), base)
+        except NotAvailable:
+            die = None
+        cores.add((package, die, core))
+    if not cores:
+        raise NotAvailable(f"/{CPU_DIR}/cpu*/topology does not exist")
+    return len(cores)
+
+
+def physical_cores(scrape: Scrape) -> int:
+    """Physical cores of the node: distinct (package, die, core) of the online CPUs."""
+    return scrape.memo("physical_cores", lambda: _read_physical_cores(scrape))
+
+
+def _is_procfs(scrape: Scrape, root: str) -> bool:
+    """Whether proc/ under this root is a mounted procfs: its files report size 0, a fixture
+    tree's do not (one stat a scrape)."""
+    def check() -> bool:
+        try:
+            return os.stat(os.path.join(root, "proc/stat")).st_size == 0
+        except OSError:
+            return False
+    return scrape.memo(f"procfs:{root}", check)
+
+
+def open_fds(scrape: Scrape, pid: int) -> int:
+    """Open file descriptors of a process.
+
+    On a live host: the size Linux 6.2+ reports for proc/<pid>/fd (fs/proc/fd.c
+    proc_fd_getattr(): the number of open fds, one stat() instead of a listing), else the
+    listing's length (older kernels report size 0, and so does a process without fds; in a
+    fixture tree the size is the directory's). A bundle has no fd directory but
+    proc/<pid>/fd_count (CONTRACT section 3); it is looked up when fd/ is absent, which
+    spares a live scrape a failed open per process.
+    """
+    for root in scrape.roots:
+        path = os.path.join(root, f"proc/{pid}/fd")
+        try:
+            size = os.stat(path).st_size
+            if size > 0 and _is_procfs(scrape, root):
+                return size
+            return len(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as err:
+            raise NotAvailable(f"/proc/{pid}/fd: {err.strerror or err}") from None
+    return parse_int(scrape.read_text(f"proc/{pid}/fd_count").strip(), f"/proc/{pid}/fd_count")
+
+
+def nofile_soft_limit(text: str) -> int | None:
+    """The soft RLIMIT_NOFILE from /proc/<pid>/limits text (None: unlimited); only the header
+    and the "Max open files" row go through the parser."""
+    start = text.find("\nMax open files")
+    if start < 0:
+        raise ParseError("/proc/<pid>/limits: no 'Max open files' row")
+    end = text.find("\n", start + 1)
+    header = text[: text.find("\n")]
+    limits = parse_limits(header + text[start: end if end >= 0 else len(text)])
+    if "Max open files" not in limits:
+        raise ParseError("/proc/<pid>/limits: malformed 'Max open files' row")
+    return limits["Max open files"][0]
+
+
+class MonotonicSums:
+    """Per-pool sums of per-member counters that never fall (see the module docstring).
+
+    `update({member: (pool, value)})` returns {pool: total}. Members are processes
+    ((pid, starttime): a pid reused by a new process is a new member) or cgroup directories.
+    """
+
+    def __init__(self, new_on_decrease: bool):
+        # True: a member's counter that falls is a new incarnation (a recreated cgroup);
+        # False: it is held at its highest value (a per-process counter never falls, except
+        # the leader's context switches after a non-leader thread exec()s).
+        self.new_on_decrease = new_on_decrease
+        self._alive: dict[Hashable, tuple[str, int]] = {}
+        self._gone: dict[Hashable, tuple[str, int, float]] = {}
+        self._carry: dict[str, int] = {}
+
+    def update(self, current: dict[Hashable, tuple[str, int]], now: float) -> dict[str, int]:
+        carry, alive, gone = self._carry, self._alive, self._gone
+        seen: dict[Hashable, tuple[str, int]] = {}
+        for key, (pool, value) in current.items():
+            previous = alive.pop(key, None)
+            if previous is None and key in gone:
+                old_pool, old_value, _ = gone.pop(key)
+                carry[old_pool] -= old_value  # it was only missed: it takes its total back
+                previous = (old_pool, old_value)
+            if previous is not None:
+                old_pool, old_value = previous
+                if old_pool != pool:  # moved: its past stays with the pool it left
+                    carry[old_pool] = carry.get(old_pool, 0) + old_value
+                elif value < old_value:
+                    if self.new_on_decrease:
+                        carry[pool] = carry.get(pool, 0) + old_value
+                    else:
+                        value = old_value
+            seen[key] = (pool, value)
+        for key, (pool, value) in alive.items():  # not seen this scrape: exited or left
+            carry[pool] = carry.get(pool, 0) + value
+            gone[key] = (pool, value, now)
+        self._alive = seen
+        if gone:
+            expired = [k for k, (_, _, at) in gone.items() if now - at > GONE_TTL_SECONDS]
+            for key in expired:
+                del gone[key]
+            while len(gone) > GONE_MAX:
+                del gone[next(iter(gone))]
+        totals = dict(carry)
+        for pool, value in seen.values():
+            totals[pool] = totals.get(pool, 0) + value
+        return totals
+
+
+class SourceTally:
+    """How one source fared over all processes: readable once is enough to be available."""
+
+    __slots__ = ("ok", "error")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.error: Exception | None = None
+
+    def fail(self, err: Exception) -> None:
+        if self.error is None or isinstance(err, ParseError):
+            self.error = err
+
+    def report(self, scrape: Scrape, collector: str, source: str, hint: str = "") -> None:
+        if not self.ok and self.error is None:
+            return  # nothing to read (no process, no cgroup): no verdict
+        with scrape.source(collector, source, hint):
+            if not self.ok and self.error is not None:
+                raise self.error
+
+
+class _PoolState:
+    __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups")
+
+    def __init__(self) -> None:
+        self.processes = 0
+        self.threads = 0
+        self.worst_fd: tuple[float, int, int | None] | None = None  # ratio, fds, limit
+        self.nofile_min: float | None = None
+        self.cgroups: set[str] = set()
+
+
+class _CgroupReading(NamedTuple):
+    stat: dict[str, int] | None
+    quota_cpus: float | None
+    stall_us: dict[str, int]  # some/full -> total
+
+
+# cpu.stat keys summed per pool: (key, metric, help); *_usec are exported in seconds.
+CGROUP_COUNTERS = (
+    ("usage_usec", "fleetscope_pool_cgroup_cpu_usage_seconds_total",
+     "CPU seconds used by the pool's cgroups (cpu.stat usage_usec), exited tasks included."),
+    ("nr_periods", "fleetscope_pool_cgroup_cpu_periods_total",
+     "Enforcement periods of the pool's cgroups with a cpu.max limit (cpu.stat nr_periods)."),
+    ("nr_throttled", "fleetscope_pool_cgroup_cpu_throttled_periods_total",
+     "Periods in which the pool's cgroups were throttled by cpu.max (cpu.stat nr_throttled); "
+     "over periods it is the throttle ratio."),
+    ("throttled_usec", "fleetscope_pool_cgroup_cpu_throttled_seconds_total",
+     "Seconds the pool's cgroups were throttled by cpu.max (cpu.stat throttled_usec)."),
+)
+
+
+def _top_cgroups(paths: set[str]) -> list[str]:
+    """The paths that have no ancestor in the set: a parent's cpu.stat already includes its
+    children, so summing both would count them twice."""
+    kept: set[str] = set()
+    for path in sorted(paths, key=lambda p: (p.count("/"), p)):
+        parts = path.split("/")
+        if not any("/".join(parts[:i]) in kept for i in range(2, len(parts))):
+            kept.add(path)
+    return sorted(kept)
+
+
+def _usable_cgroup(path: str) -> bool:
+    # "" (not read), "/" (the root: the whole machine), and paths outside the exporter's
+    # cgroup namespace ("/../kubepods/...") say nothing about the pool.
+    return path.startswith("/") and path != "/" and "/../" not in path + "/" and "\n" not in path
+
+
+class PoolsCollector(Collector):
+    name = "pools"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self._lock = threading.Lock()
+        self._cpu = MonotonicSums(False)
+        self._voluntary = MonotonicSums(False)
+        self._nonvoluntary = MonotonicSums(False)
+        self._run_delay = MonotonicSums(False)
+        self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
+        self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
+        self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
+
+    def collect(self, scrape: Scrape) -> Iterator[Family]:
+        pools = self.config.pools
+        if not pools:
+            return
+        processes = pool_processes(scrape, pools)  # the required source: the process list
+        # Reading and updating the running totals together keeps them in reading order when
+        # two scrapes overlap (two Prometheus replicas).
+        with self._lock:
+            families = self._collect(scrape, processes)
+        yield from families
+
+    def _collect(self, scrape: Scrape, processes) -> list[Family]:
+        pools = self.config.pools
+        state = {pool.name: _PoolState() for pool in pools}
+        cpu: dict[Hashable, tuple[str, int]] = {}
+        voluntary: dict[Hashable, tuple[str, int]] = {}
+        nonvoluntary: dict[Hashable, tuple[str, int]] = {}
+        run_delay: dict[Hashable, tuple[str, int]] = {}
+        t_stat, t_status, t_sched, t_limits, t_fd, t_cgroup = (SourceTally() for _ in range(6))
+        for process in processes:
+            pid, pool = process.pid, process.pool.name
+            base = f"proc/{pid}"
+            try:
+                stat = parse_pid_stat(scrape.read_text(f"{base}/stat"))
+            except (NotAvailable, ParseError) as err:
+                t_stat.fail(err)
+                continue  # exited since the listing: not counted at all
+            t_stat.ok += 1
+            key = (pid, stat.starttime_ticks)
+            acc = state[pool]
+            acc.processes += 1
+            acc.threads += stat.num_threads
+            cpu[key] = (pool, stat.utime_ticks + stat.stime_ticks)
+            try:
+                status = process_status(scrape, pid)
+                voluntary[key] = (pool, status_int(status, "voluntary_ctxt_switches"))
+                nonvoluntary[key] = (pool, status_int(status, "nonvoluntary_ctxt_switches"))
+                t_status.ok += 1
+            except (NotAvailable, ParseError) as err:
+                t_status.fail(err)
+            try:
+                run_delay[key] = (pool, parse_pid_schedstat(
+                    scrape.read_text(f"{base}/schedstat"))[1])
+                t_sched.ok += 1
+            except (NotAvailable, ParseError) as err:
+                t_sched.fail(err)
+            try:
+                limit = nofile_soft_limit(scrape.read_text(f"{base}/limits"))
+            except (NotAvailable, ParseError) as err:
+                t_limits.fail(err)
+            else:
+                t_limits.ok += 1
+                bound = float("inf") if limit is None else float(limit)
+                if acc.nofile_min is None or bound < acc.nofile_min:
+                    acc.nofile_min = bound
+                try:
+                    fds = open_fds(scrape, pid)
+                    t_fd.ok += 1
+                except (NotAvailable, ParseError) as err:
+                    t_fd.fail(err)
+                else:
+                    ratio = 0.0 if limit is None else fds / max(limit, 1)
+                    worst = acc.worst_fd
+                    if worst is None or (ratio, fds) > (worst[0], worst[1]):
+                        acc.worst_fd = (ratio, fds, limit)
+            cgroup = process.cgroup
+            if not cgroup:
+                try:
+                    cgroup = parse_cgroup(scrape.read_text(f"{base}/cgroup"))
+                    t_cgroup.ok += 1
+                except (NotAvailable, ParseError) as err:
+                    t_cgroup.fail(err)
+            if _usable_cgroup(cgroup):
+                acc.cgroups.add(cgroup)
+        name = self.name
+        t_stat.report(scrape, name, "proc/<pid>/stat")
+        t_status.report(scrape, name, "proc/<pid>/status")
+        t_sched.report(scrape, name, "proc/<pid>/schedstat",
+                       "the kernel was built without CONFIG_SCHED_INFO")
+        t_limits.report(scrape, name, "proc/<pid>/limits")
+        t_fd.report(scrape, name, "proc/<pid>/fd", "reading other users' fds needs root")
+        t_cgroup.report(scrape, name, "proc/<pid>/cgroup")
+
+        now = scrape.time
+        families: list[Family] = []
+        pool_labels = {
+            pool.name: labels(pool=pool.name, **{"class": pool.workload_class}) for pool in pools
+        }
+        families.extend(self._gauges(scrape, state, pool_labels))
+        hz = self.ticks_per_second
+        none_read = not processes
+        counters = (
+            (self._cpu, cpu, t_stat, "fleetscope_pool_cpu_seconds_total",
+             "CPU seconds (user + system, /proc/<pid>/stat) of the pool's processes, all "
+             "threads; processes that exited keep their last reading in the total.", hz, ""),
+            (self._run_delay, run_delay, t_sched, "fleetscope_pool_run_delay_seconds_total",
+             "Seconds the main thread of the pool's processes was runnable but waiting for a "
+             "CPU (/proc/<pid>/schedstat field 2: the thread-group leader only).", 1e9, ""),
+            (self._voluntary, voluntary, t_status, "fleetscope_pool_context_switches_total",
+             "Context switches of the main thread of the pool's processes (/proc/<pid>/status "
+             "is the thread-group leader's only): voluntary (blocked) and nonvoluntary "
+             "(preempted).", 1, "voluntary"),
+            (self._nonvoluntary, nonvoluntary, t_status, "fleetscope_pool_context_switches_total",
+             "", 1, "nonvoluntary"),
+        )
+        by_name: dict[str, Family] = {}
+        for sums, current, tally, metric, help_text, divisor, kind in counters:
+            totals = sums.update(current, now)
+            if not (tally.ok or none_read):
+                continue
+            family = by_name.get(metric)
+            if family is None:
+                family = by_name[metric] = counter(metric, help_text)
+                families.append(family)
+            for pool in pools:
+                value = totals.get(pool.name, 0)
+                value = value / divisor if divisor != 1 else value
+                suffix = f',kind="{kind}"' if kind else ""
+                family.add(value, pool_labels[pool.name] + suffix)
+        families.extend(self._cgroups(scrape, state, pool_labels, now))
+        return families
+
+    def _gauges(self, scrape: Scrape, state: dict, pool_labels: dict) -> list[Family]:
+        processes = gauge("fleetscope_pool_processes", "Processes in the pool.")
+        threads = gauge("fleetscope_pool_threads",
+                        "Threads of the pool's processes (/proc/<pid>/stat num_threads).")
+        per_core = gauge(
+            "fleetscope_pool_threads_per_core",
+            "Threads of the pool's processes per physical core of the node (distinct "
+            "package/die/core of sys/devices/system/cpu/cpu*/topology; the online CPU count "
+            "without topology). All threads, runnable or sleeping.",
+        )
+        cores = None
+        with scrape.source(self.name, f"{CPU_DIR}/cpu*/topology"):
+            cores = self._physical_cores(scrape)
+        if cores is None:  # without topology every online CPU counts as a core
+            try:
+                cores = len(proc_stat(scrape).cpus) or None
+            except (NotAvailable, ParseError):
+                pass
+        ratio = gauge(
+            "fleetscope_pool_fd_usage_ratio",
+            "Highest open fds / RLIMIT_NOFILE soft limit among the pool's processes (0 when "
+            "unlimited); 'Too many open files' at 1.",
+        )
+        open_fd = gauge("fleetscope_pool_fd_usage_open_fds",
+                        "Open fds of the pool's process with the highest fd usage ratio.")
+        limit_fd = gauge(
+            "fleetscope_pool_fd_usage_limit_fds",
+            "RLIMIT_NOFILE soft limit of the pool's process with the highest fd usage ratio "
+            "(+Inf: unlimited).",
+        )
+        nofile = gauge(
+            "fleetscope_pool_nofile_limit",
+            "Lowest RLIMIT_NOFILE soft limit among the pool's processes (/proc/<pid>/limits "
+            "Max open files); the troubleshooting guide wants at least 65535.",
+        )
+        for name, acc in state.items():
+            pool_label = pool_labels[name]
+            processes.add(acc.processes, pool_label)
+            threads.add(acc.threads, pool_label)
+            if cores:
+                per_core.add(round(acc.threads / cores, 6), pool_label)
+            if acc.worst_fd is not None:
+                worst_ratio, fds, limit = acc.worst_fd
+                ratio.add(round(worst_ratio, 6), pool_label)
+                open_fd.add(fds, pool_label)
+                limit_fd.add(float("inf") if limit is None else limit, pool_label)
+            if acc.nofile_min is not None:
+                bound = acc.nofile_min
+                nofile.add(int(bound) if bound != float("inf") else bound, pool_label)
+        return [f for f in (processes, threads, per_core, ratio, open_fd, limit_fd, nofile)
+                if f.samples]
+
+    def _physical_cores(self, scrape: Scrape) -> int:
+        """physical_cores(), re-read only when the online CPUs change: the topology of a CPU
+        does not change while it is online, and reading it costs three files per CPU (some
+        6 ms a scrape on 256 CPUs)."""
+        try:
+            key: tuple | None = (scrape.roots, scrape.read_text(f"{CPU_DIR}/online"))
+        except NotAvailable:
+            key = None
+        cached = self._cores
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        cores = physical_cores(scrape)
+        self._cores = (key, cores) if key is not None else None
+        return cores
+
+    def _read_cgroup(self, scrape: Scrape, path: str, tallies: dict) -> _CgroupReading:
+        directory = f"{CGROUP_DIR}{path}"
+        stat = quota = None
+        stall: dict[str, int] = {}
+        try:
+            stat = parse_cpu_stat(scrape.read_text(f"{directory}/cpu.stat"),
+                                  f"{directory}/cpu.stat")
+            tallies["cpu.stat"].ok += 1
+        except (NotAvailable, ParseError) as err:
+            tallies["cpu.stat"].fail(err)
+        try:
+            quota = parse_cpu_max(scrape.read_text(f"{directory}/cpu.max"),
+                                  f"{directory}/cpu.max").cpus
+            tallies["cpu.max"].ok += 1
+        except (NotAvailable, ParseError) as err:
+            tallies["cpu.max"].fail(err)
+        try:
+            lines = parse_pressure(scrape.read_text(f"{directory}/cpu.pressure"),
+                                   f"{directory}/cpu.pressure")
+            stall = {kind: line.total_us for kind, line in lines.items()}
+            tallies["cpu.pressure"].ok += 1
+        except (NotAvailable, ParseError) as err:
+            tallies["cpu.pressure"].fail(err)
+        return _CgroupReading(stat, quota, stall)
+
+    def _cgroups(self, scrape: Scrape, state: dict, pool_labels: dict, now: float):
+        tallies = {name: SourceTally() for name in ("cpu.stat", "cpu.max", "cpu.pressure")}
+        readings: dict[str, _CgroupReading] = {}
+        per_pool: dict[str, list[str]] = {}
+        for name, acc in state.items():
+            per_pool[name] = _top_cgroups(acc.cgroups)
+            for path in per_pool[name]:
+                if path not in readings:
+                    readings[path] = self._read_cgroup(scrape, path, tallies)
+        for file_name, tally in tallies.items():
+            hint = CGROUP_HINT if file_name == "cpu.stat" else (
+                "cpu.max and cpu.pressure need the cpu controller enabled in the parent's "
+                "cgroup.subtree_control; cpu.pressure needs PSI")
+            tally.report(scrape, self.name, f"{CGROUP_DIR}/<path>/{file_name}", hint)
+
+        count = gauge("fleetscope_pool_cgroups",
+                      "cgroup v2 directories the pool's processes live in (outermost only) "
+                      "whose files the pool_cgroup metrics sum.")
+        quota = gauge(
+            "fleetscope_pool_cgroup_cpu_quota_cpus",
+            "CPU limit of the pool's cgroups in CPUs (cpu.max quota / period, summed over its "
+            "cgroups); +Inf when one of them has no limit ('max').",
+        )
+        families: list[Family] = [count, quota]
+        counter_input: dict[str, dict] = {key: {} for key, _, _ in CGROUP_COUNTERS}
+        stall_input: dict[str, dict] = {"some": {}, "full": {}}
+        for name, paths in per_pool.items():
+            count.add(len(paths), pool_labels[name])
+            quotas = [readings[p].quota_cpus for p in paths if readings[p].quota_cpus is not None]
+            if quotas:
+                quota.add(sum(quotas), pool_labels[name])
+            for path in paths:
+                reading = readings[path]
+                for key in counter_input:
+                    if reading.stat is not None and key in reading.stat:
+                        counter_input[key][(name, path)] = (name, reading.stat[key])
+                for kind, total in reading.stall_us.items():
+                    stall_input[kind][(name, path)] = (name, total)
+        for key, metric, help_text in CGROUP_COUNTERS:
+            totals = self._cgroup[key].update(counter_input[key], now)
+            family = counter(metric, help_text)
+            for name, total in totals.items():
+                family.add(total / 1e6 if key.endswith("_usec") else total, pool_labels[name])
+            families.append(family)
+        stalled = counter(
+            "fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total",
+            "Seconds in which some (stall=full: all) runnable tasks of the pool's cgroups "
+            "waited for a CPU (cpu.pressure, PSI): every thread, not only main threads.",
+        )
+        for kind in ("some", "full"):
+            totals = self._stall[kind].update(stall_input[kind], now)
+            for name, total in totals.items():
+                stalled.add(total / 1e6, f'{pool_labels[name]},stall="{kind}"')
+        families.append(stalled)
+        return [f for f in families if f.samples]
