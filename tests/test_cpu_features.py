@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.collectors import COLLECTORS, Scrape, bundle_roots
@@ -34,6 +33,7 @@ from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from fleetscope.isa import run_isa_check, scan_binary
 from tests.conftest import BUNDLES, require_tool, samples
+from tests.fuzzing import parser_fuzz_tests
 
 # --- /proc/cpuinfo samples -------------------------------------------------------------------
 
@@ -373,29 +373,8 @@ logish = st.text(
 )
 
 
-def _only_parse_error(parser, text):
-    try:
-        parser(text)
-    except ParseError:
-        pass
 
-
-@pytest.mark.parametrize("name", sorted(FUZZED))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.one_of(st.text(max_size=300), logish))
-def test_fuzz_garbage(name, text):
-    _only_parse_error(FUZZED[name][0], text)
-
-
-@pytest.mark.parametrize("name", sorted(FUZZED))
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_fuzz_cut_and_corrupted_samples(name, data):
-    parser, sample = FUZZED[name]
-    _only_parse_error(parser, sample[: data.draw(st.integers(0, len(sample)))])
-    position = data.draw(st.integers(0, len(sample) - 1))
-    replacement = data.draw(st.text(max_size=4))
-    _only_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(FUZZED, logish)
 
 
 @pytest.mark.parametrize("module", [cpuinfo, kmsg])

@@ -6,10 +6,10 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetscope.collectors.parsers import ParseError, process, procfs, sysfs
+from fleetscope.collectors.parsers import process, procfs, sysfs
+from tests.fuzzing import parser_fuzz_tests
 from tests.test_parsers import PROC_STAT_REAL, SCHEDSTAT_REAL
 
 PARSERS = {
@@ -46,30 +46,8 @@ procish = st.text(
 )
 
 
-def _parse_or_parse_error(parser, text):
-    try:
-        parser(text)
-    except ParseError:
-        pass
 
-
-@pytest.mark.parametrize("name", sorted(PARSERS))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.one_of(st.text(max_size=300), procish))
-def test_garbage_never_escapes_as_another_exception(name, text):
-    _parse_or_parse_error(PARSERS[name][0], text)
-
-
-@pytest.mark.parametrize("name", sorted(PARSERS))
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_truncated_and_corrupted_real_samples(name, data):
-    parser, sample = PARSERS[name]
-    cut = data.draw(st.integers(0, len(sample)))
-    _parse_or_parse_error(parser, sample[:cut])
-    position = data.draw(st.integers(0, len(sample) - 1))
-    replacement = data.draw(st.text(min_size=0, max_size=3))
-    _parse_or_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(PARSERS, procish)
 
 
 @pytest.mark.parametrize("module", [procfs, sysfs, process])

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetscope.collectors import COLLECTORS, bundle_roots
@@ -46,6 +46,7 @@ from fleetscope.config import parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from tests.conftest import FIXTURES, require_tool, samples
+from tests.fuzzing import parser_fuzz_tests
 
 PERF_FIXTURES = FIXTURES / "perf"
 MiB = 1024 * 1024
@@ -192,29 +193,8 @@ FUZZED = {
 }
 
 
-def _parse_or_parse_error(parser, text):
-    try:
-        parser(text)
-    except ParseError:
-        pass
 
-
-@pytest.mark.parametrize("name", sorted(FUZZED))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.one_of(st.text(max_size=300), perfish))
-def test_fuzz_garbage_raises_parse_error_only(name, text):
-    _parse_or_parse_error(FUZZED[name][0], text)
-
-
-@pytest.mark.parametrize("name", sorted(FUZZED))
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_fuzz_truncated_and_corrupted_real_samples(name, data):
-    parser, sample = FUZZED[name]
-    _parse_or_parse_error(parser, sample[:data.draw(st.integers(0, len(sample)))])
-    position = data.draw(st.integers(0, len(sample) - 1))
-    replacement = data.draw(st.text(min_size=0, max_size=3))
-    _parse_or_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(FUZZED, perfish)
 
 
 @settings(max_examples=300, deadline=None)

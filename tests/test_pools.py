@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.collectors import pools as pools_module
@@ -28,6 +27,7 @@ from fleetscope.config import parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from tests.conftest import BUNDLES, require_tool, samples
+from tests.fuzzing import parser_fuzz_tests
 
 # ---- real samples -----------------------------------------------------------------------
 
@@ -154,31 +154,9 @@ NEW_PARSERS = {
 }
 
 
-def _parse_or_parse_error(parser, text):
-    try:
-        parser(text)
-    except ParseError:
-        pass
-
-
-@pytest.mark.parametrize("name", sorted(NEW_PARSERS))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.one_of(st.text(max_size=300), st.text(
-    alphabet=st.sampled_from(list("0123456789 \n\t-:._maxusecnr_periodsNameMax open files")),
-    max_size=300)))
-def test_fuzz_only_parse_error_escapes(name, text):
-    _parse_or_parse_error(NEW_PARSERS[name][0], text)
-
-
-@pytest.mark.parametrize("name", sorted(NEW_PARSERS))
-@settings(max_examples=200, deadline=None)
-@given(data=st.data())
-def test_fuzz_truncated_and_corrupted_real_samples(name, data):
-    parser, sample = NEW_PARSERS[name]
-    _parse_or_parse_error(parser, sample[:data.draw(st.integers(0, len(sample)))])
-    position = data.draw(st.integers(0, len(sample) - 1))
-    replacement = data.draw(st.text(max_size=3))
-    _parse_or_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+cgroupish = st.text(alphabet=st.sampled_from(list("0123456789 \n\t-:._maxusecnr_periodsName"
+                                                  "Max open files")), max_size=300)
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(NEW_PARSERS, cgroupish)
 
 
 @pytest.mark.parametrize("module", [cgroup_parsers, pools_module])

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.collectors import COLLECTORS, Scrape, bundle_roots
@@ -34,6 +33,7 @@ from fleetscope.config import Config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from tests.conftest import FIXTURES, require_tool, samples
+from tests.fuzzing import parser_fuzz_tests
 
 ETHTOOL = FIXTURES / "ethtool"
 RDMA = FIXTURES / "rdma"
@@ -177,30 +177,8 @@ netish = st.text(alphabet=st.sampled_from(list("0123456789abcdefABCDEF :-_\n\t|/
                                                "TcpExRrx\x00\u00e9\u0665")), max_size=400)
 
 
-def _parse_or_parse_error(parser, text):
-    try:
-        parser(text)
-    except ParseError:
-        pass
 
-
-@pytest.mark.parametrize("name", sorted(PARSERS))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.one_of(st.text(max_size=300), netish))
-def test_garbage_never_escapes_as_another_exception(name, text):
-    _parse_or_parse_error(PARSERS[name][0], text)
-
-
-@pytest.mark.parametrize("name", sorted(PARSERS))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_truncated_and_corrupted_real_samples(name, data):
-    parser, sample = PARSERS[name]
-    cut = data.draw(st.integers(0, len(sample)))
-    _parse_or_parse_error(parser, sample[:cut])
-    position = data.draw(st.integers(0, len(sample) - 1))
-    replacement = data.draw(st.text(min_size=0, max_size=3))
-    _parse_or_parse_error(parser, sample[:position] + replacement + sample[position + 1:])
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(PARSERS, netish)
 
 
 def test_docstring_examples():
