@@ -88,16 +88,37 @@ def _run(argv: list[str], timeout: float) -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
+TOP_CPU_PROCESSES = 20  # besides pool members: the heaviest CPU users (antagonists)
+
+
+def _cpu_ticks(stat_text: bytes) -> int:
+    fields = stat_text.rpartition(b")")[2].split()
+    try:
+        return int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return 0
+
+
 def _capture_processes(root: str, destination: str, config: Config, now: float) -> None:
-    """Per-process files for every process, numa_maps for pool processes, fd counts, and
-    the pool cgroups' CPU files."""
+    """Per-process files for pool members and for the heaviest CPU users (a node's thousands
+    of idle processes would only cost tens of thousands of files), numa_maps and fd counts for
+    pool members, and the pool cgroups' CPU files."""
     scrape = Scrape((root,), now)
-    members = {p.pid for p in pool_processes(scrape, config.pools)}
-    cgroups = {p.cgroup for p in pool_processes(scrape, config.pools) if p.cgroup}
+    pool_members = pool_processes(scrape, config.pools)
+    members = {p.pid for p in pool_members}
+    cgroups = {p.cgroup for p in pool_members if p.cgroup}
+    usage = []
     for name in os.listdir(os.path.join(root, "proc")):
-        if not name.isdigit():
-            continue
-        base = f"proc/{name}"
+        if name.isdigit() and int(name) not in members:
+            try:
+                with open(os.path.join(root, "proc", name, "stat"), "rb") as handle:
+                    usage.append((_cpu_ticks(handle.read()), int(name)))
+            except OSError:
+                continue  # exited
+    usage.sort(reverse=True)
+    chosen = sorted(members | {pid for ticks, pid in usage[:TOP_CPU_PROCESSES] if ticks > 0})
+    for pid in chosen:
+        base = f"proc/{pid}"
         if not _copy(root, f"{base}/stat", destination):
             continue  # exited
         for file_name in PID_FILES[1:]:
@@ -109,7 +130,7 @@ def _capture_processes(root: str, destination: str, config: Config, now: float) 
         if fd_count is not None:
             with open(os.path.join(destination, base, "fd_count"), "w") as out:
                 out.write(f"{fd_count}\n")
-        if int(name) in members:
+        if pid in members:
             _copy(root, f"{base}/numa_maps", destination)
     for path in cgroups:
         for file_name in CGROUP_FILES:
