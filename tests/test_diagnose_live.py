@@ -86,11 +86,11 @@ def test_offline_hog_beside_an_online_worker_is_diagnosed_and_named(tmp_path, ch
     assert hog.pid in finding["subjects"]["pids"]  # the antagonist, by pid
     assert online.pid not in finding["subjects"]["pids"]
     assert cpu in finding["subjects"]["cpus"]
-    # The primary warning, above core-imbalance (its symptom). SIGILLs other tests left in
-    # this machine's kernel log may rank above it as critical isa-mismatch findings.
+    # The primary warning, above core-imbalance (its symptom, when the other core is idle).
+    # SIGILLs other tests left in this machine's kernel log may rank above it as critical
+    # isa-mismatch findings.
     warnings = [f["rule"] for f in document["findings"] if f["severity"] == "warning"]
     assert warnings[0] == "offline-preemption"
-    assert "core-imbalance" in warnings
     assert code in (1, 2)
 
 
