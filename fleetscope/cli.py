@@ -65,9 +65,14 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_export(args: argparse.Namespace) -> int:
-    from fleetscope.rules.export import export_yaml
+    from fleetscope.rules.export import export_yaml, parse_duration
 
-    text = export_yaml(args.runbook_url_base)
+    try:
+        hold = parse_duration(args.hold_for) if args.hold_for else None
+    except ValueError as err:
+        print(f"fleetscope rules export: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    text = export_yaml(args.runbook_url_base, hold)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -117,6 +122,14 @@ def _cmd_bundle_show(args: argparse.Namespace) -> int:
     for what, value in rows:
         print(f"{what:<{width}}  {value}")
     return 0
+
+
+def _cmd_console(args: argparse.Namespace) -> int:
+    from fleetscope.dashboard.launch import run_console
+
+    source = args.source if args.command == "console" else \
+        ("demo" if args.nodes is None else f"demo:{args.nodes}")
+    return run_console(source, args.host, args.port, prog=args.command)
 
 
 def _cmd_stacks(args: argparse.Namespace) -> int:
@@ -216,6 +229,29 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("arguments", nargs=argparse.REMAINDER)
     check.set_defaults(run=_cmd_isa_check)
 
+    console = commands.add_parser(
+        "console", help="the ops console (Streamlit) on a source",
+        description="Run the Streamlit ops console on 127.0.0.1 (headless). Sources: demo "
+        "(the simulated fleet), bundle:PATH (a recorded bundle), prometheus:URL (a fleet "
+        "Prometheus). Exit 2 for a bad source, 3 when it cannot be read.",
+    )
+    console.add_argument("--source", default="demo", metavar="SOURCE",
+                         help="demo | bundle:PATH | prometheus:URL (default demo)")
+    demo = commands.add_parser(
+        "demo", help="the ops console on a simulated 4,096-node fleet",
+        description="The console on the built-in simulated fleet, every rule's fault "
+        "injected: no setup needed.",
+    )
+    demo.add_argument("--nodes", type=int, metavar="N",
+                      help="simulated nodes (default 4096, 16-16384)")
+    for sub in (console, demo):
+        sub.add_argument("--port", type=int, default=8501, metavar="N",
+                         help="port to listen on (default 8501)")
+        sub.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                         help="address to listen on (default 127.0.0.1)")
+        sub.set_defaults(run=_cmd_console, nodes=None)
+    demo.set_defaults(source="demo")
+
     rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
     rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
     rule_commands.add_parser("list", help="list the rules").set_defaults(run=_cmd_rules_list)
@@ -223,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="FILE", help="file to write (default stdout)")
     export.add_argument("--runbook-url-base", default="runbooks/", metavar="URL",
                         help="prefix of every alert's runbook_url (default runbooks/)")
+    export.add_argument("--for", dest="hold_for", metavar="DURATION",
+                        help="one `for:` for every alert, e.g. 5m (default: each rule's own)")
     export.set_defaults(run=_cmd_rules_export)
     return parser
 

@@ -26,11 +26,20 @@ def _duration(seconds: int) -> str:
     return f"{seconds // 60}m" if seconds % 60 == 0 and seconds else f"{seconds}s"
 
 
-def alert_rule(rule: Rule, runbook_base: str) -> dict:
+def parse_duration(text: str) -> int:
+    """'90s', '2m', '1h' -> seconds (Prometheus duration units the export needs)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
+        raise ValueError(f"duration must look like 30s, 2m or 1h, got {text!r}")
+    return int(text[:-1]) * units[text[-1]]
+
+
+def alert_rule(rule: Rule, runbook_base: str, for_seconds: int | None = None) -> dict:
+    hold = rule.for_seconds if for_seconds is None else for_seconds
     return {
         "alert": rule.alert_name,
         "expr": rule.condition.promql(),
-        "for": _duration(rule.for_seconds),
+        "for": _duration(hold),
         "labels": {"severity": rule.severity, "fleetscope_rule": rule.id},
         "annotations": {
             "summary": f"{rule.symptom} ({rule.id}) on {{{{ $labels.instance }}}}",
@@ -41,11 +50,13 @@ def alert_rule(rule: Rule, runbook_base: str) -> dict:
     }
 
 
-def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG
-              ) -> dict:
-    return {"groups": [{"name": "fleetscope", "rules": [alert_rule(r, runbook_base)
-                                                        for r in rules]}]}
+def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
+              for_seconds: int | None = None) -> dict:
+    return {"groups": [{"name": "fleetscope",
+                        "rules": [alert_rule(r, runbook_base, for_seconds) for r in rules]}]}
 
 
-def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> str:
-    return yaml.safe_dump(rule_file(runbook_base), sort_keys=False, width=100)
+def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None
+                ) -> str:
+    return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds), sort_keys=False,
+                          width=100)
