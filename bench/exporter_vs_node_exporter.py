@@ -2,10 +2,11 @@
 """Server CPU per scrape and series count: fleetscope exporter vs node_exporter, one run.
 
 Both serve the same 256-core fixture root (tests/fixtures/bundles/x86-256, sample s0000):
-node_exporter (Debian's prometheus-node-exporter) with only its cpu and stat collectors, and
-again with the collectors that read what fleetscope reads (adding pressure, schedstat,
-loadavg); fleetscope in full per-core mode (every core's series, as node_exporter) and in
-summary mode.
+node_exporter (Debian's prometheus-node-exporter) with only its cpu and stat collectors (the
+anchor), with the collectors that read what fleetscope's cpu and pressure collectors read
+(adding pressure, schedstat, loadavg), and with a broad set close to fleetscope's defaults;
+fleetscope's cpu and pressure collectors in full per-core mode (every core's series, as
+node_exporter) and in summary mode, and every fleetscope collector in summary mode.
 Scrapes go over one keep-alive connection each, with the headers Prometheus sends, in
 alternating rounds so drift on a shared machine hits both alike. Server CPU is the
 process's utime+stime from /proc/<pid>/stat (exited threads included).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -45,7 +47,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 ANCHORS = {
     "node_exporter": ("cpu", "stat"),
     "node_exporter (same sources)": ("cpu", "stat", "pressure", "schedstat", "loadavg"),
+    # Roughly what fleetscope's default collector set reads (interrupts, NUMA, TCP too).
+    "node_exporter (broad)": ("cpu", "stat", "pressure", "schedstat", "loadavg", "interrupts",
+                              "meminfo_numa", "netstat", "infiniband", "processes"),
 }
+# fleetscope configurations: (name, per_core, collectors or None for all, compare with)
+FLEETSCOPE = (
+    ("fleetscope cpu+pressure (full)", "full", ["cpu", "pressure"],
+     ("node_exporter", "node_exporter (same sources)")),
+    ("fleetscope cpu+pressure (summary)", "summary", ["cpu", "pressure"],
+     ("node_exporter", "node_exporter (same sources)")),
+    ("fleetscope all collectors (summary)", "summary", None, ("node_exporter (broad)",)),
+)
 
 
 def free_port() -> int:
@@ -81,8 +94,14 @@ class Server:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 
     def scrape(self) -> bytes:
-        self.conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
-        response = self.conn.getresponse()
+        try:
+            self.conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+            response = self.conn.getresponse()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            # The server closed an idle keep-alive connection while others were measured.
+            self.conn.close()
+            self.conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+            response = self.conn.getresponse()
         body = response.read()
         if response.status != 200:
             sys.exit(f"{self.name}: HTTP {response.status}")
@@ -119,10 +138,14 @@ def main() -> int:
         sys.exit("node_exporter not found: apt-get install prometheus-node-exporter")
     version = subprocess.run([node_exporter, "--version"], capture_output=True, text=True)
     workdir = Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
+    recorded = json.loads((BUNDLE / "meta.json").read_text()).get("config", {})
     configs = {}
-    for mode in ("full", "summary"):
-        configs[mode] = workdir / f"{mode}.yaml"
-        configs[mode].write_text(f"per_core: {mode}\n")
+    for index, (name, per_core, collectors, _) in enumerate(FLEETSCOPE):
+        config = {**recorded, "per_core": per_core}
+        if collectors is not None:
+            config["collectors"] = collectors
+        configs[name] = workdir / f"config-{index}.json"  # JSON is YAML
+        configs[name].write_text(json.dumps(config))
 
     servers = []
     try:
@@ -134,12 +157,12 @@ def main() -> int:
                 f"--path.procfs={SAMPLE / 'proc'}", f"--path.sysfs={BUNDLE / 'static' / 'sys'}",
                 "--log.level=error",
             ], port))
-        for mode in ("full", "summary"):
+        for name, *_ in FLEETSCOPE:
             port = free_port()
-            servers.append(Server(f"fleetscope ({mode})", [
+            servers.append(Server(name, [
                 sys.executable, "-m", "fleetscope", "--log-level", "error", "exporter",
                 "--listen", f"127.0.0.1:{port}", "--root", str(SAMPLE),
-                "--config", str(configs[mode]),
+                "--config", str(configs[name]),
             ], port))
         for server in servers:
             for _ in range(20):  # warm-up: imports, caches, connection
@@ -161,19 +184,16 @@ def main() -> int:
     print(f"fixture: 256-core x86 ({SAMPLE.relative_to(REPO)}); {args.rounds} rounds x "
           f"{args.scrapes} scrapes each, Prometheus's Accept and gzip headers")
     print(f"node_exporter: {(version.stdout or version.stderr).splitlines()[0]}")
-    print(f"{'server':<30}{'CPU ms/scrape (median)':>24}{'min':>8}{'max':>8}{'series':>8}"
+    print(f"{'server':<38}{'CPU ms/scrape (median)':>24}{'min':>8}{'max':>8}{'series':>8}"
           f"{'latency ms':>12}")
     for name, values in per_scrape.items():
-        print(f"{name:<30}{statistics.median(values) * 1e3:>24.3f}{min(values) * 1e3:>8.3f}"
+        print(f"{name:<38}{statistics.median(values) * 1e3:>24.3f}{min(values) * 1e3:>8.3f}"
               f"{max(values) * 1e3:>8.3f}{series[name]:>8}"
               f"{statistics.median(latency[name]) * 1e3:>12.2f}")
-    for anchor in ANCHORS:
-        anchor_cpu = statistics.median(per_scrape[anchor])
-        for name in per_scrape:
-            if name in ANCHORS:
-                continue
-            print(f"ratio {name} / {anchor}: CPU per scrape "
-                  f"{statistics.median(per_scrape[name]) / anchor_cpu:.2f}x, "
+    for name, _, _, anchors in FLEETSCOPE:
+        for anchor in anchors:
+            ratio = statistics.median(per_scrape[name]) / statistics.median(per_scrape[anchor])
+            print(f"ratio {name} / {anchor}: CPU per scrape {ratio:.2f}x, "
                   f"series {series[name] / series[anchor]:.3f}x")
     return 0
 

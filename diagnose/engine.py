@@ -98,6 +98,8 @@ def _confidence(rule: Rule, evidence: list[dict]) -> float:
 def missing_signals(rule: Rule, series: Series) -> list[str]:
     """Signals the rule lacks on this source ([] when any alternative is complete)."""
     present = series.names()
+    if present.intersection(rule.present_if):
+        return []
     missing = [sorted(side - present) for side in rule.alternatives()]
     if any(not names for names in missing):
         return []

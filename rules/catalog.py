@@ -66,6 +66,9 @@ class Rule:
     for_seconds: int = 120  # Prometheus `for:`; the engine reports on the evidence it has
     subject_labels: dict[str, str] = field(default_factory=dict)  # subject kind -> label
     extra_requires: tuple[str, ...] = ()
+    # Metrics whose presence alone shows the source was read (a counter family with no
+    # series yet, e.g. no SIGILL ever): the rule is then evaluated, and found nothing.
+    present_if: tuple[str, ...] = ()
 
     def requires(self) -> set[str]:
         return self.condition.metrics() | set(self.extra_requires)
@@ -273,6 +276,7 @@ ISA_MISMATCH = Rule(
     ),
     confidence=0.9,
     subject_labels={"binaries": "binary"},
+    present_if=("fleetscope_sigill_reports_suppressed_total",),
 )
 
 _BANDWIDTH = Max(Selector("fleetscope_memory_bandwidth_utilization_ratio"), by=NODE)

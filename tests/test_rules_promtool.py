@@ -1,0 +1,86 @@
+"""One source of truth: for every scenario bundle, Prometheus (promtool test rules) fires
+exactly the alerts the Python engine finds, on the series the exporter produces from the
+bundle's samples.
+
+The exported rule file is used as written, except that `for:` and annotations are dropped
+in this test's copy: `for:` is Prometheus's flap guard over time (a bundle is a minute long),
+and annotations only render text. The conditions - what the engine evaluates - are untouched.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetscope.diagnose.bundle import open_bundle
+from fleetscope.diagnose.engine import evaluate
+from fleetscope.diagnose.evidence import bundle_series
+from fleetscope.rules.catalog import CATALOG
+from fleetscope.rules.export import rule_file
+from tests.conftest import FIXTURES, require_tool
+
+SCENARIOS = FIXTURES / "scenarios"
+SCENARIO_NAMES = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").exists()) \
+    if SCENARIOS.exists() else []
+
+
+def test_every_rule_has_a_scenario_and_there_are_healthy_ones():
+    assert {rule.id for rule in CATALOG} <= set(SCENARIO_NAMES)
+    assert {"healthy-idle", "healthy-busy"} <= set(SCENARIO_NAMES)
+
+
+def _label_text(labels: dict) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _promtool_case(bundle_path: Path):
+    with open_bundle(str(bundle_path)) as bundle:
+        series = bundle_series(bundle, bundle.config())
+        times = [round(s.time * 1000) for s in bundle.samples]
+        interval_ms = round(bundle.interval_s * 1000)
+        hostname = bundle.hostname
+    assert all(b - a == interval_ms for a, b in zip(times, times[1:], strict=False)), \
+        "scenario samples must be evenly spaced to replay in promtool"
+    input_series = []
+    for name, by_labels in sorted(series.by_name.items()):
+        for labels, points in sorted(by_labels.items()):
+            values = dict(points)
+            text = " ".join(repr(values[t]) if t in values else "_" for t in times)
+            input_series.append({"series": name + _label_text(dict(labels)), "values": text})
+    stamps = series.timestamps()
+    series.max_window_ms = stamps[-1] - stamps[0]
+    findings, _ = evaluate(series, hostname)
+    eval_seconds = (times[-1] - times[0]) // 1000
+    expected: dict[str, list[dict]] = {rule.alert_name: [] for rule in CATALOG}
+    for finding in findings:
+        labels = {k: v for k, v in finding.labels.items()}
+        labels.update(severity=finding.rule.severity, fleetscope_rule=finding.rule.id)
+        expected[finding.rule.alert_name].append({"exp_labels": labels})
+    tests = [{"alertname": name, "eval_time": f"{eval_seconds}s", "exp_alerts": alerts}
+             for name, alerts in expected.items()]
+    return {"interval": f"{interval_ms // 1000}s", "input_series": input_series,
+            "alert_rule_test": tests}, findings
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
+def test_promtool_fires_exactly_what_the_engine_finds(tmp_path, scenario):
+    promtool = require_tool("promtool")
+    rules = rule_file()
+    for rule in rules["groups"][0]["rules"]:
+        rule.pop("for", None)
+        rule.pop("annotations", None)
+    rules["groups"][0]["interval"] = "10s"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    case, findings = _promtool_case(SCENARIOS / scenario)
+    if not scenario.startswith("healthy"):
+        assert findings and findings[0].rule.id == scenario  # the test can fail both ways
+    test_file = tmp_path / "test.yml"
+    test_file.write_text(yaml.safe_dump({
+        "rule_files": ["rules.yml"], "evaluation_interval": case["interval"], "tests": [case],
+    }))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]

@@ -1,0 +1,165 @@
+"""The rule scenario bundles (tests/fixtures/scenarios, written by make_scenarios.py): each
+rule's bundle gives that rule as the primary finding of `fleetscope diagnose`, the healthy
+bundles give status ok, and the generator is deterministic.
+
+Every bundle is diagnosed once, through the CLI in a subprocess, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from fleetscope.rules.catalog import CATALOG, by_id
+from tests.conftest import FIXTURES
+
+SCENARIOS = FIXTURES / "scenarios"
+GENERATOR = FIXTURES / "make_scenarios.py"
+HEALTHY = ("healthy-idle", "healthy-busy")
+RULE_IDS = sorted(rule.id for rule in CATALOG)
+SCHEMA = json.loads((Path(__file__).parent / "schemas" / "diagnosis.schema.json").read_text())
+EXIT = {"critical": 2, "warning": 1}
+
+# What each primary finding must name (CONTRACT section 5 subjects), where the rule or the
+# enrichment has something to name.
+SUBJECTS = {
+    "isa-mismatch": ("binaries", ["libagentcore.so"]),
+    "roce-congestion": ("devices", ["mlx5_0"]),
+    "offline-preemption": ("cgroups", None),
+    "numa-remote-access": ("numa_nodes", [0]),
+    "fd-exhaustion": ("pids", None),
+    "core-imbalance": ("cpus", None),
+}
+# Words the summary of each primary finding must hold (the pool, queue, model, binary...).
+SUMMARY = {
+    "worker-blocked-external-call": r"pool chat-online: .* silent for 18\d s",
+    "numa-remote-access": r"pool chat-online: 9\d% of resident memory on remote NUMA nodes",
+    "memory-bandwidth-saturation": r"memory bandwidth at 9\d% of the platform peak",
+    "isa-mismatch": r"libagentcore\.so crashed with SIGILL",
+    "offline-preemption": r"online pool chat-online waits 0\.\d+ s/s for CPU",
+    "roce-congestion": r"RoCE congestion signals at \d+(\.\d+)?/s",
+    "queue-backlog": r"queue tasks:chat of pool chat-online holds 198 tasks and grows",
+    "thread-oversubscription": r"pool chat-online: 24\.0 threads per physical core",
+    "fd-exhaustion": r"pool chat-online: a process uses 99% of its open-file limit",
+    "core-imbalance": r"busiest core \d+% busier than the median core",
+    "irq-core-overlap": r"online pool chat-online: 12 of its CPUs take device interrupts",
+    "session-affinity-loss": r"pool chat-online: 0\.4\d session migrations per second",
+    "quantization-tool-errors": r"model qwen2\.5-7b-instruct-q2_k in pool chat-online: 1\d% "
+                                r"of tool calls had malformed arguments",
+    "cold-start": r"pool chat-online: model loads take 4\d\.\d s on average",
+}
+# Signals the healthy bundles lack on purpose: none. (A kernel log without SIGILL gives no
+# fleetscope_sigill_crashes_total series, but the collector's always-present
+# fleetscope_sigill_reports_suppressed_total shows the log was read: evaluated, not found.)
+HEALTHY_NOT_EVALUATED: set[str] = set()
+
+_results: dict[str, tuple[int, dict, str]] = {}
+
+
+def diagnose(name: str) -> tuple[int, dict, str]:
+    """(exit code, diagnosis JSON, stderr) of `fleetscope diagnose --bundle <name> --json`,
+    run once per bundle."""
+    if name not in _results:
+        result = subprocess.run(
+            [sys.executable, "-m", "fleetscope", "diagnose", "--bundle", str(SCENARIOS / name),
+             "--json"], capture_output=True, text=True, timeout=300)
+        assert result.stdout, result.stderr
+        _results[name] = (result.returncode, json.loads(result.stdout), result.stderr)
+    return _results[name]
+
+
+def test_one_bundle_per_rule_and_two_healthy_ones():
+    names = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").is_file())
+    assert names == sorted(RULE_IDS + list(HEALTHY))
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_rule_scenario_gives_that_rule_first(rule_id):
+    code, document, stderr = diagnose(rule_id)
+    jsonschema.validate(document, SCHEMA)
+    assert document["source"] == "bundle" and document["nodes"]
+    findings = document["findings"]
+    assert findings, f"{rule_id}: no finding ({document['not_evaluated']})"
+    primary = findings[0]
+    assert primary["rule"] == rule_id, [f["rule"] for f in findings]
+    rule = by_id(rule_id)
+    assert primary["severity"] == rule.severity
+    assert primary["runbook"] == f"runbooks/{rule_id}.md"
+    assert primary["node"] == document["nodes"][0]
+    # exit code: 2 when the primary (the worst) is critical, 1 when it is a warning
+    assert code == EXIT[primary["severity"]], (code, stderr)
+    assert document["status"] == primary["severity"]
+    # evidence: the rule's first signal, with a value past its threshold
+    evidence = primary["evidence"]
+    assert evidence, primary
+    first = evidence[0]
+    assert first["signal"] == rule.evidence[0].signal
+    assert first["value"] > first["threshold"]
+    assert all(isinstance(e["value"], (int, float)) and e["unit"] for e in evidence)
+    # a summary with the finding's own labels filled in, never the "?" of a missing one
+    summary = primary["summary"]
+    assert "?" not in summary and "{" not in summary
+    assert re.search(SUMMARY[rule_id], summary), summary
+    assert 0.0 < primary["confidence"] <= 1.0
+    if rule_id in SUBJECTS:
+        kind, expected = SUBJECTS[rule_id]
+        assert primary["subjects"][kind], primary["subjects"]
+        if expected is not None:
+            assert primary["subjects"][kind] == expected
+    # everything else was evaluated: the bundles carry every signal
+    assert not document["not_evaluated"]
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_rule_scenario_is_clean(rule_id):
+    """Only the injected cause fires, so the exported alerts replayed by promtool agree
+    with the engine on a single rule per bundle."""
+    _, document, _ = diagnose(rule_id)
+    assert {f["rule"] for f in document["findings"]} == {rule_id}
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_scenario_is_ok(name):
+    code, document, stderr = diagnose(name)
+    jsonschema.validate(document, SCHEMA)
+    assert document["status"] == "ok", document["findings"]
+    assert code == 0, stderr
+    assert not [f for f in document["findings"] if f["severity"] in ("warning", "critical")]
+    skipped = {n["rule"] for n in document["not_evaluated"]}
+    assert skipped <= HEALTHY_NOT_EVALUATED, document["not_evaluated"]
+
+
+def test_scenario_bundles_follow_the_bundle_format():
+    for root in sorted(p for p in SCENARIOS.iterdir() if (p / "meta.json").is_file()):
+        meta = json.loads((root / "meta.json").read_text())
+        assert meta["format"] == "fleetscope-bundle/1"
+        assert meta["interval_s"] == 10.0
+        times = [s["time"] for s in meta["samples"]]
+        assert len(times) == 8
+        assert all(b - a == 10.0 for a, b in zip(times, times[1:], strict=False))
+        assert all((root / s["dir"]).is_dir() for s in meta["samples"])
+        assert {p["name"] for p in meta["config"]["pools"]} == {"chat-online", "batch"}
+        assert (root / "static" / "proc" / "cpuinfo").is_file()
+        assert (root / "static" / "dmesg.txt").is_file()
+
+
+def test_generator_is_deterministic(tmp_path):
+    out = tmp_path / "scenarios"
+    result = subprocess.run([sys.executable, str(GENERATOR), "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    def tree(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+    committed, regenerated = tree(SCENARIOS), tree(out)
+    assert committed == regenerated, "regenerate: python tests/fixtures/make_scenarios.py"
+    _, mismatch, errors = filecmp.cmpfiles(SCENARIOS, out, committed, shallow=False)
+    assert not mismatch and not errors, (mismatch[:10], errors[:10])
