@@ -1,0 +1,88 @@
+"""Console at fleet scale: the Fleet page on a simulated 4,096-node x 128-core fleet.
+
+    python bench/console_fleet.py [--nodes 4096]
+
+Prints, in one fresh process: the time to build the fleet and run the 14 rules over it
+(the Fleet page's first, uncached render pays it once per source), the time of each data
+function the Fleet page calls, the Fleet page's server render under Streamlit's AppTest cold
+and warm (cached), and the process RSS. Targets: render < 3 s, RSS < 1.5 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+TARGET_SECONDS = 3.0
+TARGET_RSS = 1.5 * 1024**3
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def timed(label: str, function, *args):
+    start = time.perf_counter()
+    value = function(*args)
+    elapsed = time.perf_counter() - start
+    print(f"  {label:<38} {elapsed:7.3f} s")
+    return value, elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4096)
+    args = parser.parse_args()
+    from fleetscope.dashboard import data
+
+    spec = f"demo:{args.nodes}"
+    print(f"fleet: {args.nodes:,} nodes x 128 cores")
+    print("data functions (no cache):")
+    snap, load_s = timed("build fleet + rule engine (load)", data.load, spec)
+    series = sum(len(f) for f in snap.series.by_name.values())
+    nodes, a = timed("node_table", data.node_table, snap)
+    signals, b = timed("node_signals (8 heatmap signals)", data.node_signals, snap)
+    findings, c = timed("findings_frame", data.findings_frame, snap.findings)
+    _, d = timed("rule_counts", data.rule_counts, findings)
+    _, e = timed("health_by pool + rack", lambda: (data.health_by(nodes, findings, "node_pool"),
+                                                   data.health_by(nodes, findings, "rack")))
+    _, f = timed("heatmap grid", data.heatmap, nodes, signals, "busy (median core)")
+    page_s = a + b + c + d + e + f
+    print(f"  {'Fleet page frames, given the load':<38} {page_s:7.3f} s")
+    print(f"  series {series:,}, findings {len(snap.findings):,}, rules firing "
+          f"{findings['rule'].nunique()}")
+    del snap
+
+    from streamlit.testing.v1 import AppTest
+
+    os.environ[data.SOURCE_ENV] = spec
+    print("Fleet page server render (AppTest):")
+    app = AppTest.from_file(str(APP), default_timeout=300)
+    start = time.perf_counter()
+    app.run()
+    cold = time.perf_counter() - start
+    assert not app.exception, [x.message for x in app.exception]
+    start = time.perf_counter()
+    app.run()
+    warm = time.perf_counter() - start
+    print(f"  {'cold (builds and caches the source)':<38} {cold:7.3f} s")
+    print(f"  {'warm (cached: every later view)':<38} {warm:7.3f} s")
+    rss = rss_bytes()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"RSS now {rss / 1024**2:,.0f} MiB, peak {peak / 1024**2:,.0f} MiB")
+    ok = cold < TARGET_SECONDS and peak < TARGET_RSS
+    print(f"targets: render < {TARGET_SECONDS:g} s (cold {cold:.2f} s, warm {warm:.2f} s), "
+          f"RSS < 1.5 GB: {'met' if ok else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

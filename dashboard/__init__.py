@@ -1,0 +1,1 @@
+"""The ops console (`fleetscope console`, `fleetscope demo`) and the simulated fleet."""

@@ -1,0 +1,683 @@
+"""Data shaping for the console: sources in, pandas frames out. No streamlit here.
+
+Every source ends as the same thing, a `rules.promql.Series` named as the exporter's metrics
+with an `instance` label on every series, plus the findings the rule engine makes of it:
+
+    demo                 the simulated fleet (dashboard/fleet_sim.py); `demo:512` for 512 nodes
+    bundle:PATH          a `fleetscope bundle record` bundle, replayed through the collectors
+                         (diagnose.evidence.bundle_series), one node named by its hostname
+    prometheus:URL       range queries for every metric the rules and pages read, the whole
+                         fleet at once (`fleetscope diagnose --prometheus URL --fleet`)
+
+The pages call the functions below on a `Snapshot` and draw the frames they return, so the
+same code draws a simulated fleet, a bundle and a Prometheus server.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fleetscope.diagnose import engine
+from fleetscope.rules.catalog import CATALOG, by_id
+from fleetscope.rules.promql import Series
+
+RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
+SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
+DEFAULT_SOURCE = "demo"
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+UNLABELLED = "(unlabelled)"
+
+# Heatmap signals: label -> (unit, how it is computed)
+SIGNALS: dict[str, tuple[str, str]] = {
+    "busy (median core)": ("ratio", "fleetscope_cpu_core_busy_ratio{stat=p50}"),
+    "busiest core": ("ratio", "fleetscope_cpu_core_busy_ratio{stat=max}"),
+    "steal (p90 core)": ("ratio", "fleetscope_cpu_core_steal_ratio{stat=p90}"),
+    "memory bandwidth % of peak": ("ratio", "fleetscope_memory_bandwidth_utilization_ratio"),
+    "L3 miss ratio": ("ratio", "max by socket of fleetscope_llc_miss_ratio"),
+    "PFC pauses /s": ("1/s", "rate of fleetscope_nic_pfc_pause_frames_total, all ports"),
+    "queue depth": ("tasks", "max of agent_queue_depth"),
+    "P99 session latency (online)": ("s", "histogram_quantile(0.99, "
+                                     "agent_session_duration_seconds{class=online})"),
+}
+# Fixed colour ranges so a colour means the same on every fleet and every load.
+SIGNAL_RANGE = {"busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
+                "memory bandwidth % of peak": (0, 1), "L3 miss ratio": (0, 0.5),
+                "PFC pauses /s": (0, 1000), "queue depth": (0, 200),
+                "P99 session latency (online)": (0, 5)}
+
+# What the fleet view asks every node for: the rule inputs, the heatmap signals, metadata.
+FLEET_METRICS = sorted(set().union(*(rule.requires() for rule in CATALOG)) | {
+    "fleetscope_cpu_info", "fleetscope_cpu_core_busy_ratio", "fleetscope_cpu_core_steal_ratio",
+    "fleetscope_memory_bandwidth_utilization_ratio", "fleetscope_llc_miss_ratio",
+    "fleetscope_nic_pfc_pause_frames_total", "agent_queue_depth",
+    "agent_session_duration_seconds_bucket", "agent_stage_duration_seconds_sum",
+    "agent_stage_duration_seconds_count",
+})
+# And one node, over time, for the node view.
+NODE_METRICS = sorted(set(FLEET_METRICS) | {
+    "fleetscope_cpu_seconds_total", "fleetscope_cpu_numa_node_seconds_total",
+    "fleetscope_cpu_numa_node_cpus", "fleetscope_schedstat_numa_node_waiting_seconds_total",
+    "fleetscope_pool_memory_bytes", "fleetscope_memory_bandwidth_bytes_per_second",
+    "fleetscope_memory_bandwidth_peak_bytes_per_second", "fleetscope_nic_port_bytes_total",
+    "fleetscope_instructions_per_cycle", "fleetscope_rdma_hw_stats_total",
+    "fleetscope_cpu_saturated_cores", "fleetscope_pool_threads",
+})
+
+
+class SourceError(Exception):
+    """The console's source cannot be used; the message is one line for the user."""
+
+
+@dataclass
+class Snapshot:
+    """One source, loaded: what every page draws from."""
+
+    kind: str  # demo | bundle | prometheus
+    description: str
+    series: Series  # the fleet (every node, `instance` on every series)
+    findings: list[dict]  # CONTRACT section 5 findings, worst first
+    not_evaluated: list[dict]
+    window: tuple[float, float]
+    node_loader: Callable[[str], Series] | None = None  # one node's history
+    notes: list[str] = field(default_factory=list)
+
+
+# -- sources -------------------------------------------------------------------------------
+def parse_source(spec: str) -> tuple[str, str]:
+    """`demo`, `demo:N`, `bundle:PATH`, `prometheus:URL` -> (kind, argument)."""
+    spec = (spec or DEFAULT_SOURCE).strip()
+    kind, _, argument = spec.partition(":")
+    if kind == "demo":
+        if argument and not (argument.isdigit() and 16 <= int(argument) <= 16384):
+            raise SourceError(f"demo size must be a node count from 16 to 16384, not "
+                              f"{argument!r}")
+        return "demo", argument or "4096"
+    if kind == "bundle" and argument:
+        return "bundle", argument
+    if kind == "prometheus" and argument.startswith(("http://", "https://")):
+        return "prometheus", argument
+    raise SourceError(f"unknown source {spec!r}: use demo, bundle:PATH or prometheus:URL")
+
+
+def check_source(spec: str) -> None:
+    """Fail early, before a server starts: the bundle exists and opens, the URL answers."""
+    kind, argument = parse_source(spec)
+    if kind == "bundle":
+        from fleetscope.diagnose.bundle import BundleError, open_bundle
+
+        try:
+            open_bundle(argument).close()
+        except BundleError as err:
+            raise SourceError(str(err)) from None
+    elif kind == "prometheus":
+        from fleetscope.diagnose.prometheus import PrometheusError, _get
+
+        try:
+            _get(argument, "/api/v1/query", {"query": "vector(1)"}, 10.0)
+        except PrometheusError as err:
+            raise SourceError(str(err)) from None
+
+
+def load(spec: str) -> Snapshot:
+    kind, argument = parse_source(spec)
+    if kind == "demo":
+        return load_demo(int(argument))
+    if kind == "bundle":
+        return load_bundle(argument)
+    return load_prometheus(argument)
+
+
+def _span(series: Series) -> tuple[int, int]:
+    stamps = series.timestamps()
+    return (stamps[0], stamps[-1]) if stamps else (0, 0)
+
+
+def merge(shards: list[Series]) -> Series:
+    out = Series()
+    for shard in shards:
+        for name, family in shard.by_name.items():
+            out.by_name.setdefault(name, {}).update(family)
+    return out
+
+
+def split_by_instance(series: Series, per_shard: int = 32) -> list[Series]:
+    """Cut a fleet Series into shards of `per_shard` instances each."""
+    names = sorted({dict(labels).get("instance", "") for family in series.by_name.values()
+                    for labels in family})
+    shard_of = {name: i // per_shard for i, name in enumerate(names)}
+    shards = [Series() for _ in range(max(1, math.ceil(len(names) / per_shard)))]
+    for metric, family in series.by_name.items():
+        for labels, points in family.items():
+            shard = shards[shard_of[dict(labels).get("instance", "")]]
+            shard.by_name.setdefault(metric, {})[labels] = points
+    return shards
+
+
+def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, list[dict]]:
+    """The rule engine over a fleet, a shard of nodes at a time.
+
+    Every rule condition aggregates `by (instance)`, so evaluating shards of whole nodes finds
+    exactly what one evaluation of the whole fleet finds; the evidence of each finding is then
+    looked up among 32 nodes instead of 4,096. A rule is not evaluated only where no shard
+    had its signals."""
+    span = [_span(s) for s in shards if s.by_name]
+    if not span:
+        return [], [{"rule": r.id, "reason": "no samples"} for r in CATALOG]
+    first, last = min(a for a, _ in span), max(b for _, b in span)
+    findings: list = []
+    missing: dict[str, dict] | None = None
+    for shard in shards:
+        if not shard.by_name:
+            continue
+        shard.max_window_ms = (last - first) or None
+        found, not_evaluated = engine.evaluate(shard, hostname)
+        findings += found
+        here = {item["rule"]: item for item in not_evaluated}
+        missing = here if missing is None else {k: v for k, v in missing.items() if k in here}
+    order = {rule.id: index for index, rule in enumerate(CATALOG)}
+    findings.sort(key=lambda f: (engine.SEVERITY_RANK[f.rule.severity], -f.confidence,
+                                 order[f.rule.id], f.node))
+    return findings, [missing[r.id] for r in CATALOG if r.id in (missing or {})]
+
+
+def _to_json(found: list) -> list[dict]:
+    """CONTRACT section 5 findings, plus the labels they fired on (for the charts)."""
+    return [{**f.to_json(), "labels": dict(f.labels)} for f in found]
+
+
+def load_demo(nodes: int = 4096, cores: int = 128) -> Snapshot:
+    from .fleet_sim import Fleet
+
+    fleet = Fleet(nodes=nodes, cores=cores)
+    shards = fleet.shards(set(FLEET_METRICS))
+    found, not_evaluated = evaluate_sharded(shards)
+    series = merge(shards)
+    first, last = _span(series)
+    return Snapshot("demo", f"simulated fleet: {nodes:,} nodes x {cores} cores",
+                    series, _to_json(found), not_evaluated,
+                    (first / 1000, last / 1000), fleet.node_series)
+
+
+def with_instance(series: Series, instance: str) -> Series:
+    """A bundle's series carry no `instance` (the exporter never adds one): add it."""
+    out = Series()
+    pair = ("instance", instance)
+    for name, family in series.by_name.items():
+        out.by_name[name] = {tuple(sorted((*labels, pair))): points
+                             for labels, points in family.items()}
+    out.max_window_ms = series.max_window_ms
+    return out
+
+
+def load_bundle(path: str) -> Snapshot:
+    import logging
+    from dataclasses import replace
+
+    from fleetscope.collectors.base import bundle_roots
+    from fleetscope.diagnose.bundle import BundleError, open_bundle, replay_config
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.diagnose.evidence import _LabelCache, add_families, bundle_series
+    from fleetscope.exporter import Exporter
+
+    logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
+    try:
+        bundle = open_bundle(path)
+    except BundleError as err:
+        raise SourceError(str(err)) from None
+    with bundle:
+        try:
+            config = bundle.config()
+        except BundleError as err:
+            raise SourceError(str(err)) from None
+        series = bundle_series(bundle, config)
+        first, last = _span(series)
+        series.max_window_ms = (last - first) or None
+        enricher = Enricher(config, bundle_roots(bundle.samples[0].directory),
+                            bundle_roots(bundle.samples[-1].directory), series)
+        found, not_evaluated = engine.evaluate(series, bundle.hostname, enrich=enricher)
+        # The node view also wants every core: the same replay with `per_core: full`.
+        exporter = Exporter(bundle.samples[0].directory,
+                            replace(replay_config(config), per_core="full"))
+        history = Series()
+        cache = _LabelCache()
+        for sample in bundle.samples:
+            families = exporter.collect(now=sample.time, roots=bundle_roots(sample.directory))
+            add_families(history, families, int(round(sample.time * 1000)), cache)
+        hostname = bundle.hostname
+        samples = len(bundle.samples)
+    fleet = with_instance(series, hostname)
+    node = with_instance(history, hostname)
+    notes = [f"bundle {path}: {samples} samples of {hostname}"]
+    if samples < 3:
+        notes.append("few samples: timelines have one interval; record longer bundles "
+                     "(fleetscope bundle record --seconds 60) for trends")
+    return Snapshot("bundle", f"bundle: {hostname}", fleet, _to_json(found),
+                    not_evaluated, (first / 1000, last / 1000), lambda _: node, notes)
+
+
+def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0) -> Snapshot:
+    from fleetscope.diagnose.prometheus import PrometheusError, prometheus_series
+
+    try:
+        series, nodes = prometheus_series(url, set(FLEET_METRICS), seconds, None, step=step)
+    except PrometheusError as err:
+        raise SourceError(str(err)) from None
+    first, last = _span(series)
+    found, not_evaluated = evaluate_sharded(split_by_instance(series))
+
+    def node_loader(instance: str) -> Series:
+        try:
+            history, _ = prometheus_series(url, set(NODE_METRICS), 3 * 3600, instance,
+                                           step=step)
+        except PrometheusError as err:
+            raise SourceError(str(err)) from None
+        return history
+
+    return Snapshot("prometheus", f"Prometheus {url}: {len(nodes):,} nodes", series,
+                    _to_json(found), not_evaluated,
+                    (first / 1000, last / 1000), node_loader)
+
+
+# -- frames from series --------------------------------------------------------------------
+def _matches(labels: dict, matchers: dict | None) -> bool:
+    return all(labels.get(k) == v for k, v in (matchers or {}).items())
+
+
+def latest(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
+    """The last sample of each series of `name`: one row per label set, column `value`."""
+    rows = []
+    for labels, points in series.by_name.get(name, {}).items():
+        as_dict = dict(labels)
+        if points and _matches(as_dict, matchers):
+            as_dict["value"] = points[-1][1]
+            rows.append(as_dict)
+    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
+
+
+def last_rate(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
+    """Per-second increase of counters over the last two samples (resets count from 0)."""
+    rows = []
+    for labels, points in series.by_name.get(name, {}).items():
+        as_dict = dict(labels)
+        if len(points) >= 2 and _matches(as_dict, matchers):
+            (t0, v0), (t1, v1) = points[-2], points[-1]
+            if t1 > t0:
+                as_dict["value"] = (v1 - v0 if v1 >= v0 else v1) / ((t1 - t0) / 1000)
+                rows.append(as_dict)
+    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
+
+
+def _per_instance(frame: pd.DataFrame, how: str = "max") -> pd.Series:
+    if frame.empty or "instance" not in frame:
+        return pd.Series(dtype=float)
+    return frame.groupby("instance")["value"].agg(how)
+
+
+def histogram_quantile(q: float, buckets: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Prometheus's histogram_quantile over bucket rates: linear inside the bucket, the
+    highest finite bound when the rank falls in +Inf. Returns `by` columns and `value`."""
+    if buckets.empty:
+        return pd.DataFrame(columns=[*by, "value"])
+    frame = buckets.copy()
+    frame["bound"] = frame["le"].map(lambda le: math.inf if le == "+Inf" else float(le))
+    table = frame.pivot_table(index=by, columns="bound", values="value", aggfunc="sum")
+    bounds = np.asarray(table.columns, dtype=float)
+    counts = np.maximum.accumulate(np.nan_to_num(table.to_numpy()), axis=1)
+    total = counts[:, -1]
+    rank = q * total
+    position = np.argmax(counts >= rank[:, None], axis=1)
+    upper = bounds[position]
+    lower = np.where(position > 0, bounds[np.maximum(position - 1, 0)], 0.0)
+    below = np.where(position > 0, counts[np.arange(len(counts)), np.maximum(position - 1, 0)],
+                     0.0)
+    inside = counts[np.arange(len(counts)), position] - below
+    finite = bounds[np.isfinite(bounds)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = lower + (upper - lower) * (rank - below) / inside
+    value = np.where(np.isinf(upper), finite.max() if len(finite) else np.nan, value)
+    value = np.where(total > 0, value, np.nan)
+    out = table.index.to_frame(index=False)
+    out["value"] = value
+    return out
+
+
+def _stepping(record: dict) -> str:
+    """arm64: part and rNpM from MIDR variant/revision; x86: family/model/stepping."""
+    if "variant" in record:
+        variant = str(record["variant"])
+        variant = str(int(variant, 16)) if variant.startswith("0x") else variant
+        return f"{record.get('part', '?')} r{variant}p{record.get('revision', '?')}"
+    if "stepping" in record:
+        return f"{record.get('family', '?')}/{record.get('model', '?')}/{record['stepping']}"
+    return "?"
+
+
+# Metrics every node exports: a node without fleetscope_cpu_info still gets a row.
+_PRESENCE = ("fleetscope_cpu_core_busy_ratio", "fleetscope_scrape_collector_success",
+             "fleetscope_pool_processes")
+
+
+def node_table(snapshot: Snapshot) -> pd.DataFrame:
+    """One row per node: instance, node_pool, rack, cpu_model, stepping, arch. From
+    fleetscope_cpu_info (a fleet's scrape config adds `rack` and `node_pool` as target
+    labels); a label missing shows as "(unlabelled)"."""
+    rows = {}
+    for labels in snapshot.series.by_name.get("fleetscope_cpu_info", {}):
+        record = dict(labels)
+        name = record.get("instance")
+        if not name:
+            continue
+        rows[name] = {"instance": name, "node_pool": record.get("node_pool") or UNLABELLED,
+                      "rack": record.get("rack") or UNLABELLED,
+                      "cpu_model": record.get("model_name") or "?",
+                      "stepping": _stepping(record), "arch": record.get("arch") or "?"}
+    for metric in _PRESENCE:
+        for labels in snapshot.series.by_name.get(metric, {}):
+            name = dict(labels).get("instance")
+            if name and name not in rows:
+                rows[name] = {"instance": name, "node_pool": UNLABELLED, "rack": UNLABELLED,
+                              "cpu_model": "?", "stepping": "?", "arch": "?"}
+    table = pd.DataFrame(list(rows.values()),
+                         columns=["instance", "node_pool", "rack", "cpu_model", "stepping",
+                                  "arch"])
+    return table.sort_values(["node_pool", "rack", "instance"]).reset_index(drop=True)
+
+
+def node_signals(snapshot: Snapshot) -> pd.DataFrame:
+    """Per node, every heatmap signal at the last sample (NaN where the node lacks it)."""
+    series = snapshot.series
+    columns = {
+        "busy (median core)": _per_instance(
+            latest(series, "fleetscope_cpu_core_busy_ratio", {"stat": "p50"})),
+        "busiest core": _per_instance(
+            latest(series, "fleetscope_cpu_core_busy_ratio", {"stat": "max"})),
+        "steal (p90 core)": _per_instance(
+            latest(series, "fleetscope_cpu_core_steal_ratio", {"stat": "p90"})),
+        "memory bandwidth % of peak": _per_instance(
+            latest(series, "fleetscope_memory_bandwidth_utilization_ratio")),
+        "L3 miss ratio": _per_instance(latest(series, "fleetscope_llc_miss_ratio")),
+        "PFC pauses /s": _per_instance(
+            last_rate(series, "fleetscope_nic_pfc_pause_frames_total"), "sum"),
+        "queue depth": _per_instance(latest(series, "agent_queue_depth")),
+    }
+    buckets = last_rate(series, "agent_session_duration_seconds_bucket", {"class": "online"})
+    if not buckets.empty and "le" in buckets:
+        p99 = histogram_quantile(0.99, buckets, ["instance", "pool"])
+        columns["P99 session latency (online)"] = p99.groupby("instance")["value"].max()
+    else:
+        columns["P99 session latency (online)"] = pd.Series(dtype=float)
+    frame = pd.DataFrame(columns)
+    frame.index.name = "instance"
+    return frame.reindex(columns=list(SIGNALS))
+
+
+def findings_frame(findings: list[dict]) -> pd.DataFrame:
+    columns = ["rule", "severity", "node", "confidence", "summary", "cause", "action",
+               "runbook"]
+    if not findings:
+        return pd.DataFrame(columns=columns)
+    return pd.DataFrame([{k: f[k] for k in columns} for f in findings], columns=columns)
+
+
+def filter_nodes(nodes: pd.DataFrame, pools=(), racks=(), models=()) -> pd.DataFrame:
+    keep = pd.Series(True, index=nodes.index)
+    if pools:
+        keep &= nodes["node_pool"].isin(pools)
+    if racks:
+        keep &= nodes["rack"].isin(racks)
+    if models:
+        keep &= nodes["cpu_model"].isin(models)
+    return nodes[keep]
+
+
+def findings_for(findings: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
+    return findings[findings["node"].isin(set(nodes["instance"]))]
+
+
+def rule_counts(findings: pd.DataFrame) -> pd.DataFrame:
+    """Findings per rule, worst first: rule, severity, findings, nodes."""
+    if findings.empty:
+        return pd.DataFrame(columns=["rule", "severity", "findings", "nodes"])
+    grouped = findings.groupby(["rule", "severity"]).agg(findings=("node", "size"),
+                                                         nodes=("node", "nunique"))
+    out = grouped.reset_index()
+    out["rank"] = out["severity"].map(SEVERITY_ORDER)
+    out = out.sort_values(["rank", "nodes", "rule"], ascending=[True, False, True])
+    return out.drop(columns="rank").reset_index(drop=True)
+
+
+def node_health(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
+    """Per node its worst severity: critical, warning or ok; and how many findings."""
+    worst = {}
+    count = findings.groupby("node").size() if not findings.empty else pd.Series(dtype=int)
+    for node, severity in zip(findings["node"], findings["severity"], strict=True):
+        if SEVERITY_ORDER[severity] < SEVERITY_ORDER.get(worst.get(node, "ok"), 9):
+            worst[node] = severity
+    out = nodes.copy()
+    out["health"] = out["instance"].map(worst).fillna("ok")
+    out["findings"] = out["instance"].map(count).fillna(0).astype(int)
+    return out
+
+
+def health_by(nodes: pd.DataFrame, findings: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Nodes per group by health (critical / warning / ok), worst groups first."""
+    health = node_health(nodes, findings)
+    table = pd.crosstab(health[by], health["health"])
+    for column in ("critical", "warning", "ok"):
+        if column not in table:
+            table[column] = 0
+    table = table[["critical", "warning", "ok"]]
+    table["nodes"] = table.sum(axis=1)
+    table = table.sort_values(["critical", "warning"], ascending=False)
+    return table.reset_index()
+
+
+def heatmap(nodes: pd.DataFrame, signals: pd.DataFrame, signal: str) -> dict:
+    """A grid for the fleet heatmap: one row per rack (grouped by pool), one column per node
+    position in the rack. Returns z (values), text (instances), y (row labels), x."""
+    frame = nodes.merge(signals[[signal]], left_on="instance", right_index=True, how="left")
+    frame = frame.sort_values(["node_pool", "rack", "instance"])
+    frame["position"] = frame.groupby(["node_pool", "rack"]).cumcount()
+    frame["row"] = frame["node_pool"] + " / " + frame["rack"]
+    z = frame.pivot(index="row", columns="position", values=signal)
+    text = frame.pivot(index="row", columns="position", values="instance")
+    order = frame.drop_duplicates("row")["row"].tolist()
+    z, text = z.reindex(order), text.reindex(order)
+    return {"z": z.to_numpy(dtype=float), "text": text.fillna("").to_numpy(),
+            "y": order, "x": [int(c) for c in z.columns]}
+
+
+# -- one node ------------------------------------------------------------------------------
+def _frame_of(series: Series, name: str, matchers: dict | None, counter: bool) -> pd.DataFrame:
+    """Long frame: labels..., time (datetime), value (a rate when `counter`)."""
+    rows = []
+    for labels, points in series.by_name.get(name, {}).items():
+        as_dict = dict(labels)
+        if not _matches(as_dict, matchers):
+            continue
+        if counter:
+            for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
+                if t1 > t0:
+                    rows.append({**as_dict, "t_ms": t1,
+                                 "value": (v1 - v0 if v1 >= v0 else v1) / ((t1 - t0) / 1000)})
+        else:
+            rows.extend({**as_dict, "t_ms": t, "value": v} for t, v in points)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=["time", "value"])
+    frame["time"] = pd.to_datetime(frame["t_ms"], unit="ms", utc=True)
+    return frame.drop(columns="t_ms")
+
+
+def is_counter(name: str) -> bool:
+    return name.endswith(("_total", "_sum", "_count", "_bucket"))
+
+
+def timeline(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
+    """A metric over time: gauges as they are, counters as per-second rates."""
+    return _frame_of(series, name, matchers, is_counter(name))
+
+
+def per_core_busy(series: Series) -> pd.DataFrame:
+    """cpu x time busy fraction from fleetscope_cpu_seconds_total (per_core: full): busy is
+    every mode but idle and iowait, over all modes. Empty when the source has no per-core
+    series."""
+    frame = _frame_of(series, "fleetscope_cpu_seconds_total", None, True)
+    if frame.empty:
+        return frame
+    frame["idle"] = frame["mode"].isin(["idle", "iowait"])
+    total = frame.groupby(["cpu", "time"])["value"].sum()
+    idle = frame[frame["idle"]].groupby(["cpu", "time"])["value"].sum()
+    busy = (1 - idle.reindex(total.index).fillna(0) / total).clip(0, 1)
+    table = busy.unstack("time")
+    table.index = table.index.astype(int)
+    return table.sort_index()
+
+
+def core_summary(busy: pd.DataFrame) -> dict:
+    """What the per-core view says in numbers: the spread now and the pinned hogs."""
+    if busy.empty:
+        return {}
+    now = busy.iloc[:, -1]
+    hogs = busy[busy.iloc[:, -10:].mean(axis=1) > 0.9].index.tolist()  # the last 10 samples
+    return {"median": float(now.median()), "max": float(now.max()),
+            "spread": float(now.max() - now.median()), "hogs": hogs,
+            "saturated_now": int((now > 0.9).sum())}
+
+
+def numa_view(series: Series) -> pd.DataFrame:
+    """Per NUMA node: CPUs, busy, run-queue wait per CPU and pages allocated off-node /s."""
+    secs = _frame_of(series, "fleetscope_cpu_numa_node_seconds_total", None, True)
+    if secs.empty:
+        return pd.DataFrame()
+    last = secs[secs["time"] == secs["time"].max()]
+    total = last.groupby("numa_node")["value"].sum()
+    idle = last[last["mode"].isin(["idle", "iowait"])].groupby("numa_node")["value"].sum()
+    out = pd.DataFrame({"busy": 1 - idle / total})
+    cpus = _per_label(latest(series, "fleetscope_cpu_numa_node_cpus"), "numa_node")
+    out["cpus"] = cpus
+    wait = last_rate(series, "fleetscope_schedstat_numa_node_waiting_seconds_total")
+    if not wait.empty:
+        out["run-queue wait s/s per CPU"] = _per_label(wait, "numa_node") / out["cpus"]
+    for field_name, column in (("other_node", "pages off-node /s"),
+                               ("local_node", "pages local /s")):
+        pages = last_rate(series, "fleetscope_numastat_pages_total", {"field": field_name})
+        if not pages.empty:
+            out[column] = _per_label(pages, "numa_node")
+    out.index.name = "numa_node"
+    return out.reset_index().sort_values("numa_node", key=lambda s: s.astype(int))
+
+
+def _per_label(frame: pd.DataFrame, label: str) -> pd.Series:
+    if frame.empty or label not in frame:
+        return pd.Series(dtype=float)
+    return frame.groupby(label)["value"].sum()
+
+
+def pool_memory(series: Series) -> pd.DataFrame:
+    """Each pool's resident memory by locality (local / remote NUMA node)."""
+    frame = latest(series, "fleetscope_pool_memory_bytes")
+    if frame.empty or "locality" not in frame:
+        return pd.DataFrame()
+    return frame.pivot_table(index="pool", columns="locality", values="value",
+                             aggfunc="sum").reset_index()
+
+
+# -- latency breakdown ---------------------------------------------------------------------
+def stage_breakdown(snapshot: Snapshot, nodes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Where session time goes, per workload pool: seconds per second spent in each stage
+    (rate of agent_stage_duration_seconds_sum) and its share of the pool's total."""
+    spent = last_rate(snapshot.series, "agent_stage_duration_seconds_sum")
+    if spent.empty or "stage" not in spent:
+        return pd.DataFrame(columns=["pool", "stage", "seconds_per_second", "share"])
+    if nodes is not None:
+        spent = spent[spent["instance"].isin(set(nodes["instance"]))]
+    table = spent.groupby(["pool", "stage"])["value"].sum().rename("seconds_per_second")
+    table = table.reset_index()
+    table["share"] = table["seconds_per_second"] / table.groupby("pool")[
+        "seconds_per_second"].transform("sum")
+    counts = last_rate(snapshot.series, "agent_stage_duration_seconds_count",
+                       {"stage": "inference"})
+    if nodes is not None and not counts.empty:
+        counts = counts[counts["instance"].isin(set(nodes["instance"]))]
+    sessions = counts.groupby("pool")["value"].sum() if not counts.empty else pd.Series(
+        dtype=float)
+    table["seconds_per_session"] = table["seconds_per_second"] / table["pool"].map(sessions)
+    stages = ["queue_wait", "context_assembly", "inference", "tool_call", "state_io",
+              "model_load", "other"]
+    table["order"] = table["stage"].map({s: i for i, s in enumerate(stages)}).fillna(99)
+    return table.sort_values(["pool", "order"]).drop(columns="order").reset_index(drop=True)
+
+
+def inference_share(breakdown: pd.DataFrame) -> pd.DataFrame:
+    """Per pool: the share of session time that is model inference."""
+    if breakdown.empty:
+        return pd.DataFrame(columns=["pool", "inference share"])
+    inference = breakdown[breakdown["stage"] == "inference"].set_index("pool")["share"]
+    return inference.rename("inference share").reset_index()
+
+
+# -- rules and runbooks --------------------------------------------------------------------
+def rule_table() -> pd.DataFrame:
+    return pd.DataFrame([{
+        "rule": rule.id, "severity": rule.severity, "symptom": rule.symptom,
+        "cause": rule.cause, "action": rule.action, "alert": rule.alert_name,
+        "for": f"{rule.for_seconds}s", "condition (PromQL)": rule.condition.promql(),
+    } for rule in CATALOG])
+
+
+def rules_yaml() -> str:
+    from fleetscope.rules.export import export_yaml
+
+    return export_yaml()
+
+
+def runbook(rule_id: str) -> str:
+    path = RUNBOOKS / f"{rule_id}.md"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return f"(runbook {path.name} not found beside the console: see runbooks/ in the " \
+               f"fleetscope repository)"
+
+
+def finding_metrics(rule_id: str) -> list[str]:
+    """The metrics a rule reads, in a stable order: what its evidence charts plot."""
+    return sorted(by_id(rule_id).condition.metrics())
+
+
+def finding_timelines(rule_id: str, series: Series, labels: dict | None = None
+                      ) -> list[tuple[str, pd.DataFrame]]:
+    """Each metric the rule reads over time on the finding's node, narrowed to the finding's
+    labels (pool, binary, ...) where the metric has them."""
+    out = []
+    for name in finding_metrics(rule_id):
+        frame = timeline(series, name)
+        if frame.empty:
+            continue
+        for key, value in (labels or {}).items():
+            if key in frame and key != "instance":
+                frame = frame[frame[key] == value]
+        if not frame.empty:
+            out.append((name, frame))
+    return out
+
+
+def evidence_frame(finding: dict) -> pd.DataFrame:
+    rows = [{"signal": e["signal"], "value": e["value"], "threshold": e["threshold"],
+             "unit": e["unit"],
+             "over threshold": (e["value"] / e["threshold"]) if e["threshold"] else None}
+            for e in finding.get("evidence", [])]
+    return pd.DataFrame(rows, columns=["signal", "value", "threshold", "unit",
+                                       "over threshold"])
+
+
+def source_from_env() -> str:
+    return os.environ.get(SOURCE_ENV, DEFAULT_SOURCE)

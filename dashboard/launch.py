@@ -1,0 +1,59 @@
+"""`fleetscope console` and `fleetscope demo`: check the source, then run Streamlit on the app.
+
+    fleetscope console --source bundle:incident.tar.gz --port 8501
+    -> python -m streamlit run dashboard/app.py --server.address 127.0.0.1 --server.port 8501
+       --server.headless true ... with FLEETSCOPE_CONSOLE_SOURCE=bundle:incident.tar.gz
+
+The source is checked before Streamlit starts, so a bad one costs one line and exit code 2
+(not a source) or 3 (a bundle that does not open, a Prometheus that does not answer). The
+process then becomes the Streamlit server (exec), so stopping it stops the console.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from fleetscope.dashboard.data import SOURCE_ENV, SourceError, check_source, parse_source
+
+APP = Path(__file__).resolve().parent / "app.py"
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+
+
+def streamlit_args(host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.address", host, "--server.port", str(port),
+            "--server.headless", "true", "--server.fileWatcherType", "none",
+            "--server.runOnSave", "false", "--browser.gatherUsageStats", "false",
+            "--global.developmentMode", "false", "--client.toolbarMode", "minimal",
+            "--theme.base", "light"]
+
+
+def run_console(source: str, host: str = "127.0.0.1", port: int = 8501, prog: str = "console"
+                ) -> int:
+    def fail(message: str, code: int) -> int:
+        print(f"fleetscope {prog}: error: {message}", file=sys.stderr)
+        return code
+
+    if not 0 < port < 65536:
+        return fail(f"--port must be 1-65535, not {port}", EXIT_USAGE)
+    try:
+        parse_source(source)
+    except SourceError as err:
+        return fail(str(err), EXIT_USAGE)
+    missing = [m for m in ("streamlit", "plotly", "pandas") if importlib.util.find_spec(m) is None]
+    if missing:
+        return fail(f"{', '.join(missing)} not installed: pip install 'fleetscope[console]'",
+                    EXIT_INPUT)
+    try:
+        check_source(source)
+    except SourceError as err:
+        return fail(str(err), EXIT_INPUT)
+    env = dict(os.environ, **{SOURCE_ENV: source})
+    print(f"fleetscope {prog}: http://{host}:{port}/ (source {source})", flush=True)
+    args = streamlit_args(host, port)
+    os.execve(sys.executable, args, env)
+    return 0  # not reached

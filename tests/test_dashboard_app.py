@@ -1,0 +1,256 @@
+"""Every console page under Streamlit's AppTest, on each source: the simulated fleet, a
+fixture bundle, a bundle recorded live on this machine, and a Prometheus HTTP API."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from fleetscope.dashboard import data  # noqa: E402
+from fleetscope.dashboard.fleet_sim import Fleet  # noqa: E402
+from fleetscope.rules.catalog import RULE_IDS  # noqa: E402
+from tests.conftest import BUNDLES  # noqa: E402
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+DEMO = "demo:256"
+
+
+def run_app(monkeypatch, source: str, page: str | None = None) -> AppTest:
+    monkeypatch.setenv(data.SOURCE_ENV, source)
+    app = AppTest.from_file(APP, default_timeout=180)
+    app.run()
+    if page:
+        app.switch_page(f"views/{page}.py")
+        app.run()
+    assert not app.exception, [e.message for e in app.exception]
+    return app
+
+
+def metrics(app: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in app.metric}
+
+
+TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"confidence", "summary"},
+          "numa_table": {"numa_node", "busy"}, "evidence_table": {"signal", "threshold"},
+          "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"}}
+
+
+def table(app: AppTest, name: str):
+    """The first dataframe with the columns that table has (AppTest drops dataframe keys)."""
+    for frame in app.dataframe:
+        value = frame.value
+        if TABLES[name] <= set(getattr(value, "columns", [])):
+            return value
+    raise AssertionError(f"no {name} table on the page")
+
+
+def text_of(app: AppTest) -> str:
+    return "\n".join(str(m.value) for m in app.markdown)
+
+
+# -- demo ----------------------------------------------------------------------------------
+def test_fleet_page_lists_every_injected_rule_with_counts(monkeypatch):
+    app = run_app(monkeypatch, DEMO)
+    assert app.title[0].value == "Fleet"
+    counts = table(app, "rule_counts")
+    assert set(counts["rule"]) == set(RULE_IDS)
+    assert (counts["nodes"] > 0).all() and (counts["findings"] > 0).all()
+    assert counts["severity"].iloc[0] == "critical"
+    shown = metrics(app)
+    assert shown["nodes"] == "256" and shown["rules firing"] == "14"
+    assert int(shown["critical nodes"]) > 0
+    assert app.get("plotly_chart"), "no charts drawn"
+    listed = table(app, "findings_table")
+    assert listed["severity"].iloc[0] == "critical"
+
+
+def test_fleet_page_heatmap_signal_and_filters(monkeypatch):
+    app = run_app(monkeypatch, DEMO)
+    options = app.sidebar.multiselect(key="filter_pools").options
+    app.selectbox(key="fleet_signal").select("PFC pauses /s").run()
+    assert not app.exception
+    assert any("fleetscope_nic_pfc_pause_frames_total" in c.value for c in app.caption)
+    assert options == ["batch", "chat", "codegen", "mixed"]
+    app = AppTest.from_file(APP, default_timeout=180)
+    app.session_state["filter_pools"] = ["batch"]
+    app.run()
+    assert not app.exception
+    counts = table(app, "rule_counts")
+    assert "roce-congestion" not in set(counts["rule"])  # the congested rack serves chat
+    assert "thread-oversubscription" in set(counts["rule"])
+    assert metrics(app)["nodes"] == "64"
+
+
+def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
+    fleet = Fleet(nodes=256)
+    hog = fleet.instances[fleet.faults["core-imbalance"][0]]
+    app = run_app(monkeypatch, DEMO, "node")
+    app.selectbox(key="node_choice").select(hog).run()
+    assert not app.exception
+    shown = metrics(app)
+    assert shown["cores > 90 % now"] == "16"
+    assert any("pinned hogs" in w.value for w in app.warning)
+    assert not table(app, "numa_table").empty
+    assert any("core-imbalance" in e.label for e in app.expander)
+    assert len(app.get("plotly_chart")) >= 8
+
+
+def test_findings_page_renders_evidence_action_and_runbook(monkeypatch):
+    app = run_app(monkeypatch, DEMO, "findings")
+    first = app.selectbox(key="findings_rule").value  # the primary diagnosis: a critical one
+    assert first in {"isa-mismatch", "worker-blocked-external-call", "fd-exhaustion"}
+    body = text_of(app)
+    assert "**Action:**" in body and "## Confirm by hand" in body
+    assert f"# {first}" in body
+    app.selectbox(key="findings_rule").select("roce-congestion").run()
+    body = text_of(app)
+    assert "# roce-congestion" in body and "RoCEv2 packet loss" in body
+    assert not table(app, "evidence_table").empty
+    assert len(app.get("plotly_chart")) >= 2
+
+
+def test_latency_page_shows_inference_as_a_third_of_session_time(monkeypatch):
+    app = run_app(monkeypatch, DEMO, "latency")
+    shares = {k: v for k, v in metrics(app).items() if k.startswith("inference share")}
+    assert set(shares) == {"inference share · chat-online", "inference share · codegen-online",
+                           "inference share · batch-offline"}
+    for pool in ("chat-online", "codegen-online"):
+        assert 30 <= int(shares[f"inference share · {pool}"].rstrip("%")) <= 45
+    assert set(table(app, "stage_table")["stage"]) >= {"inference", "tool_call"}
+
+
+def test_rules_page_has_the_14_rules_and_downloads_the_rule_file(monkeypatch):
+    app = run_app(monkeypatch, DEMO, "rules")
+    rules = table(app, "rule_table")
+    assert len(rules) == 14 and set(rules["rule"]) == set(RULE_IDS)
+    assert metrics(app)["rules in the catalog"] == "14"
+    assert app.get("download_button")
+    assert "fleetscope_rule: isa-mismatch" in app.code[0].value
+
+
+# -- bundles -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def live_bundle(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("live") / "bundle"
+    subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "2",
+                    "--interval", "1", "-o", str(path)], check=True, capture_output=True,
+                   timeout=120)
+    return path
+
+
+@pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
+def test_fixture_bundle_every_page(monkeypatch, page):
+    app = run_app(monkeypatch, f"bundle:{BUNDLES / 'kunpeng-128'}", page)
+    if page == "fleet":
+        counts = table(app, "rule_counts")
+        assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= set(counts["rule"])
+        assert metrics(app)["nodes"] == "1"
+    elif page == "node":
+        assert app.selectbox(key="node_choice").value == "kunpeng-920-128"
+        assert metrics(app)["median core busy"].endswith("%")
+        assert not table(app, "numa_table").empty
+    elif page == "findings":
+        first = app.selectbox(key="findings_rule").value
+        assert first in {"isa-mismatch", "fd-exhaustion"}
+        assert f"# {first}" in text_of(app) and "## Fix" in text_of(app)
+    elif page == "latency":
+        assert "agent_stage_duration_seconds" in app.info[0].value
+    else:
+        assert len(table(app, "rule_table")) == 14
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
+def test_live_recorded_bundle_every_page(monkeypatch, live_bundle, page):
+    app = run_app(monkeypatch, f"bundle:{live_bundle}", page)
+    hostname = json.loads((live_bundle / "meta.json").read_text())["hostname"]
+    if page == "fleet":
+        assert metrics(app)["nodes"] == "1"
+    elif page == "node":
+        assert app.selectbox(key="node_choice").value == hostname
+        assert metrics(app)["busiest core"].endswith("%")
+    elif page == "rules":
+        assert len(table(app, "rule_table")) == 14
+
+
+def test_a_bad_source_is_one_error_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(data.SOURCE_ENV, f"bundle:{tmp_path / 'missing'}")
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.run()
+    assert not app.exception
+    assert "no such bundle" in app.error[0].value
+
+
+# -- Prometheus ----------------------------------------------------------------------------
+class _FakePrometheus(BaseHTTPRequestHandler):
+    """/api/v1/query and /api/v1/query_range over a simulated fleet, as Prometheus answers."""
+
+    fleet: Fleet
+    fleet_series = None
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # noqa: N802
+        url = urllib.parse.urlparse(self.path)
+        query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
+        if url.path == "/api/v1/query":
+            body = {"status": "success", "data": {"resultType": "vector", "result": []}}
+        elif url.path == "/api/v1/query_range":
+            name = re.search(r'__name__="([^"]+)"', query).group(1)
+            node = re.search(r'instance="([^"]+)"', query)
+            series = self.fleet.node_series(node.group(1), 20) if node else self.fleet_series
+            result = [{"metric": {"__name__": name, "job": "fleetscope", **dict(labels)},
+                       "values": [[t / 1000, repr(v)] for t, v in points]}
+                      for labels, points in series.by_name.get(name, {}).items()]
+            body = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+        else:
+            self.send_error(404)
+            return
+        payload = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture(scope="module")
+def prometheus():
+    fleet = Fleet(nodes=64, seed=11)
+    handler = type("Handler", (_FakePrometheus,), {"fleet": fleet,
+                                                    "fleet_series": fleet.series()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", fleet
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
+def test_prometheus_source_every_page(monkeypatch, prometheus, page):
+    url, fleet = prometheus
+    app = run_app(monkeypatch, f"prometheus:{url}", page)
+    if page == "fleet":
+        counts = table(app, "rule_counts")
+        assert set(counts["rule"]) == set(RULE_IDS)
+        assert metrics(app)["nodes"] == "64"
+    elif page == "node":
+        assert metrics(app)["median core busy"].endswith("%")
+    elif page == "findings":
+        assert "## Confirm by hand" in text_of(app)
+    elif page == "latency":
+        assert any(k.startswith("inference share") for k in metrics(app))

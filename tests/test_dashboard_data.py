@@ -1,0 +1,202 @@
+"""The console's data shaping (dashboard/data.py) and the simulated fleet, with pandas."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from fleetscope.dashboard import data
+from fleetscope.dashboard.fleet_sim import FAULTS, Fleet
+from fleetscope.diagnose import engine
+from fleetscope.rules.catalog import RULE_IDS
+from fleetscope.rules.promql import Series
+from tests.conftest import BUNDLES
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Fleet:
+    return Fleet(nodes=256)
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> data.Snapshot:
+    return data.load("demo:256")
+
+
+def test_every_injected_fault_is_found_by_the_rule_engine_on_exactly_its_nodes(fleet):
+    findings, not_evaluated = data.evaluate_sharded(fleet.shards(set(data.FLEET_METRICS)))
+    found: dict[str, set[str]] = {}
+    for finding in findings:
+        found.setdefault(finding.rule.id, set()).add(finding.node)
+    expected = fleet.expected_findings()
+    assert set(expected) == set(RULE_IDS) == {rule for rule, *_ in FAULTS}
+    for rule_id in RULE_IDS:
+        assert found.get(rule_id) == expected[rule_id], rule_id
+    assert not_evaluated == []
+
+
+def test_sharded_evaluation_equals_one_evaluation_of_the_whole_fleet():
+    small = Fleet(nodes=64)
+    whole = small.series(set(data.FLEET_METRICS))
+    stamps = whole.timestamps()
+    whole.max_window_ms = stamps[-1] - stamps[0]
+    one, _ = engine.evaluate(whole, "?")
+    sharded, _ = data.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
+    key = [(f.rule.id, f.node, tuple(sorted(f.labels.items())), round(f.value, 9),
+            round(f.confidence, 9)) for f in one]
+    assert key == [(f.rule.id, f.node, tuple(sorted(f.labels.items())), round(f.value, 9),
+                    round(f.confidence, 9)) for f in sharded]
+    assert len(key) > 14
+
+
+def test_the_fleet_is_deterministic_and_a_node_history_ends_on_the_fleet_scrape(fleet):
+    again = Fleet(nodes=256)
+    name = fleet.instances[fleet.faults["roce-congestion"][0]]
+    assert fleet.series({"fleetscope_nic_pfc_pause_frames_total"}).by_name == \
+        again.series({"fleetscope_nic_pfc_pause_frames_total"}).by_name
+    snapshot = fleet.series(nodes=[fleet.position[name]])
+    history = fleet.node_series(name, minutes=30)
+    for metric, family in snapshot.by_name.items():
+        for labels, points in family.items():
+            assert history.by_name[metric][labels][-2:] == pytest.approx(points), metric
+    assert len(history.timestamps()) == 31
+
+
+def test_the_fleet_has_pools_racks_and_several_cpu_models_and_steppings(snapshot):
+    nodes = data.node_table(snapshot)
+    assert len(nodes) == 256
+    assert set(nodes["node_pool"]) == {"chat", "codegen", "batch", "mixed"}
+    assert nodes["rack"].nunique() == 16
+    assert {"aarch64", "x86_64"} <= set(nodes["arch"])
+    assert nodes["stepping"].nunique() >= 4
+    assert "0xd01 r1p0" in set(nodes["stepping"])
+
+
+def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
+    signals = data.node_signals(snapshot)
+    assert list(signals.columns) == list(data.SIGNALS)
+    congested = {fleet.instances[i] for i in fleet.faults["roce-congestion"]}
+    pauses = signals["PFC pauses /s"]
+    assert pauses[list(congested)].min() > 100 > pauses.drop(list(congested)).max()
+    saturated = [fleet.instances[i] for i in fleet.faults["memory-bandwidth-saturation"]]
+    assert signals.loc[saturated, "memory bandwidth % of peak"].min() > 0.8
+    p99 = signals["P99 session latency (online)"]
+    assert p99.notna().sum() > 100 and (p99.dropna() > 0).all()
+    backlog = [fleet.instances[i] for i in fleet.faults["queue-backlog"]]
+    assert signals.loc[backlog, "queue depth"].min() > 50
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    buckets = pd.DataFrame({"instance": ["a"] * 4, "le": ["0.1", "0.5", "1", "+Inf"],
+                            "value": [50.0, 90.0, 100.0, 100.0]})
+    out = data.histogram_quantile(0.5, buckets, ["instance"])
+    assert out["value"].iloc[0] == pytest.approx(0.1)
+    out = data.histogram_quantile(0.7, buckets, ["instance"])
+    assert out["value"].iloc[0] == pytest.approx(0.1 + 0.4 * (70 - 50) / 40)
+    tail = pd.DataFrame({"instance": ["a"] * 2, "le": ["1", "+Inf"], "value": [10.0, 20.0]})
+    assert data.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
+    empty = pd.DataFrame({"instance": ["a"], "le": ["+Inf"], "value": [0.0]})
+    assert math.isnan(data.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
+
+
+def test_rates_and_latest_read_series_like_prometheus():
+    series = Series()
+    for t, v in ((0, 10.0), (60_000, 70.0), (120_000, 10.0)):  # a reset at the end
+        series.add("x_total", {"instance": "n"}, t, v)
+    series.add("g", {"instance": "n", "stat": "p50"}, 0, 0.5)
+    assert data.last_rate(series, "x_total")["value"].iloc[0] == pytest.approx(10 / 60)
+    assert data.latest(series, "g", {"stat": "p50"})["value"].iloc[0] == 0.5
+    assert data.latest(series, "g", {"stat": "max"}).empty
+    frame = data.timeline(series, "x_total")
+    assert frame["value"].tolist() == pytest.approx([1.0, 10 / 60])
+
+
+def test_findings_counts_and_health_worst_first(snapshot):
+    findings = data.findings_frame(snapshot.findings)
+    counts = data.rule_counts(findings)
+    assert set(counts["rule"]) == set(RULE_IDS)
+    assert (counts["nodes"] > 0).all()
+    severities = counts["severity"].tolist()
+    assert severities == sorted(severities, key=data.SEVERITY_ORDER.get)
+    nodes = data.node_table(snapshot)
+    by_pool = data.health_by(nodes, findings, "node_pool")
+    assert by_pool["nodes"].sum() == 256
+    assert (by_pool[["critical", "warning", "ok"]].sum(axis=1) == by_pool["nodes"]).all()
+    chat = data.filter_nodes(nodes, pools=["chat"])
+    assert set(chat["node_pool"]) == {"chat"}
+    assert set(data.findings_for(findings, chat)["node"]) <= set(chat["instance"])
+
+
+def test_heatmap_is_a_rack_by_position_grid(snapshot):
+    nodes = data.node_table(snapshot)
+    grid = data.heatmap(nodes, data.node_signals(snapshot), "busy (median core)")
+    assert grid["z"].shape == (16, 16)
+    assert grid["y"][0].startswith("batch / ")
+    assert grid["text"][0][0].endswith(":9105")
+
+
+def test_per_core_view_shows_the_pinned_hogs_of_an_imbalanced_node(fleet):
+    name = fleet.instances[fleet.faults["core-imbalance"][0]]
+    busy = data.per_core_busy(fleet.node_series(name, minutes=20))
+    assert busy.shape == (128, 20)
+    summary = data.core_summary(busy)
+    assert summary["hogs"] == list(range(16))
+    assert summary["spread"] > 0.5
+    calm = fleet.instances[0]
+    assert data.core_summary(data.per_core_busy(fleet.node_series(calm, 20)))["hogs"] == []
+
+
+def test_numa_view_shows_off_node_pages_of_a_remote_numa_node(fleet):
+    remote = fleet.instances[fleet.faults["numa-remote-access"][0]]
+    view = data.numa_view(fleet.node_series(remote, 10, per_core=False))
+    assert list(view["numa_node"]) == [str(n) for n in range(len(view))]
+    calm = data.numa_view(fleet.node_series(fleet.instances[0], 10, per_core=False))
+    assert view["pages off-node /s"].sum() > 10 * calm["pages off-node /s"].sum()
+    assert data.pool_memory(fleet.node_series(remote, 10, False))["remote"].max() > 0
+
+
+def test_inference_is_a_third_of_online_session_time(snapshot):
+    breakdown = data.stage_breakdown(snapshot)
+    shares = data.inference_share(breakdown).set_index("pool")["inference share"]
+    assert 0.3 <= shares["chat-online"] <= 0.42
+    assert 0.3 <= shares["codegen-online"] <= 0.45
+    assert breakdown.groupby("pool")["share"].sum().round(9).eq(1).all()
+
+
+def test_rules_table_yaml_and_runbooks():
+    table = data.rule_table()
+    assert len(table) == 14 and set(table["rule"]) == set(RULE_IDS)
+    rules = yaml.safe_load(data.rules_yaml())["groups"][0]["rules"]
+    assert {r["labels"]["fleetscope_rule"] for r in rules} == set(RULE_IDS)
+    assert data.runbook("roce-congestion").startswith("# roce-congestion")
+    assert "not found" in data.runbook("no-such-rule")
+
+
+@pytest.mark.parametrize("spec, kind", [("demo", "demo"), ("demo:64", "demo"),
+                                        ("bundle:/x", "bundle"),
+                                        ("prometheus:http://h:9090", "prometheus")])
+def test_parse_source(spec, kind):
+    assert data.parse_source(spec)[0] == kind
+
+
+@pytest.mark.parametrize("spec", ["nope", "demo:3", "bundle:", "prometheus:ftp://x"])
+def test_parse_source_rejects(spec):
+    with pytest.raises(data.SourceError):
+        data.parse_source(spec)
+
+
+def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core():
+    snap = data.load(f"bundle:{BUNDLES / 'kunpeng-128'}")
+    nodes = data.node_table(snap)
+    assert nodes["instance"].tolist() == ["kunpeng-920-128"]
+    assert nodes["cpu_model"].iloc[0] == "HiSilicon Kunpeng 920"
+    assert nodes["node_pool"].iloc[0] == data.UNLABELLED
+    rules = {f["rule"] for f in snap.findings}
+    assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= rules
+    assert snap.findings[0]["severity"] == "critical"
+    busy = data.per_core_busy(snap.node_loader("kunpeng-920-128"))
+    assert busy.shape[0] == 128
+    assert {n["rule"] for n in snap.not_evaluated} >= {"queue-backlog"}
