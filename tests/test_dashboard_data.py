@@ -61,7 +61,9 @@ def test_the_fleet_is_deterministic_and_a_node_history_ends_on_the_fleet_scrape(
     history = fleet.node_series(name, minutes=30)
     for metric, family in snapshot.by_name.items():
         for labels, points in family.items():
-            assert history.by_name[metric][labels][-2:] == pytest.approx(points), metric
+            tail = history.by_name[metric][labels][-2:]
+            assert [t for t, _ in tail] == [t for t, _ in points], metric
+            assert [v for _, v in tail] == pytest.approx([v for _, v in points]), metric
     assert len(history.timestamps()) == 31
 
 
