@@ -145,3 +145,25 @@ def test_kunpeng_kernel_specifics(exporter_factory):
     assert len(nodes) == 4
     assert all(parsed[k] == 32 for k in nodes)
     assert "irq not available" in exporter.stderr() or "pressure/irq" in exporter.stderr()
+
+
+def test_corrupt_source_over_http_still_answers_200(exporter_factory, tmp_path):
+    # A flat root with /proc/stat cut mid-line and PSI garbage: cpu fails, the rest serves.
+    root = tmp_path / "root"
+    shutil.copytree(BUNDLES / "kunpeng-128" / "static", root)
+    shutil.copytree(BUNDLES / "kunpeng-128" / "samples" / "s0000", root, dirs_exist_ok=True)
+    stat = (root / "proc" / "stat").read_text()
+    (root / "proc" / "stat").write_text(stat[: len(stat) // 2].rsplit(" ", 1)[0])
+    (root / "proc" / "pressure" / "io").write_bytes(b"\x00\xffsome avg10=nan\n")
+    exporter = exporter_factory(root)
+    for _ in range(2):  # and again: a failing collector does not wedge the exporter
+        status, _, body = exporter.scrape()
+        assert status == 200
+        parsed = samples(body.decode())
+        assert parsed['fleetscope_scrape_collector_success{collector="cpu"}'] == 0
+        assert parsed['fleetscope_scrape_collector_success{collector="numa"}'] == 1
+        assert parsed['fleetscope_scrape_source_available{collector="pressure",'
+                      'source="proc/pressure/io"}'] == 0
+        assert 'fleetscope_pressure_stall_seconds_total{resource="cpu",stall="some"}' in parsed
+        assert "fleetscope_load1" in parsed
+    assert "Traceback" not in exporter.stderr()
