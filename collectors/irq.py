@@ -42,8 +42,8 @@ from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.interrupts import Interrupts, IrqRow, parse_interrupts
 from .parsers.sysfs import parse_cpulist
-from .pools import SourceTally, process_status
-from .processes import pool_processes
+from .pools import SourceTally
+from .processes import pool_processes, process_status
 from .shared import NODE_DIR, numa_node_of_cpus
 
 KINDS = ("device", "local")

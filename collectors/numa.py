@@ -22,9 +22,9 @@ from fleetscope.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
-from .parsers.process import parse_numa_maps, parse_status
+from .parsers.process import parse_numa_maps
 from .parsers.sysfs import parse_cpulist, parse_distance, parse_node_meminfo, parse_numastat
-from .processes import pool_processes
+from .processes import pool_processes, process_status
 from .shared import NODE_DIR, numa_node_cpus
 
 NUMASTAT_FIELDS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node",
@@ -102,7 +102,7 @@ class NumaCollector(Collector):
         for process in pool_processes(scrape, self.config.pools):
             base = f"proc/{process.pid}"
             try:
-                status = parse_status(scrape.read_text(f"{base}/status"))
+                status = process_status(scrape, process.pid)  # shared with pools and irq
                 allowed = parse_cpulist(status.get("Cpus_allowed_list", ""))
                 resident = parse_numa_maps(scrape.read_text(f"{base}/numa_maps"))
             except (NotAvailable, ParseError):

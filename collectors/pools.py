@@ -57,7 +57,7 @@ from .parsers.process import (
     status_int,
 )
 from .parsers.procfs import parse_pressure
-from .processes import pool_processes
+from .processes import pool_processes, process_status
 from .shared import proc_stat
 
 CPU_DIR = "sys/devices/system/cpu"
@@ -69,36 +69,6 @@ CGROUP_HINT = (
     "the pool's processes are not in cgroup v2 directories visible under /sys/fs/cgroup "
     "(cgroup v1 host, or the exporter runs in its own cgroup namespace)"
 )
-
-
-STATUS_KEYS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "Cpus_allowed_list")
-
-
-def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, str]:
-    """The named fields of a /proc/<pid>/status text ("Key:\\tvalue" lines), as
-    parsers/process.parse_status gives them but found directly: parsing all ~57 lines costs
-    a quarter of a 500-process scrape. Missing keys are left out.
-
-    >>> status_values("Name:\\tpython3\\nThreads:\\t4\\nCpus_allowed_list:\\t0-3\\n")
-    {'Cpus_allowed_list': '0-3'}
-    """
-    if not text.startswith("Name:"):
-        raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
-    values: dict[str, str] = {}
-    for key in keys:
-        start = text.find(f"\n{key}:")
-        if start < 0:
-            continue
-        start += len(key) + 2
-        end = text.find("\n", start)
-        values[key] = text[start: end if end >= 0 else len(text)].strip()
-    return values
-
-
-def process_status(scrape: Scrape, pid: int) -> dict[str, str]:
-    """The status fields pools and irq need, read once per scrape."""
-    path = f"proc/{pid}/status"
-    return scrape.memo(path, lambda: status_values(scrape.read_text(path)))
 
 
 def _topology_id(text: str, what: str) -> int:

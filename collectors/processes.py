@@ -20,7 +20,7 @@ from fleetscope.config import Pool
 
 from .base import NotAvailable, Scrape
 from .parsers import ParseError
-from .parsers.process import parse_cgroup, parse_cmdline
+from .parsers.process import parse_cgroup, parse_cmdline, status_values
 
 
 class PoolProcess(NamedTuple):
@@ -80,3 +80,10 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
 def pool_processes(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     """Every process that belongs to a pool, in pid order."""
     return scrape.memo("pool_processes", lambda: _scan(scrape, pools))
+
+
+def process_status(scrape: Scrape, pid: int) -> dict[str, str]:
+    """The status fields the pool collectors need (context switches, Cpus_allowed_list),
+    read once per scrape whichever collector asks first."""
+    path = f"proc/{pid}/status"
+    return scrape.memo(path, lambda: status_values(scrape.read_text(path)))

@@ -182,3 +182,27 @@ def parse_numa_maps(text: str) -> dict[int, int]:
         for node, count in pages:
             per_node[node] = per_node.get(node, 0) + count * page_kb * 1024
     return per_node
+
+
+STATUS_KEYS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "Cpus_allowed_list")
+
+
+def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, str]:
+    """The named fields of a /proc/<pid>/status text ("Key:\\tvalue" lines), as
+    parsers/process.parse_status gives them but found directly: parsing all ~57 lines costs
+    a quarter of a 500-process scrape. Missing keys are left out.
+
+    >>> status_values("Name:\\tpython3\\nThreads:\\t4\\nCpus_allowed_list:\\t0-3\\n")
+    {'Cpus_allowed_list': '0-3'}
+    """
+    if not text.startswith("Name:"):
+        raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
+    values: dict[str, str] = {}
+    for key in keys:
+        start = text.find(f"\n{key}:")
+        if start < 0:
+            continue
+        start += len(key) + 2
+        end = text.find("\n", start)
+        values[key] = text[start: end if end >= 0 else len(text)].strip()
+    return values
