@@ -14,7 +14,7 @@ import sys
 import time
 
 from fleetscope.collectors.base import bundle_roots
-from fleetscope.config import Config, ConfigError, load_config
+from fleetscope.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 5, at least two steps)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
     parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
-                        "overrides the recorded one)")
+                        "overrides the recorded one; live default: $FLEETSCOPE_CONFIG or "
+                        "/etc/fleetscope/config.yaml if present)")
 
 
 class _Progress:
@@ -81,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
     try:
         config: Config | None = load_config(args.config) if args.config else None
+        # The live node without --config: the node's own config file, if it has one. (A
+        # bundle keeps the config it was recorded with.)
+        live_default = default_config_path() if not (args.config or args.bundle or
+                                                       args.prometheus) else None
+        if live_default:
+            config = load_config(live_default)
     except ConfigError as err:
         return _fail(str(err))
     progress = _Progress(not args.json, "sampling")

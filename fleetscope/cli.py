@@ -25,7 +25,7 @@ def _fail(message: str) -> int:
 def _cmd_exporter(args: argparse.Namespace) -> int:
     # Imported here so `fleetscope --help` stays fast and the node side loads only what it runs.
     from fleetscope.collectors import COLLECTORS
-    from fleetscope.config import ConfigError, load_config
+    from fleetscope.config import ConfigError, default_config_path, load_config
     from fleetscope.exporter import parse_listen, serve
     from fleetscope.webconfig import WebConfig, load_web_config
 
@@ -35,7 +35,7 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
         print(f"fleetscope exporter: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = load_config(args.config, tuple(COLLECTORS))
+        config = load_config(args.config or default_config_path(), tuple(COLLECTORS))
         web = load_web_config(args.web_config) if args.web_config else WebConfig()
     except ConfigError as err:
         return _fail(str(err))
@@ -86,14 +86,14 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
 
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
     from fleetscope.bundle_record import RecordError, record
-    from fleetscope.config import ConfigError, load_config
+    from fleetscope.config import ConfigError, default_config_path, load_config
 
     if not (0 < args.interval <= 3600 and 0 <= args.seconds <= 86400):
         print("fleetscope bundle record: error: --interval must be in (0, 3600] and "
               "--seconds in [0, 86400]", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = load_config(args.config)
+        config = load_config(args.config or default_config_path())
     except ConfigError as err:
         return _fail(str(err))
     from rich.progress import Progress
@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix for every /proc and /sys read: a host mount (/host), a fixture tree or a "
         "bundle sample directory (default /)",
     )
-    exporter.add_argument("--config", metavar="FILE", help="node config YAML (pools, per_core...)")
+    exporter.add_argument("--config", metavar="FILE", help="node config YAML (pools, per_core...; "
+                          "default $FLEETSCOPE_CONFIG or /etc/fleetscope/config.yaml if present)")
     exporter.add_argument(
         "--web-config",
         metavar="FILE",
@@ -204,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between samples (default 5)")
     record.add_argument("-o", "--output", required=True, metavar="PATH",
                         help="bundle directory, or a .tar.gz file")
-    record.add_argument("--config", metavar="FILE", help="node config YAML (pools...)")
+    record.add_argument("--config", metavar="FILE", help="node config YAML (pools...; default "
+                        "$FLEETSCOPE_CONFIG or /etc/fleetscope/config.yaml if present)")
     record.add_argument("--root", default="/", metavar="DIR", help=argparse.SUPPRESS)
     record.set_defaults(run=_cmd_bundle_record)
     show = bundle_commands.add_parser("show", help="summarise a bundle")

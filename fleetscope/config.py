@@ -14,6 +14,7 @@ section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load o
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,19 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         raw=raw,
     )
+
+
+DEFAULT_CONFIG = "/etc/fleetscope/config.yaml"
+
+
+def default_config_path() -> str | None:
+    """The node's config when no --config is given: $FLEETSCOPE_CONFIG, else
+    /etc/fleetscope/config.yaml if it exists (so `fleetscope diagnose` at 3 a.m. knows the
+    node's pools without flags)."""
+    from_env = os.environ.get("FLEETSCOPE_CONFIG")
+    if from_env:
+        return from_env
+    return DEFAULT_CONFIG if os.path.isfile(DEFAULT_CONFIG) else None
 
 
 def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Config:

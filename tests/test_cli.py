@@ -80,3 +80,14 @@ def test_node_side_does_not_import_central_libraries():
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "none"
+
+
+def test_config_from_the_environment_when_no_flag(tmp_path, exporter_factory, monkeypatch):
+    config = tmp_path / "node.yaml"
+    config.write_text("per_core: full\n")
+    monkeypatch.setenv("FLEETSCOPE_CONFIG", str(config))
+    text = exporter_factory(ROOT).text()  # started without --config
+    assert 'fleetscope_cpu_seconds_total{cpu="0",mode="user"}' in text
+    monkeypatch.setenv("FLEETSCOPE_CONFIG", str(tmp_path / "missing.yaml"))
+    result = _run("diagnose", "--seconds", "1")
+    assert result.returncode == 3 and "cannot read config" in result.stderr
