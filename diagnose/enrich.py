@@ -6,11 +6,13 @@ the live node. Metrics stay per pool; a finding names the processes.
     numa-remote-access   the pool's processes with the most memory off their CPUs' nodes
     fd-exhaustion        the process closest to its open-file limit
     core-imbalance       the busiest CPU
+    isa-mismatch         the extensions the crashed binary uses that the CPU lacks
     worker-blocked-...   live only: pool workers whose threads wait on the network (py-spy)
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fleetscope.collectors.base import NotAvailable, Scrape
@@ -171,3 +173,35 @@ class Enricher:
                               f"(e.g. {waiting[0].blocking_call or waiting[0].frames[0]})",
                     "value": len(waiting), "threshold": 0, "unit": "threads"})
         finding.subjects["pids"] = blocked[:MAX_SUBJECTS]
+
+    def _isa_mismatch(self, finding: Finding) -> None:
+        """Which extensions the crashed binary uses that this CPU lacks: recorded in the
+        bundle by `bundle record` (static/cmd/isa-check-<binary>.json), or checked now on a
+        live node when the binary can be found."""
+        binary = finding.labels.get("binary", "")
+        document = None
+        try:
+            document = json.loads(self.last.read_text(f"cmd/isa-check-{binary}.json"))
+        except (NotAvailable, ValueError):
+            pass
+        if document is None and self.live:
+            from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+
+            path = locate_binary(binary)
+            if path is not None:
+                try:
+                    document = check_against_cpuinfo(path, self.last.read_text("proc/cpuinfo"),
+                                                      "/proc/cpuinfo")
+                except (InputError, ParseError, NotAvailable, ImportError):
+                    document = None
+        if not isinstance(document, dict):
+            return
+        missing = [str(name) for name in document.get("missing") or []]
+        if document.get("arch_mismatch"):
+            missing = missing or ["(built for another architecture)"]
+        if missing:
+            finding.extra_summary = f"it uses {', '.join(missing)}, which this CPU lacks"
+        finding.evidence.append({
+            "signal": f"extensions {binary} uses that this CPU lacks"
+                      + (f": {', '.join(missing)}" if missing else " (none found by isa check)"),
+            "value": len(missing), "threshold": 0, "unit": "extensions"})

@@ -3,6 +3,9 @@
     cmd/perf-stat.csv         perf stat -x, -a -e <events> -- sleep <interval>, for the
                               interval ending at this sample (cmd/perf-stat.args: its argv)
     cmd/ethtool-S-<iface>.txt ethtool -S <iface>, for RDMA netdevs and configured interfaces
+    static/cmd/isa-check-<binary>.json
+                              `fleetscope isa check --json` of each binary the kernel log
+                              saw die of SIGILL, against this node's CPU
     agent.prom                the agent runtime's metrics, with Redis queue depths merged
 
 perf runs in the background across each interval, so recording does not stretch it. Each
@@ -11,6 +14,7 @@ part fails alone: a node without perf or ethtool records the rest.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -97,6 +101,36 @@ class CommandOutputs:
         if text:
             with open(os.path.join(sample_dir, "agent.prom"), "w") as out:
                 out.write(text)
+
+    def static(self, static_dir: str, dmesg: str | None) -> None:
+        """Once per bundle: `isa check` of every binary the kernel log saw die of SIGILL that
+        can be found on this node, against this node's CPU (cmd/isa-check-<binary>.json).
+        The binary stays behind; the bundle carries what it needs that the CPU lacks."""
+        if not dmesg or not self.live:
+            return
+        from fleetscope.collectors.parsers import ParseError
+        from fleetscope.collectors.parsers.kmsg import scan_kernel_log
+        from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+
+        try:
+            crashes = scan_kernel_log(dmesg).crashes
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                cpuinfo = handle.read()
+        except (ParseError, OSError):
+            return
+        latest_first = list(dict.fromkeys(crash.binary for crash in reversed(crashes)))
+        for binary in latest_first[:20]:  # the most recent crashes are the incident's
+            path = locate_binary(binary)
+            if path is None:
+                continue
+            try:
+                document = check_against_cpuinfo(path, cpuinfo, "/proc/cpuinfo")
+            except (InputError, ParseError, ImportError) as err:
+                log.warning("bundle: isa check of %s failed: %s", path, err)
+                continue
+            os.makedirs(os.path.join(static_dir, "cmd"), exist_ok=True)
+            with open(os.path.join(static_dir, "cmd", f"isa-check-{binary}.json"), "w") as out:
+                json.dump(document, out, indent=1)
 
     def sample(self, sample_dir: str, interval: float) -> None:
         from fleetscope.bundle_record import copy_globs

@@ -144,12 +144,12 @@ def record(output: str, seconds: float, interval: float, config: Config, root: s
 
     commands = CommandOutputs(config, root)
     try:
-        return _record(output, seconds, interval, config, root, progress, commands.sample)
+        return _record(output, seconds, interval, config, root, progress, commands)
     finally:
         commands.close()
 
 
-def _record(output, seconds, interval, config, root, progress, extra_sample) -> str:
+def _record(output, seconds, interval, config, root, progress, commands) -> str:
     as_tar = output.endswith((".tar.gz", ".tgz"))
     if not as_tar and os.path.exists(output) and os.listdir(output):
         raise RecordError(f"{output} exists and is not empty")
@@ -166,6 +166,7 @@ def _record(output, seconds, interval, config, root, progress, extra_sample) -> 
         if dmesg is not None:
             with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
                 out.write(dmesg)
+        commands.static(static, dmesg)
         count = max(1, int(seconds / interval) + 1)
         samples = []
         start = time.monotonic()
@@ -180,8 +181,7 @@ def _record(output, seconds, interval, config, root, progress, extra_sample) -> 
             copy_globs(root, SAMPLE_GLOBS, sample_dir)
             if os.path.isdir(os.path.join(root, "proc")):
                 _capture_processes(root, sample_dir, config, now)
-            if extra_sample is not None:
-                extra_sample(sample_dir, interval)
+            commands.sample(sample_dir, interval)
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
                 progress(index + 1, count)

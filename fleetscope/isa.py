@@ -1022,3 +1022,33 @@ def run_isa_check(argv: list[str]) -> int:
     else:
         sys.stdout.write(to_table(result))
     return result.exit_code
+
+
+# Where a binary the kernel named by its file name alone may live on a node.
+LIBRARY_DIRS = ("/usr/local/lib", "/usr/local/lib64", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
+                "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+
+
+def locate_binary(name: str, root: str = "/") -> str | None:
+    """The file a SIGILL line names (`in libagentcore.so[...]`: a base name only), looked up
+    on PATH and in the usual library directories under `root`."""
+    import os
+    import shutil
+
+    if not name or "/" in name:
+        return None
+    if root in ("", "/"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for directory in LIBRARY_DIRS:
+        candidate = os.path.join(root, directory.lstrip("/"), name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def check_against_cpuinfo(path: str, cpuinfo_text: str, cpu_source: str = "") -> dict:
+    """`isa check` as data (the JSON document): what `path` uses that this CPU lacks.
+    Raises InputError for an unreadable or non-ELF file, ParseError for bad cpuinfo."""
+    return to_json(check(scan_binary(path), parse_cpuinfo(cpuinfo_text), cpu_source))

@@ -116,12 +116,13 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
         pytest.skip("the kernel log (/dev/kmsg) is not readable here")
     gcc = require_tool("gcc")
     flags = _cpu_flags()
-    for gcc_flags, cpu_flag, _extension, macro, body in CANDIDATES:
+    for gcc_flags, cpu_flag, name, macro, body in CANDIDATES:
         if cpu_flag in flags:
             continue
         try:
             binary = _build(gcc, tmp_path, f"fs_isa_{os.getpid() % 10**6}", gcc_flags, macro,
                             body)
+            extension = name  # what isa check will say this CPU lacks
             break
         except RuntimeError:
             continue
@@ -131,9 +132,32 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     assert crash.returncode == -4  # SIGILL
     time.sleep(0.5)
-    document, code = _diagnose(tmp_path, [], seconds="2")
+    # The kernel names the file only; on PATH, diagnose finds it and says what it lacks.
+    os.environ["PATH"] = f"{binary.parent}{os.pathsep}{os.environ['PATH']}"
+    try:
+        document, code = _diagnose(tmp_path, [], seconds="2")
+    finally:
+        os.environ["PATH"] = os.environ["PATH"].split(os.pathsep, 1)[1]
     isa = [f for f in document["findings"] if f["rule"] == "isa-mismatch"]
     if not isa and open("/proc/sys/debug/exception-trace").read().strip() == "0":
         pytest.skip("the kernel does not log user-space traps (debug.exception-trace=0)")
-    assert binary.name in [b for f in isa for b in f["subjects"]["binaries"]], document
+    ours = [f for f in isa if binary.name in f["subjects"]["binaries"]]
+    assert ours, document
+    assert extension in ours[0]["summary"]  # e.g. "it uses FMA4, which this CPU lacks"
+    assert any(extension in e["signal"] and e["value"] >= 1 for e in ours[0]["evidence"])
     assert code == 2
+
+    # A bundle recorded here carries the check, so it says the same anywhere, binary or not.
+    bundle = tmp_path / "node.tar.gz"
+    recorded = subprocess.run(
+        [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "1",
+         "--interval", "1", "-o", str(bundle)], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert recorded.returncode == 0, recorded.stderr
+    binary.unlink()
+    replayed = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                               str(bundle), "--json"], capture_output=True, text=True,
+                              timeout=120)
+    findings = json.loads(replayed.stdout)["findings"]
+    ours = [f for f in findings if binary.name in f["subjects"]["binaries"]]
+    assert ours and extension in ours[0]["summary"]
