@@ -56,10 +56,11 @@ Where a group cannot be measured the collector says which and why: in
 "perf",source="perf/<group>"}` 0, logged once by the exporter with the reason (no such PMU in
 sysfs, `<not supported>` from perf: no hardware PMU, as in a VM, or not permitted).
 
-The platform's peak bandwidth comes from the config (`platform: memory_peak_bytes_per_second`)
-only. It is not derived from DIMMs: SMBIOS type 17 (the only source of DIMM speed) says
-nothing of which DIMMs share a channel, and two DIMMs per channel share its bandwidth, so
-DIMM count x speed overstates the peak on exactly the machines that have more DIMMs.
+The platform's peak bandwidth comes from the config (`platform: memory_peak_bytes_per_second`),
+else from the CPU model's memory channels and speed (collectors/platform.py) for the server
+CPUs it knows. It is not derived from DIMMs: SMBIOS type 17 (the only source of DIMM speed)
+says nothing of which DIMMs share a channel, and two DIMMs per channel share its bandwidth,
+so DIMM count x speed overstates the peak on exactly the machines that have more DIMMs.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ from .parsers.perf import (
     split_event,
     unit_bytes,
 )
+from .platform import derived_peak
 
 log = logging.getLogger("fleetscope.collectors.perf")
 
@@ -561,16 +563,24 @@ class PerfCollector(Collector):
         self._lock = threading.Lock()
         self._live: _Live | None = None
 
+    def _peak(self, scrape: Scrape) -> tuple[float | None, str]:
+        """The config's peak, else the one the CPU model implies (collectors/platform.py)."""
+        if self.config.memory_peak_bytes_per_second:
+            return self.config.memory_peak_bytes_per_second, "config"
+        derived = derived_peak(scrape)
+        return (derived[0], derived[1]) if derived else (None, "")
+
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         if _is_live(scrape):
             yield from self._collect_live(scrape)
         else:
             yield from self._collect_recorded(scrape)
-        peak = self.config.memory_peak_bytes_per_second
+        peak, origin = self._peak(scrape)
         if peak:
             yield gauge("fleetscope_memory_bandwidth_peak_bytes_per_second",
-                        "Peak memory bandwidth of the platform, from the config "
-                        "(platform.memory_peak_bytes_per_second).").add(peak)
+                        "Peak memory bandwidth of the platform: the config's "
+                        "platform.memory_peak_bytes_per_second, else derived from the CPU "
+                        "model (see `source`).").add(peak, labels(source=origin))
         with scrape.source(self.name, RESCTRL_MON,
                            "mount -t resctrl resctrl /sys/fs/resctrl (needs Intel RDT or AMD "
                            "PQoS memory-bandwidth monitoring: cpuinfo flag cqm_mbm_total)"):
@@ -716,13 +726,13 @@ class PerfCollector(Collector):
         yield from (family for family in (events, running) if family.samples)
         seconds = window.seconds
         if results[MEMORY].ok:
-            yield from self._memory(results[MEMORY], seconds)
+            yield from self._memory(results[MEMORY], seconds, scrape)
         if results[LLC].ok:
             yield from self._llc(results[LLC], seconds)
         if results[INSTRUCTIONS].ok:
             yield from self._instructions(results[INSTRUCTIONS], seconds)
 
-    def _memory(self, result: GroupResult, seconds: float) -> Iterator[Family]:
+    def _memory(self, result: GroupResult, seconds: float, scrape: Scrape) -> Iterator[Family]:
         where = {"uncore_imc": "Intel IMC CAS x 64 bytes",
                  "amd_umc": "AMD UMC CAS x 64 bytes",
                  "hisi_ddrc": f"HiSilicon DDRC flux x {self.config.ddrc_bytes_per_count:g} bytes "
@@ -739,11 +749,12 @@ class PerfCollector(Collector):
                 total += value
                 bandwidth.add(round(value, 3), labels(socket=socket, direction=direction))
         yield bandwidth
-        peak = self.config.memory_peak_bytes_per_second
+        peak, _ = self._peak(scrape)
         if peak:
             yield gauge("fleetscope_memory_bandwidth_utilization_ratio",
                         "Read plus write bandwidth of all sockets over the platform peak "
-                        "(platform.memory_peak_bytes_per_second).").add(round(total / peak, 6))
+                        "(fleetscope_memory_bandwidth_peak_bytes_per_second).").add(
+                round(total / peak, 6))
 
     def _llc(self, result: GroupResult, seconds: float) -> Iterator[Family]:
         accesses = gauge("fleetscope_llc_accesses_per_second",

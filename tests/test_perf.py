@@ -45,7 +45,7 @@ from fleetscope.collectors.perf import (
 from fleetscope.config import parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
-from tests.conftest import FIXTURES, require_tool, samples
+from tests.conftest import BUNDLES, FIXTURES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 
 PERF_FIXTURES = FIXTURES / "perf"
@@ -384,11 +384,12 @@ def test_ddrc_bytes_per_count_and_platform_peak_come_from_the_config():
                      {"platform": {"ddrc_bytes_per_count": 64,
                                    "memory_peak_bytes_per_second": 4e10}})
     assert _bandwidth(parsed, "0", "read") == 1e9 * 64 / 5
-    assert parsed["fleetscope_memory_bandwidth_peak_bytes_per_second"] == 4e10
+    assert parsed['fleetscope_memory_bandwidth_peak_bytes_per_second{source="config"}'] == 4e10
     # read + write of both sockets at 64 bytes per count: 2.4e10 B/s over a 4e10 peak
     assert parsed["fleetscope_memory_bandwidth_utilization_ratio"] == pytest.approx(0.6)
-    assert "fleetscope_memory_bandwidth_peak_bytes_per_second" not in _scrape(
-        PERF_FIXTURES / "kunpeng-2s")
+    # Without the config and without cpuinfo in the root there is nothing to derive it from.
+    assert not [k for k in _scrape(PERF_FIXTURES / "kunpeng-2s")
+                if k.startswith("fleetscope_memory_bandwidth_peak")]
 
 
 def _bundle(tmp_path, csv: str, interval=10.0) -> Path:
@@ -579,3 +580,20 @@ def test_no_perf_installed(tmp_path, monkeypatch):
     collector = _live_collector({})
     _, scrape = _collect(collector)
     assert "is not an executable" in scrape.sources[("perf", "perf stat")][1]
+
+
+def test_platform_peak_is_derived_from_the_cpu_model_without_config(tmp_path):
+    # The Kunpeng fixture bundle: 2 sockets (physical_package_id) of Kunpeng 920, whose 8
+    # DDR4-2933 channels per socket give 2 x 8 x 2933e6 x 8 bytes/s.
+    from fleetscope.collectors.base import Scrape, bundle_roots
+    from fleetscope.collectors.platform import derived_peak
+
+    sample = BUNDLES / "kunpeng-128" / "samples" / "s0000"
+    peak, origin = derived_peak(Scrape(bundle_roots(str(sample))))
+    assert peak == 2 * 8 * 2933e6 * 8
+    assert origin.startswith("2 socket(s) x HiSilicon Kunpeng 920")
+    # An unknown CPU model derives nothing (the config must say).
+    root = tmp_path / "root"
+    _write(root / "proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+           "model\t\t: 1\nmodel name\t: Some CPU\nflags\t\t: fpu\n\n")
+    assert derived_peak(Scrape((str(root),))) is None
