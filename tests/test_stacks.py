@@ -74,3 +74,23 @@ def test_no_such_process_is_one_line_and_exit_3():
     assert result.returncode == 3
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="py-spy needs ptrace rights (root here)")
+def test_diagnose_shows_where_blocked_workers_wait(worker):
+    """A worker-blocked-external-call finding on the live node carries the workers' stacks:
+    the pid waiting on the network and the call it waits in."""
+    from fleetscope.config import parse_config
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.rules.catalog import by_id
+
+    config = parse_config({"pools": [{"name": "chat-online", "class": "online",
+                                      "match": {"cmdline": "agent_worker.py"}}]})
+    finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "chat-online"},
+                      300.0, 0.8)
+    Enricher(config, ("/",), ("/",), live=True)(finding)
+    assert finding.subjects["pids"] == [worker]
+    waits = [e for e in finding.evidence if "waiting on the network" in e["signal"]]
+    assert waits and waits[0]["value"] >= 1
+    assert "urlopen" in waits[0]["signal"] or "read" in waits[0]["signal"]
