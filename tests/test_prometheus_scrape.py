@@ -84,3 +84,37 @@ def test_prometheus_scrapes_and_stores_the_exporter(exporter_factory, prometheus
     stored = _wait_for(base, 'scrape_samples_post_metric_relabeling{job="fleetscope"}')
     assert scraped[0]["value"][1] == stored[0]["value"][1]
     assert int(scraped[0]["value"][1]) > 1000
+
+
+def test_diagnose_from_prometheus(exporter_factory, prometheus, tmp_path):
+    """`fleetscope diagnose --prometheus URL --node NAME` reads the same rules' inputs back
+    from a real Prometheus that scraped a sick node's exporter."""
+    import subprocess
+    import sys
+
+    bundle = BUNDLES / "kunpeng-128"
+    recorded = json.loads((bundle / "meta.json").read_text())["config"]
+    exporter = exporter_factory(bundle / "samples" / "s0001",
+                                {**recorded, "numa_maps_min_interval_seconds": 0})
+    target = exporter.url.removeprefix("http://").removesuffix("/metrics")
+    base = prometheus(target)
+    _wait_for(base, "count_over_time(fleetscope_pool_fd_usage_ratio[1m]) >= 3")
+
+    def diagnose(*scope):
+        result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--prometheus",
+                                 base, *scope, "--seconds", "60", "--json"],
+                                capture_output=True, text=True, timeout=120)
+        return result.returncode, json.loads(result.stdout)
+
+    code, document = diagnose("--node", target)
+    assert document["source"] == "prometheus" and document["nodes"] == [target]
+    fd = [f for f in document["findings"] if f["rule"] == "fd-exhaustion"]
+    assert fd and fd[0]["node"] == target
+    assert code == 2
+    # Across the fleet the same node shows up by its instance label.
+    code, fleet = diagnose("--fleet")
+    assert target in fleet["nodes"]
+    assert {f["rule"] for f in fleet["findings"]} >= {"fd-exhaustion", "numa-remote-access"}
+    # A node Prometheus has never seen: nothing to evaluate, said as such.
+    code, unknown = diagnose("--node", "nowhere:9105")
+    assert unknown["status"] == "unknown" and code == 3
