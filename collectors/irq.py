@@ -32,6 +32,7 @@ comes online adds its counts since boot once. Totals restart with the exporter.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from operator import sub
@@ -41,12 +42,14 @@ from fleetscope.exposition import Family, counter, gauge, labels
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.interrupts import Interrupts, IrqRow, parse_interrupts
+from .parsers.procfs import CPU_STAT_FIELDS
 from .parsers.sysfs import parse_cpulist
 from .pools import SourceTally
 from .processes import pool_processes, process_status
-from .shared import NODE_DIR, numa_node_of_cpus
+from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 
 KINDS = ("device", "local")
+IRQ, SOFTIRQ = CPU_STAT_FIELDS.index("irq"), CPU_STAT_FIELDS.index("softirq")
 WRAP = 1 << 32  # kstat_irqs are unsigned int per CPU
 
 
@@ -65,6 +68,7 @@ class IrqCollector(Collector):
     def __init__(self, config):
         super().__init__(config)
         self.full = config.per_core == "full"
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
         self._lock = threading.Lock()
         self._cpus: tuple[int, ...] | None = None
         self._rows: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # name: kind, id, counts
@@ -72,6 +76,8 @@ class IrqCollector(Collector):
         self._acc: dict[str, dict[int, int]] = {kind: {} for kind in KINDS}  # kind -> cpu
         self._node_of: dict[int, str] = {}  # last known NUMA node of every CPU seen
         self._pool_device: dict[str, int] = {}  # online pool -> device interrupts on its CPUs
+        self._pool_irq_ticks: dict[str, int] = {}  # online pool -> irq+softirq ticks on its CPUs
+        self._irq_ticks: dict[int, int] = {}  # cpu -> irq+softirq ticks at the last scrape
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         parsed = parse_interrupts(scrape.read_text("proc/interrupts"))  # the required source
@@ -89,12 +95,46 @@ class IrqCollector(Collector):
                     self._pool_device[pool] = sum(device.get(c, 0) for c in cpus)
             acc = {kind: dict(values) for kind, values in self._acc.items()}
             pool_device = dict(self._pool_device)
+            pool_irq_ticks = self._advance_irq_time(scrape, pool_cpus)
         with scrape.source(self.name, NODE_DIR):
             known = numa_node_of_cpus(scrape, parsed.cpus)
             self._node_of.update((c, n) for c, n in known.items() if n != "unknown")
         yield from self._per_cpu(acc, parsed.cpus)
         if pool_cpus is not None:
             yield from self._pools(pool_cpus, affinity, pool_device)
+            if pool_irq_ticks is not None:
+                yield self._irq_time(pool_irq_ticks)
+
+    def _advance_irq_time(self, scrape: Scrape, pool_cpus) -> dict[str, int] | None:
+        """Time the online pool's CPUs spent in hard and soft interrupts: the harm side of
+        irq-core-overlap (/proc/stat irq + softirq per CPU). Accumulated per scrape over the
+        CPUs the pool has then, like the device interrupt count, so a changing CPU set
+        never looks like a counter reset."""
+        if not pool_cpus:
+            return None
+        try:
+            cpus = proc_stat(scrape).cpus
+        except (NotAvailable, ParseError):
+            return None
+        now = {cpu: ticks[IRQ] + ticks[SOFTIRQ] for cpu, ticks in cpus.items()}
+        for pool, allowed in pool_cpus.items():
+            if pool in self._pool_irq_ticks:
+                self._pool_irq_ticks[pool] += sum(
+                    max(0, now[c] - self._irq_ticks.get(c, now[c])) for c in allowed if c in now)
+            else:
+                self._pool_irq_ticks[pool] = sum(now.get(c, 0) for c in allowed)
+        self._irq_ticks = now
+        return dict(self._pool_irq_ticks)
+
+    def _irq_time(self, pool_irq_ticks: dict[str, int]) -> Family:
+        family = counter(
+            "fleetscope_irq_online_pool_irq_seconds_total",
+            "Seconds the CPUs the online pool may run on spent in hard and soft interrupts "
+            "(/proc/stat irq + softirq); over fleetscope_irq_online_pool_cpus, their share.",
+        )
+        for pool, ticks in pool_irq_ticks.items():
+            family.add(ticks / self.ticks_per_second, labels(pool=pool))
+        return family
 
     def _advance(self, parsed: Interrupts) -> None:
         """Add this scrape's increase to the per-(kind, CPU) totals (see the docstring)."""

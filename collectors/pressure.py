@@ -12,11 +12,15 @@ Sources, each optional on its own:
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from collections.abc import Iterator
 
 from fleetscope.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, NotAvailable, Scrape
+from .parsers import ParseError
 from .parsers.procfs import parse_loadavg, parse_pressure, parse_schedstat
 from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 
@@ -25,7 +29,16 @@ PSI_HINT = (
     "PSI needs CONFIG_PSI and is off when booted with psi=0 (some distros default it off); "
     "/proc/pressure/irq also needs CONFIG_IRQ_TIME_ACCOUNTING"
 )
+WAIT_STATS = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
 SCHEDSTAT_HINT = "the kernel was built without CONFIG_SCHEDSTATS"
+
+
+def elapsed_ticks(scrape: Scrape) -> dict[int, int]:
+    """cpu -> all its /proc/stat ticks (user .. steal): the CPU's elapsed time."""
+    try:
+        return {cpu: sum(ticks[:8]) for cpu, ticks in proc_stat(scrape).cpus.items()}
+    except (NotAvailable, ParseError):
+        return {}
 
 
 def _ns(nanoseconds: int) -> str:
@@ -41,6 +54,49 @@ class PressureCollector(Collector):
         super().__init__(config)
         self.full = config.per_core == "full"
         self._cpu_labels: dict[int, str] = {}
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self._lock = threading.Lock()
+        # (time, cpu -> (run-queue wait ns, the CPU's /proc/stat ticks))
+        self._previous: tuple[float, dict[int, tuple[int, int | None]]] | None = None
+        self._waiting: dict[int, float] | None = None  # cpu -> wait s/s, last interval
+
+    def _advance(self, scrape: Scrape, now: float, cpus: dict) -> dict[int, float] | None:
+        """Per-CPU run-queue wait per second over the last interval of at least
+        busy_interval_min_seconds (as the cpu collector's busy distribution)."""
+        # Each CPU's own clock from /proc/stat (all its ticks), so the ratio is exact for
+        # a replayed sample whatever the wall time; wall time when /proc/stat is missing.
+        ticks = elapsed_ticks(scrape)
+        snapshot = {cpu: (stats.waiting_ns, ticks.get(cpu)) for cpu, stats in cpus.items()}
+        with self._lock:
+            previous = self._previous
+            if previous is None or now <= previous[0]:
+                self._previous, self._waiting = (now, snapshot), None
+            elif now - previous[0] >= self.config.busy_interval_min_seconds:
+                waiting = {}
+                for cpu, (wait, tick) in snapshot.items():
+                    if cpu not in previous[1]:
+                        continue
+                    old_wait, old_tick = previous[1][cpu]
+                    seconds = now - previous[0]
+                    if tick is not None and old_tick is not None and tick > old_tick:
+                        seconds = (tick - old_tick) / self.ticks_per_second
+                    waiting[cpu] = max(0, wait - old_wait) / 1e9 / seconds
+                self._waiting = waiting
+                self._previous = (now, snapshot)
+            return self._waiting
+
+    def _waiting_distribution(self, waiting: dict[int, float]) -> Family:
+        ordered = sorted(waiting.values())
+        family = gauge(
+            "fleetscope_schedstat_core_waiting_ratio",
+            "Distribution over CPUs of the time runnable tasks waited on each CPU's run "
+            "queue per second in the last interval (/proc/schedstat): min, p50, p90, max. "
+            "Tasks waiting on a busy CPU while others idle is core imbalance.",
+        )
+        for stat, q in WAIT_STATS:
+            family.add(round(ordered[max(1, math.ceil(q * len(ordered))) - 1], 6),
+                       labels(stat=stat))
+        return family
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         yield from self._psi(scrape)
@@ -71,6 +127,9 @@ class PressureCollector(Collector):
 
     def _schedstat(self, scrape: Scrape) -> Iterator[Family]:
         cpus = parse_schedstat(scrape.read_text("proc/schedstat"))
+        waiting = self._advance(scrape, scrape.time, cpus)
+        if waiting:
+            yield self._waiting_distribution(waiting)
         if self.full:
             running = counter(
                 "fleetscope_schedstat_running_seconds_total",

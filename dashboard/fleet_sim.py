@@ -136,6 +136,7 @@ FAULTS = (
     ("cold-start", ("codegen",), 8, 4),
     ("memory-bandwidth-saturation", ("batch", "codegen"), 20, 60),
     ("core-imbalance", ("batch",), 16, 80),
+    ("cpu-saturation", ("chat",), 8, 50),
 )
 STEAL_NODES = 4  # chat nodes on an oversold VM host: offline-preemption through steal
 
@@ -295,6 +296,14 @@ class Fleet:
         p50 = np.where(imbalance, 0.22 + 0.03 * _uniform(seed, 13, ii, tk), p50)
         p90 = np.where(imbalance, 0.99, p90)
         pmax = np.where(imbalance, 1.0, pmax)
+        saturation = act["cpu-saturation"]
+        p50 = np.where(saturation, 0.97 + 0.02 * _uniform(seed, 46, ii, tk), p50)
+        p90 = np.where(saturation, 0.995, p90)
+        pmax = np.where(saturation, 1.0, pmax)
+        s["psi_cpu"] = np.where(saturation, 0.68 + 0.1 * _uniform(seed, 47, ii, tk),
+                                0.01 + 0.08 * p50 ** 4)
+        s["core_wait_max"] = np.where(imbalance, 0.7 + 0.2 * _uniform(seed, 48, ii, tk),
+                                      np.where(saturation, 0.6, 0.01 + 0.05 * p50 ** 3))
         s["busy_p50"], s["busy_p90"], s["busy_max"] = p50, p90, pmax
         s["busy_min"] = np.maximum(p50 - 0.2 - 0.05 * _uniform(seed, 14, ii, tk), 0.0)
         s["saturated"] = np.where(imbalance, self.cores // 8,
@@ -385,6 +394,17 @@ class Fleet:
                        s[f"steal_{stat}"], rows)
         if want("fleetscope_cpu_saturated_cores"):
             yield "fleetscope_cpu_saturated_cores", node_labels(), s["saturated"], rows
+        if want("fleetscope_schedstat_core_waiting_ratio"):
+            for stat, share in (("min", 0.0), ("p50", 0.2), ("p90", 0.6), ("max", 1.0)):
+                yield ("fleetscope_schedstat_core_waiting_ratio", node_labels(stat=stat),
+                       s["core_wait_max"] * share, rows)
+        if want("fleetscope_pressure_stall_seconds_total"):
+            yield ("fleetscope_pressure_stall_seconds_total",
+                   node_labels(resource="cpu", stall="some"),
+                   counter(s["psi_cpu"], s["psi_cpu"][:, -1] * uptime), rows)
+        if want("fleetscope_procs_running"):
+            runnable = self.cores * np.where(act["cpu-saturation"], 2.2, s["busy_p50"] * 0.9)
+            yield "fleetscope_procs_running", node_labels(), np.round(runnable), rows
         if want("fleetscope_cpu_busiest_core"):
             yield "fleetscope_cpu_busiest_core", node_labels(), s["busiest"], rows
         numa = np.asarray([CPU_MODELS[self.model[i]].numa_nodes for i in idx])
@@ -590,6 +610,13 @@ class Fleet:
                 if want("fleetscope_irq_online_pool_overlap_cpus"):
                     yield ("fleetscope_irq_online_pool_overlap_cpus", irq_labels,
                            np.where(irq, 16.0, 0.0), rows[on_rows])
+                if want("fleetscope_irq_online_pool_cpus"):
+                    yield ("fleetscope_irq_online_pool_cpus", irq_labels,
+                           np.full((len(on_rows), len(t)), self.cores * 0.75), rows[on_rows])
+                if want("fleetscope_irq_online_pool_irq_seconds_total"):
+                    share = np.where(irq, 0.12, 0.004) * self.cores * 0.75
+                    yield ("fleetscope_irq_online_pool_irq_seconds_total", irq_labels,
+                           counter(share, share[:, -1] * uptime[rows][on_rows]), rows[on_rows])
                 if want("fleetscope_irq_online_pool_device_interrupts_total"):
                     rate = np.where(irq, 5000 + 2000 * _uniform(seed, 44, r_ii[on_rows], tk),
                                     20 + 20 * _uniform(seed, 45, r_ii[on_rows], tk))

@@ -11,11 +11,12 @@ Output is the diagnosis JSON of CONTRACT section 5.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
-from fleetscope.rules.promql import Series, strip_name
+from fleetscope.rules.promql import Labels, Series, strip_name
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -32,6 +33,7 @@ MISSING_HINTS = (
     ("fleetscope_nic_pfc", "no PFC counters: no ethtool -S output for a RoCE NIC"),
     ("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),
 )
+MAX_ALSO = 3  # label sets named in a merged finding's summary
 SUBJECT_KINDS = ("pids", "cgroups", "cpus", "numa_nodes", "interfaces", "devices", "binaries")
 
 
@@ -45,15 +47,21 @@ class Finding:
     evidence: list[dict] = field(default_factory=list)
     subjects: dict[str, list] = field(default_factory=lambda: {k: [] for k in SUBJECT_KINDS})
     extra_summary: str = ""  # added by enrichment, e.g. the antagonists' names
+    severity: str = ""  # the tier that held (the rule's own severity unless a lesser tier)
+    summary_template: str | None = None
+    held_ratio: float = 1.0  # share of the window's steps the condition held at
+
+    def __post_init__(self) -> None:
+        self.severity = self.severity or self.rule.severity
 
     def to_json(self) -> dict:
         rule = self.rule
         return {
             "rule": rule.id,
-            "severity": rule.severity,
+            "severity": self.severity,
             "node": self.node,
             "confidence": round(self.confidence, 3),
-            "summary": rule.render_summary(self.labels, self.value)
+            "summary": rule.render_summary(self.labels, self.value, self.summary_template)
             + (f"; {self.extra_summary}" if self.extra_summary else ""),
             "cause": rule.cause,
             "action": rule.action,
@@ -106,17 +114,72 @@ def missing_signals(rule: Rule, series: Series) -> list[str]:
     return sorted(set().union(*missing))
 
 
+# Persistence, the engine's `for:`: a condition must hold at this share of the evaluation
+# steps of the window (every sample with a full rate window behind it). One bursty interval
+# neither makes a finding nor, on a real fault, hides one.
+HOLD_FRACTION = 0.75
+
+
+def rate_window_ms(timestamps: list[int]) -> int | None:
+    """How far back rates look in-process: a quarter of the window, at least two sample
+    intervals (never more than a rule's own window: Rate takes the smaller). Prometheus
+    rates over the rule's window on its own scrape data; a 20 s live sample at 1 s rates
+    over 5 s and so has 16 steps to judge persistence on."""
+    if len(timestamps) < 2:
+        return None
+    span = timestamps[-1] - timestamps[0]
+    step = span / (len(timestamps) - 1)
+    return int(min(span, max(2 * step, span / 4)))
+
+
+def evaluation_steps(timestamps: list[int], window_ms: int | None) -> list[int]:
+    """The sample times with a full rate window behind them (the last one at least)."""
+    if not timestamps:
+        return []
+    first = timestamps[0] + (window_ms or 0)
+    return [t for t in timestamps if t >= first] or [timestamps[-1]]
+
+
+@dataclass
+class _Held:
+    """A label set's record over the steps: how often its condition held, and where last."""
+
+    steps: int = 0
+    last_ms: int = 0
+    value: float = 0.0
+
+
+def persistent(condition, series: Series, steps: list[int],
+               hold: float = HOLD_FRACTION) -> dict[Labels, _Held]:
+    """Label sets whose condition held at `hold` of the steps (at least one step)."""
+    held: dict[Labels, _Held] = {}
+    for at_ms in steps:
+        for labels, value in condition.evaluate(series, at_ms).items():
+            record = held.setdefault(strip_name(labels), _Held())
+            record.steps += 1
+            record.last_ms, record.value = at_ms, value
+    need = max(1, math.ceil(hold * len(steps)))
+    return {labels: record for labels, record in held.items() if record.steps >= need}
+
+
 def evaluate(series: Series, hostname: str, *,
              enrich: Callable[[Finding], None] | None = None,
              rules: tuple[Rule, ...] = CATALOG) -> tuple[list[Finding], list[dict]]:
-    """Evaluate every rule at the last sample; returns (ranked findings, not_evaluated)."""
+    """Evaluate every rule over the window; returns (ranked findings, not_evaluated).
+
+    A finding is a label set whose condition held across most of the window (see
+    HOLD_FRACTION), reported with its value and evidence at the last step it held. Each
+    node gets at most one finding per rule: its most severe tier, and of several label sets
+    (pools, queues) the strongest, the others named in its summary."""
     timestamps = series.timestamps()
     findings: list[Finding] = []
     not_evaluated: list[dict] = []
     if not timestamps:
         return [], [{"rule": r.id, "reason": "no samples"} for r in rules]
-    at_ms = timestamps[-1]
+    series.max_window_ms = rate_window_ms(timestamps)
     span_ms = timestamps[-1] - timestamps[0]
+    series.max_lookback_ms = span_ms or None
+    steps = evaluation_steps(timestamps, series.max_window_ms)
     for rule in rules:
         missing = missing_signals(rule, series)
         if missing:
@@ -131,23 +194,58 @@ def evaluate(series: Series, hostname: str, *,
             not_evaluated.append({"rule": rule.id,
                                   "reason": "one sample only: rates need at least two"})
             continue
-        for labels, value in sorted(rule.condition.evaluate(series, at_ms).items()):
-            finding_labels = dict(strip_name(labels))
-            node = next((finding_labels[k] for k in NODE_LABELS if k in finding_labels),
-                        hostname)
-            evidence = _evidence(rule, finding_labels, series, at_ms)
-            finding = Finding(rule, node, finding_labels, value, _confidence(rule, evidence),
-                              evidence)
-            for kind, label in rule.subject_labels.items():
-                if label in finding_labels:
-                    finding.subjects[kind].append(_subject_value(kind, finding_labels[label]))
+        by_node: dict[str, list[Finding]] = {}
+        for severity, condition, summary in rule.severities():
+            # An event rule (for: 0, e.g. a crash or a cold model load in the look-back)
+            # fires on one step; a state must persist.
+            hold = HOLD_FRACTION if rule.for_seconds else 0.0
+            for labels, held in sorted(persistent(condition, series, steps, hold).items()):
+                finding_labels = dict(labels)
+                node = next((finding_labels[k] for k in NODE_LABELS if k in finding_labels),
+                            hostname)
+                found = by_node.setdefault(node, [])
+                if found and found[0].severity != severity:
+                    continue  # a more severe tier already holds on this node
+                evidence = _evidence(rule, finding_labels, series, held.last_ms)
+                finding = Finding(rule, node, finding_labels, held.value,
+                                  _confidence(rule, evidence), evidence, severity=severity,
+                                  summary_template=summary, held_ratio=held.steps / len(steps))
+                for kind, label in rule.subject_labels.items():
+                    if label in finding_labels:
+                        finding.subjects[kind].append(_subject_value(kind,
+                                                                     finding_labels[label]))
+                found.append(finding)
+        for node_findings in by_node.values():
+            finding = _merge(node_findings)
             if enrich is not None:
                 enrich(finding)
             findings.append(finding)
-    order = {rule.id: index for index, rule in enumerate(rules)}
-    findings.sort(key=lambda f: (SEVERITY_RANK[f.rule.severity], -f.confidence,
-                                 order[f.rule.id], f.node))
+    findings.sort(key=rank_key(rules))
     return findings, not_evaluated
+
+
+def rank_key(rules: tuple[Rule, ...] = CATALOG):
+    """Most important first: severity, then causes before symptoms, then confidence, then
+    catalog order (causes the catalog lists first win ties)."""
+    order = {rule.id: index for index, rule in enumerate(rules)}
+    return lambda f: (SEVERITY_RANK[f.severity], f.rule.kind != "cause", -f.confidence,
+                      order.get(f.rule.id, len(order)), f.node)
+
+
+def _merge(same_node: list[Finding]) -> Finding:
+    """One finding per rule and node: the strongest label set, the others in its summary and
+    subjects."""
+    same_node.sort(key=lambda f: (-f.confidence, -abs(f.value)))
+    primary, others = same_node[0], same_node[1:]
+    if others:
+        described = [", ".join(f"{k} {v}" for k, v in sorted(o.labels.items())
+                               if k not in NODE_LABELS) or "another series" for o in others]
+        primary.extra_summary = "also " + "; ".join(described[:MAX_ALSO]) + (
+            f" and {len(described) - MAX_ALSO} more" if len(described) > MAX_ALSO else "")
+        for other in others:
+            for kind, values in other.subjects.items():
+                primary.subjects[kind] += [v for v in values if v not in primary.subjects[kind]]
+    return primary
 
 
 def _subject_value(kind: str, value: str):
@@ -159,9 +257,9 @@ def _subject_value(kind: str, value: str):
 def diagnosis(source: str, nodes: list[str], window: tuple[float, float],
               findings: list[Finding], not_evaluated: list[dict], rule_count: int) -> dict:
     """The CONTRACT section 5 document."""
-    if findings and any(f.rule.severity == "critical" for f in findings):
+    if findings and any(f.severity == "critical" for f in findings):
         status = "critical"
-    elif any(f.rule.severity == "warning" for f in findings):
+    elif any(f.severity == "warning" for f in findings):
         status = "warning"
     elif len(not_evaluated) == rule_count:
         status = "unknown"  # nothing could be checked: never report that as healthy

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
@@ -23,6 +25,7 @@ from fleetscope.collectors.parsers.process import (
     parse_pid_stat,
     parse_status,
 )
+from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.shared import numa_node_cpus
@@ -33,6 +36,36 @@ from .engine import Finding
 
 log = logging.getLogger("fleetscope.diagnose")
 MAX_SUBJECTS = 5
+
+
+INTERPRETERS = re.compile(r"(python[0-9.]*|pypy[0-9.]*|node|java|ruby|perl|php|bash|sh|dash|"
+                          r"uv|uvx|env)")
+
+
+def program_name(cmdline: str) -> str:
+    """What a person calls the program: the script or module an interpreter runs
+    (`python3 -m agent.worker` -> agent.worker, `/usr/bin/python3 /srv/etl_job.py` ->
+    etl_job.py), else the executable's base name. Never the arguments, which may hold
+    secrets."""
+    words = cmdline.replace("\0", " ").split()
+    if not words:
+        return ""
+    first = os.path.basename(words[0])
+    if not INTERPRETERS.fullmatch(first):
+        return first
+    rest = iter(words[1:])
+    for word in rest:
+        if word in ("-m", "-jar"):  # python -m module, java -jar app.jar
+            return os.path.basename(next(rest, first))
+        if word == "-c":
+            return f"{first} -c"
+        if word in ("-X", "-W", "-Q", "-cp", "-classpath"):  # options with a value
+            next(rest, None)
+            continue
+        if word.startswith("-") or "=" in word:
+            continue
+        return os.path.basename(word)
+    return first
 
 
 def _read(scrape: Scrape, path: str, parser):
@@ -55,10 +88,68 @@ class Enricher:
         self._before: dict | None = None
 
     def snapshot(self) -> None:
-        """Live: remember the offline processes' CPU before sampling (a bundle has its first
-        sample for that)."""
+        """Live: remember the offline processes' CPU, every process's CPU and the per-CPU
+        times before sampling (a bundle has its first sample for that)."""
         self._before = {p.pid: _read(self.first, f"proc/{p.pid}/stat", parse_pid_stat)
                         for p in self._pool_members(self.first, workload_class="offline")}
+        self._cpu_before = self._process_cpu(self.first)
+        self._stat_before = _read(self.first, "proc/stat", parse_proc_stat)
+
+    def _process_cpu(self, scrape: Scrape) -> dict[int, tuple[int, int]]:
+        """pid -> (CPU ticks used, the CPU it last ran on), for every process the source
+        has (a bundle keeps pool members and the top CPU users)."""
+        out = {}
+        try:
+            names = scrape.listdir("proc")
+        except NotAvailable:
+            return out
+        for name in names:
+            if name.isdigit():
+                stat = _read(scrape, f"proc/{name}/stat", parse_pid_stat)
+                if stat is not None:
+                    out[int(name)] = (stat.utime_ticks + stat.stime_ticks, stat.processor)
+        return out
+
+    def _top_consumers(self) -> list[tuple[int, int, int]]:
+        """(ticks used over the window, pid, last CPU), busiest first."""
+        before = getattr(self, "_cpu_before", None)
+        if before is None:
+            before = self._process_cpu(self.first)
+        after = self._process_cpu(self.last)
+        used = [(ticks - before.get(pid, (0, 0))[0], pid, cpu)
+                for pid, (ticks, cpu) in after.items() if pid != os.getpid()]
+        return sorted((u for u in used if u[0] > 0), reverse=True)
+
+    def _describe(self, pid: int) -> str:
+        """`pid 123 (fs_worker.py, pinned to CPU 1)`: the program, and its affinity when it is
+        narrower than the node."""
+        program = program_name(_read(self.last, f"proc/{pid}/cmdline", lambda t: t) or "")
+        status = _read(self.last, f"proc/{pid}/status", parse_status) or {}
+        allowed = status.get("Cpus_allowed_list", "")
+        online = _read(self.last, "sys/devices/system/cpu/online", lambda t: t.strip())
+        pinned = ""
+        if allowed and online and parse_cpulist(allowed) != parse_cpulist(online):
+            pinned = f", pinned to CPU {allowed}"
+        return f"pid {pid} ({program or '?'}{pinned})"
+
+    def _saturated_cpus(self) -> list[int]:
+        """CPUs busier than the saturation ratio between the first and last /proc/stat."""
+        before = getattr(self, "_stat_before", None) or _read(self.first, "proc/stat",
+                                                              parse_proc_stat)
+        after = _read(self.last, "proc/stat", parse_proc_stat)
+        if before is None or after is None:
+            return []
+        busy = {}
+        for cpu, ticks in after.cpus.items():
+            then = before.cpus.get(cpu)
+            if then is None:
+                continue
+            delta = [a - b for a, b in zip(ticks[:8], then[:8], strict=True)]
+            total = sum(delta)
+            if total > 0:
+                busy[cpu] = 1 - (delta[3] + delta[4]) / total  # idle, iowait
+        threshold = self.config.saturated_core_busy_ratio
+        return sorted(cpu for cpu, ratio in busy.items() if ratio > threshold)
 
     def __call__(self, finding: Finding) -> None:
         handler = getattr(self, "_" + finding.rule.id.replace("-", "_"), None)
@@ -103,7 +194,8 @@ class Enricher:
             if cpu not in finding.subjects["cpus"]:
                 finding.subjects["cpus"].append(cpu)
         if usage and usage[0][0] > 0:
-            names = ", ".join(f"{p.cmdline[:40] or p.pid}" for _, p, _ in usage[:2])
+            names = ", ".join(f"{program_name(p.cmdline) or p.pid} (pid {p.pid})"
+                              for _, p, _ in usage[:2])
             finding.extra_summary = f"antagonists: {names}"
 
     def _numa_remote_access(self, finding: Finding) -> None:
@@ -147,10 +239,32 @@ class Enricher:
                                     if ratio >= worst[0][0] * 0.8]
 
     def _core_imbalance(self, finding: Finding) -> None:
-        busiest = Selector("fleetscope_cpu_busiest_core").evaluate(
-            self.series, self.series.timestamps()[-1])
-        for value in busiest.values():
-            finding.subjects["cpus"].append(int(value))
+        """The saturated CPUs, and the processes running on them: pinned there (affinity) or
+        free to move (the scheduler's doing)."""
+        saturated = self._saturated_cpus()
+        if not saturated:
+            busiest = Selector("fleetscope_cpu_busiest_core").evaluate(
+                self.series, self.series.timestamps()[-1])
+            saturated = sorted({int(value) for value in busiest.values()})
+        finding.subjects["cpus"] = saturated[:MAX_SUBJECTS * 4]
+        on_hot = [(used, pid) for used, pid, cpu in self._top_consumers() if cpu in saturated]
+        finding.subjects["pids"] = [pid for _, pid in on_hot[:MAX_SUBJECTS]]
+        described = [self._describe(pid) for _, pid in on_hot[:3]]
+        cpus = ", ".join(map(str, saturated[:8])) + (" ..." if len(saturated) > 8 else "")
+        finding.extra_summary = f"saturated CPU {cpus}" + (
+            f": {'; '.join(described)}" if described else "")
+        if described and all("pinned to" in d for d in described):
+            finding.extra_summary += " - the busy tasks are pinned: fix their affinity"
+        elif described:
+            finding.extra_summary += " - the busy tasks are not all pinned"
+
+    def _cpu_saturation(self, finding: Finding) -> None:
+        """The top CPU consumers over the window."""
+        top = self._top_consumers()[:MAX_SUBJECTS]
+        finding.subjects["pids"] = [pid for _, pid, _ in top]
+        if top:
+            finding.extra_summary = "top CPU users: " + "; ".join(
+                self._describe(pid) for _, pid, _ in top[:3])
 
     def _worker_blocked_external_call(self, finding: Finding) -> None:
         if not self.live:
@@ -178,7 +292,10 @@ class Enricher:
         """Which extensions the crashed binary uses that this CPU lacks: recorded in the
         bundle by `bundle record` (static/cmd/isa-check-<binary>.json), or checked now on a
         live node when the binary can be found."""
-        binary = finding.labels.get("binary", "")
+        for binary in finding.subjects["binaries"] or [finding.labels.get("binary", "")]:
+            self._isa_check(finding, binary)
+
+    def _isa_check(self, finding: Finding, binary: str) -> None:
         document = None
         try:
             document = json.loads(self.last.read_text(f"cmd/isa-check-{binary}.json"))
@@ -200,7 +317,8 @@ class Enricher:
         if document.get("arch_mismatch"):
             missing = missing or ["(built for another architecture)"]
         if missing:
-            finding.extra_summary = f"it uses {', '.join(missing)}, which this CPU lacks"
+            note = f"{binary} uses {', '.join(missing)}, which this CPU lacks"
+            finding.extra_summary = "; ".join(filter(None, (finding.extra_summary, note)))
         finding.evidence.append({
             "signal": f"extensions {binary} uses that this CPU lacks"
                       + (f": {', '.join(missing)}" if missing else " (none found by isa check)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fleetscope.collectors.base import bundle_roots
 from fleetscope.config import Config
@@ -68,21 +69,88 @@ def bundle_series(bundle: Bundle, config: Config,
     return series
 
 
+@dataclass
+class SamplingHealth:
+    """How well live sampling kept to its plan: a starved node delays the tool too, and a
+    diagnosis must say when its window slipped instead of judging a different moment."""
+
+    planned_samples: int
+    planned_seconds: float
+    samples: int = 0
+    elapsed_seconds: float = 0.0
+    max_late_seconds: float = 0.0  # how far past its slot the latest sample started
+    late_samples: int = 0  # samples that started more than half an interval late
+    skipped_samples: int = 0  # slots given up to stay on the clock
+    max_collect_seconds: float = 0.0  # the slowest collection (all collectors once)
+    stopped_at_deadline: bool = False
+
+    @property
+    def slipped(self) -> bool:
+        return bool(self.skipped_samples or self.stopped_at_deadline
+                    or self.late_samples > self.planned_samples // 4)
+
+    def to_json(self) -> dict:
+        return {"planned_samples": self.planned_samples, "samples": self.samples,
+                "planned_seconds": round(self.planned_seconds, 3),
+                "elapsed_seconds": round(self.elapsed_seconds, 3),
+                "max_late_seconds": round(self.max_late_seconds, 3),
+                "late_samples": self.late_samples, "skipped_samples": self.skipped_samples,
+                "max_collect_seconds": round(self.max_collect_seconds, 3),
+                "stopped_at_deadline": self.stopped_at_deadline, "slipped": self.slipped}
+
+    def describe(self) -> str:
+        return (f"sampling slipped: {self.samples} of {self.planned_samples} samples in "
+                f"{self.elapsed_seconds:.1f} s (planned {self.planned_seconds:.0f} s), up to "
+                f"{self.max_late_seconds:.1f} s late, slowest collection "
+                f"{self.max_collect_seconds:.1f} s: the node is starving this tool too")
+
+
+# A live window may overrun by this much (and at least DEADLINE_GRACE_S) before sampling
+# stops with what it has: a diagnosis an hour late is no diagnosis.
+DEADLINE_FACTOR = 1.5
+DEADLINE_GRACE_S = 10.0
+
+
 def live_series(config: Config, seconds: float, interval: float, root: str = "/",
-                progress: Callable[[int, int], None] | None = None) -> Series:
-    """Sample this node through the collectors for `seconds`, every `interval`."""
+                progress: Callable[[int, int], None] | None = None,
+                health: SamplingHealth | None = None) -> Series:
+    """Sample this node through the collectors for `seconds`, every `interval`, on the
+    clock: a sample that comes too late gives up its slot rather than bunching up with the
+    next, and sampling ends at a deadline with what it has (at least two samples)."""
     exporter = Exporter(root, replay_config(config))
     series = Series()
     cache = _LabelCache()
     count = max(2, int(seconds / interval) + 1)
+    health = health or SamplingHealth(count, seconds)
+    health.planned_samples, health.planned_seconds = count, seconds
     start = time.monotonic()
-    for index in range(count):
+    deadline = start + max(seconds * DEADLINE_FACTOR, seconds + DEADLINE_GRACE_S)
+    index = 0
+    while index < count:
         target = start + index * interval
         delay = target - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        late = time.monotonic() - target
+        if late > interval / 2:
+            health.late_samples += 1
+        health.max_late_seconds = max(health.max_late_seconds, late)
+        began = time.monotonic()
         now = time.time()
         add_families(series, exporter.collect(now=now), int(round(now * 1000)), cache)
+        health.samples += 1
+        health.max_collect_seconds = max(health.max_collect_seconds, time.monotonic() - began)
         if progress:
             progress(index + 1, count)
+        # The next slot still ahead of the clock; slots already past are skipped.
+        behind = int((time.monotonic() - start) / interval) + 1
+        if behind > index + 1 and index + 1 < count - 1:
+            skip = min(behind, count - 1) - (index + 1)
+            health.skipped_samples += skip
+            index += skip
+        index += 1
+        if time.monotonic() > deadline and health.samples >= 2:
+            health.stopped_at_deadline = index < count
+            break
+    health.elapsed_seconds = time.monotonic() - start
     return series

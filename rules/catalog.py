@@ -23,14 +23,19 @@ WINDOW = 60  # seconds: rate windows (short bundles are rated over their own spa
 # Thresholds (fraction 0-1 unless a unit says otherwise). Where the field articles give a
 # number it is cited; the rest are our policy, tuned on the scenario bundles in tests/.
 CORE_IMBALANCE_SPREAD = 0.5  # busiest core minus the median core
+CORE_WAIT = 0.2  # s/s runnable tasks wait on the most contended CPU's run queue
+PSI_CPU_SOME = 0.5  # share of time some task waited for a CPU (PSI cpu some)
+SATURATED_MEDIAN_CORE = 0.9  # the median core this busy: every core, not a few
+RUNNABLE_PER_CPU = 1.0  # runnable tasks (procs_running) per online CPU
 NUMA_REMOTE_RATIO = 0.3  # share of a pool's resident memory on nodes its CPUs are not on
 ONLINE_RUN_DELAY = 0.05  # s/s an online process's main thread waits for a CPU (50 ms a second)
-OFFLINE_CPU = 0.5  # CPUs offline pools use on the node while online ones wait
+OFFLINE_CPU = 0.25  # CPUs offline pools use on the node while online ones wait
 STEAL_P90 = 0.1  # a tenth of the CPU time stolen on most cores
 THREADS_PER_CORE = 2.0  # "more than ~2x as many runnable threads as physical cores"
 NONVOLUNTARY_SWITCHES = 50.0  # per second, main threads of the pool: preempted, not waiting
 FD_RATIO = 0.9  # open fds over RLIMIT_NOFILE (default 1024: "Too many open files")
 IRQ_RATE_ON_ONLINE_CPUS = 500.0  # device interrupts per second on the online pool's CPUs
+IRQ_TIME_SHARE = 0.05  # of the online CPUs' time in irq + softirq (a NIC-heavy core: 10-30 %)
 BANDWIDTH_RATIO = 0.8  # DRAM read+write over the platform peak
 LLC_MISS_RATIO = 0.2  # "L3 hit rate < 80 %"
 ROCE_EVENTS = 100.0  # ECN-marked packets, CNPs, out-of-sequence per second on a port
@@ -53,6 +58,17 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class Tier:
+    """A lesser severity of a rule, for nodes where the rule's own condition does not hold:
+    e.g. a worker parked in a network call (warning) before its heartbeat goes stale
+    (critical), or SIGILL crashes older than the look-back (info)."""
+
+    severity: str
+    condition: Expr
+    summary: str
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     severity: str  # critical | warning | info
@@ -69,44 +85,66 @@ class Rule:
     # Metrics whose presence alone shows the source was read (a counter family with no
     # series yet, e.g. no SIGILL ever): the rule is then evaluated, and found nothing.
     present_if: tuple[str, ...] = ()
+    tiers: tuple[Tier, ...] = ()  # lesser severities, most severe first
+    # "cause" rules name why; "symptom" rules (a saturated node, uneven cores) say what, and
+    # rank after any cause of the same severity, which usually explains them.
+    kind: str = "cause"
+
+    def severities(self) -> list[tuple[str, Expr, str]]:
+        """(severity, condition, summary) per tier, most severe first. A lesser tier's
+        condition excludes the nodes where a more severe one holds, so a node gets one
+        finding (and one alert) per rule."""
+        out = [(self.severity, self.condition, self.summary)]
+        higher = self.condition
+        for tier in self.tiers:
+            out.append((tier.severity, tier.condition.unless(higher, NODE), tier.summary))
+            higher = higher | tier.condition
+        return out
 
     def requires(self) -> set[str]:
-        return self.condition.metrics() | set(self.extra_requires)
+        metrics = self.condition.metrics()
+        for tier in self.tiers:
+            metrics |= tier.condition.metrics()
+        return metrics | set(self.extra_requires)
 
     def alternatives(self) -> list[set[str]]:
         """Metric sets any one of which lets the rule be evaluated: a condition of the form
         `a or b` is evaluable when either side's signals exist."""
-        condition = self.condition
-        if isinstance(condition, SetOp) and condition.op == "or":
-            sides = [condition.left.metrics(), condition.right.metrics()]
-        else:
-            sides = [condition.metrics()]
+        sides = []
+        for condition in (self.condition, *(tier.condition for tier in self.tiers)):
+            if isinstance(condition, SetOp) and condition.op == "or":
+                sides += [condition.left.metrics(), condition.right.metrics()]
+            else:
+                sides.append(condition.metrics())
         return [side | set(self.extra_requires) for side in sides]
 
     @property
     def needs_rates(self) -> bool:
-        text = self.condition.promql()
+        text = " ".join(condition.promql() for _, condition, _ in self.severities())
         return any(f"{fn}(" in text for fn in ("rate", "increase", "delta"))
 
     @property
     def alert_name(self) -> str:
         return "Fleetscope" + "".join(part.capitalize() for part in self.id.split("-"))
 
-    def render_summary(self, labels: dict[str, str], value: float) -> str:
+    def render_summary(self, labels: dict[str, str], value: float,
+                       template: str | None = None) -> str:
         class _Default(dict):
             def __missing__(self, key):
                 return "?"
 
+        template = self.summary if template is None else template
         try:
-            return self.summary.format_map(_Default(labels, value=value))
+            return template.format_map(_Default(labels, value=value))
         except (ValueError, TypeError):
-            return self.summary
+            return template
 
 
 def busy_ratio(stat: str) -> Expr:
     return Max(Selector("fleetscope_cpu_core_busy_ratio", {"stat": stat}), by=NODE)
 
 
+_CORE_WAIT = Max(Selector("fleetscope_schedstat_core_waiting_ratio", {"stat": "max"}), by=NODE)
 CORE_IMBALANCE = Rule(
     id="core-imbalance",
     severity="warning",
@@ -115,19 +153,51 @@ CORE_IMBALANCE = Rule(
           "cores",
     action="check binding and CPU affinity (mpstat -P ALL 1; taskset -cp PID); spread "
            "workers or fix the cpuset",
-    summary="busiest core {value:.0%} busier than the median core",
+    summary="busiest core {value:.0%} busier than the median core, tasks queue on it",
+    # Harm, not just shape: one busy thread on an otherwise idle node is uneven but hurts
+    # nobody. Imbalance is tasks waiting on a saturated core while the median core idles.
     condition=((busy_ratio("max") - busy_ratio("p50") > CORE_IMBALANCE_SPREAD)
-               .and_on(Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE) >= 1, NODE)),
+               .and_on(Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE) >= 1, NODE)
+               .and_on(_CORE_WAIT > CORE_WAIT, NODE)),
     evidence=(
         Evidence("busiest core minus median core busy", busy_ratio("max") - busy_ratio("p50"),
                  CORE_IMBALANCE_SPREAD, "ratio"),
+        Evidence("run-queue wait on the most contended core", _CORE_WAIT, CORE_WAIT, "s/s"),
         Evidence("busiest core busy", busy_ratio("max"), 0.9, "ratio"),
-        Evidence("median core busy", busy_ratio("p50"), 0.5, "ratio"),
+        Evidence("median core busy", busy_ratio("p50"), 0.5, "ratio", pick="min"),
         Evidence("saturated cores", Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE),
                  1, "cores"),
     ),
     # A symptom more often than a cause: preemption, IRQ overlap and the like rank first.
     confidence=0.5,
+    kind="symptom",
+)
+
+_PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
+                             {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
+_RUNNABLE_PER_CPU = (Max(Selector("fleetscope_procs_running"), by=NODE)
+                     / Sum(Selector("fleetscope_cpu_numa_node_cpus"), by=NODE))
+CPU_SATURATION = Rule(
+    id="cpu-saturation",
+    severity="warning",
+    symptom="every request slow at once; the gateway's CPU > 85 % backpressure engages",
+    cause="the node is out of CPU: more runnable work than cores on every core, tasks "
+          "waiting for a CPU most of the time",
+    action="find the top CPU consumers (top -H; fleetscope diagnose names them); move or "
+           "limit batch work (cpu.max), scale out the pool, or lower the node's session quota",
+    summary="CPU saturated: tasks waited for a CPU {value:.0%} of the time, every core busy",
+    # Every core busy (the median one too) and tasks queueing: a busy node whose cores all
+    # keep up (one compile job per core) has little PSI and does not fire.
+    condition=((_PSI_CPU > PSI_CPU_SOME)
+               .and_on(busy_ratio("p50") > SATURATED_MEDIAN_CORE, NODE)
+               .and_on(_RUNNABLE_PER_CPU > RUNNABLE_PER_CPU, NODE)),
+    evidence=(
+        Evidence("CPU pressure (PSI cpu some)", _PSI_CPU, PSI_CPU_SOME, "ratio"),
+        Evidence("median core busy", busy_ratio("p50"), SATURATED_MEDIAN_CORE, "ratio"),
+        Evidence("runnable tasks per CPU", _RUNNABLE_PER_CPU, RUNNABLE_PER_CPU, "tasks"),
+    ),
+    confidence=0.6,
+    kind="symptom",
 )
 
 _REMOTE_RATIO = Max(Selector("fleetscope_pool_numa_remote_memory_ratio"),
@@ -236,6 +306,14 @@ FD_EXHAUSTION = Rule(
 _OVERLAP = Max(Selector("fleetscope_irq_online_pool_overlap_cpus"), by=(*NODE, "pool"))
 _IRQ_ON_ONLINE = Sum(Rate(Selector("fleetscope_irq_online_pool_device_interrupts_total"),
                           WINDOW), by=(*NODE, "pool"))
+# Share of the online pool's CPU time spent in hard + soft interrupts.
+_IRQ_SHARE = (Sum(Rate(Selector("fleetscope_irq_online_pool_irq_seconds_total"), WINDOW),
+                  by=(*NODE, "pool"))
+              / Max(Selector("fleetscope_irq_online_pool_cpus"), by=(*NODE, "pool")))
+_ONLINE_POOL_DELAY = (Sum(Rate(_pool("fleetscope_pool_run_delay_seconds_total",
+                                     {"class": "online"}), WINDOW), by=(*NODE, "pool"))
+                      / Sum(Selector("fleetscope_pool_processes", {"class": "online"}),
+                            by=(*NODE, "pool")))
 IRQ_CORE_OVERLAP = Rule(
     id="irq-core-overlap",
     severity="warning",
@@ -244,12 +322,19 @@ IRQ_CORE_OVERLAP = Rule(
     action="keep 10-15 % of cores for the system and IRQs: set /proc/irq/N/smp_affinity_list "
            "(or irqbalance --banirq / IRQBALANCE_BANNED_CPULIST) away from the workers' CPUs",
     summary="online pool {pool}: its CPUs handle {value:.0f} device interrupts per second",
-    # Where interrupts actually land (/proc/interrupts) decides; the affinity masks
-    # (/proc/irq/*/smp_affinity_list, not in every bundle) are shown when present.
-    condition=_IRQ_ON_ONLINE > IRQ_RATE_ON_ONLINE_CPUS,
+    # Cause and harm: interrupts land on the online CPUs (/proc/interrupts) and cost them
+    # time (irq+softirq share; the online pool's run delay is shown, but a worker may wait
+    # for other reasons). A few dozen timer or virtio interrupts a second on an idle node
+    # cost nothing and do not fire.
+    condition=(_IRQ_ON_ONLINE > IRQ_RATE_ON_ONLINE_CPUS).and_on(_IRQ_SHARE > IRQ_TIME_SHARE,
+                                                               (*NODE, "pool")),
     evidence=(
         Evidence("device interrupts on the online pool's CPUs", _IRQ_ON_ONLINE,
                  IRQ_RATE_ON_ONLINE_CPUS, "1/s"),
+        Evidence("share of the online CPUs' time in irq + softirq", _IRQ_SHARE,
+                 IRQ_TIME_SHARE, "ratio"),
+        Evidence("online pool run-queue delay per process", _ONLINE_POOL_DELAY,
+                 ONLINE_RUN_DELAY, "s/s"),
         Evidence("online pool CPUs targeted by device IRQ affinity", _OVERLAP, 0, "cpus"),
     ),
     confidence=0.6,
@@ -416,6 +501,7 @@ COLD_START = Rule(
     condition=_LOAD > MODEL_LOAD_SECONDS,
     evidence=(Evidence("average model-load stage", _LOAD, MODEL_LOAD_SECONDS, "s"),),
     confidence=0.65,
+    for_seconds=0,  # an event: a slow load in the last 5 minutes is the finding
 )
 
 # Order breaks ties between equally severe, equally confident findings: causes first.
@@ -433,6 +519,7 @@ CATALOG: tuple[Rule, ...] = (
     QUANTIZATION_TOOL_ERRORS,
     SESSION_AFFINITY_LOSS,
     COLD_START,
+    CPU_SATURATION,
     CORE_IMBALANCE,
 )
 
@@ -441,6 +528,8 @@ RULE_IDS = (
     "isa-mismatch", "offline-preemption", "roce-congestion", "queue-backlog",
     "thread-oversubscription", "fd-exhaustion", "core-imbalance", "irq-core-overlap",
     "session-affinity-loss", "quantization-tool-errors", "cold-start",
+    # beyond CONTRACT section 7:
+    "cpu-saturation",
 )
 
 

@@ -34,26 +34,29 @@ def parse_duration(text: str) -> int:
     return int(text[:-1]) * units[text[-1]]
 
 
-def alert_rule(rule: Rule, runbook_base: str, for_seconds: int | None = None) -> dict:
+def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None) -> list[dict]:
+    """One alert per severity tier of the rule, under the rule's alert name: a lesser tier's
+    expression excludes nodes where a more severe one holds (Rule.severities)."""
     hold = rule.for_seconds if for_seconds is None else for_seconds
-    return {
+    return [{
         "alert": rule.alert_name,
-        "expr": rule.condition.promql(),
+        "expr": condition.promql(),
         "for": _duration(hold),
-        "labels": {"severity": rule.severity, "fleetscope_rule": rule.id},
+        "labels": {"severity": severity, "fleetscope_rule": rule.id},
         "annotations": {
             "summary": f"{rule.symptom} ({rule.id}) on {{{{ $labels.instance }}}}",
             "description": f"Likely cause: {rule.cause}. Action: {rule.action}. "
                            f"Value: {{{{ $value }}}}.",
             "runbook_url": f"{runbook_base.rstrip('/')}/{rule.id}.md",
         },
-    }
+    } for severity, condition, _ in rule.severities()]
 
 
 def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
               for_seconds: int | None = None) -> dict:
     return {"groups": [{"name": "fleetscope",
-                        "rules": [alert_rule(r, runbook_base, for_seconds) for r in rules]}]}
+                        "rules": [alert for r in rules
+                                  for alert in alert_rules(r, runbook_base, for_seconds)]}]}
 
 
 def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None

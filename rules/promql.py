@@ -24,6 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
+# Range windows up to this are rates of what is happening now; longer ones look back over
+# events (model loads in the last 5 minutes, crashes in the last 15).
+RATE_SECONDS = 60
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs; may hold __name__
 Vector = dict[Labels, float]
@@ -40,7 +43,16 @@ class Series:
 
     def __init__(self) -> None:
         self.by_name: dict[str, dict[Labels, list[tuple[int, float]]]] = {}
-        self.max_window_ms: int | None = None  # set to the span to rate short evidence
+        # In-process evidence shorter than a rule's window (a 20 s live sample, a short
+        # bundle): rates look back at most max_window_ms, event look-backs at most
+        # max_lookback_ms (the whole span). None: the rule's own windows, as Prometheus.
+        self.max_window_ms: int | None = None
+        self.max_lookback_ms: int | None = None
+
+    def window_ms(self, window_seconds: int) -> int:
+        window_ms = window_seconds * 1000
+        cap = self.max_window_ms if window_seconds <= RATE_SECONDS else self.max_lookback_ms
+        return min(window_ms, cap) if cap else window_ms
 
     def add(self, name: str, labels: dict[str, str], timestamp_ms: int, value: float) -> None:
         key = tuple(sorted(labels.items()))
@@ -258,9 +270,7 @@ class Delta(Expr):
         return f"delta({self.selector.promql()}[{_duration(self.window_seconds)}])"
 
     def evaluate(self, series, at_ms):
-        window_ms = self.window_seconds * 1000
-        if series.max_window_ms:
-            window_ms = min(window_ms, series.max_window_ms)
+        window_ms = series.window_ms(self.window_seconds)
         out: Vector = {}
         for labels, points in self.selector.matching(series):
             value = extrapolated_gauge_delta(points, at_ms - window_ms, at_ms)
@@ -286,12 +296,9 @@ class Rate(Expr):
 
     def evaluate(self, series, at_ms):
         out: Vector = {}
-        window_ms = self.window_seconds * 1000
-        # Evidence shorter than the window (a 10 s live sample, a short bundle) is rated
-        # over its own span: Prometheus would under-count a partly filled window.
-        if series.max_window_ms:
-            window_ms = min(window_ms, series.max_window_ms)
-        start = at_ms - window_ms
+        # Evidence shorter than the window (a 20 s live sample, a short bundle) is rated
+        # over what it has: Prometheus would under-count a partly filled window.
+        start = at_ms - series.window_ms(self.window_seconds)
         for labels, points in self.selector.matching(series):
             value = extrapolated_delta(points, start, at_ms, not self.increase)
             if value is not None:
@@ -481,3 +488,27 @@ class SetOp(_Binary):
             return {k: v for k, v in left.items() if self._key(k) not in right_keys}
         left_keys = {self._key(k) for k in left}  # or: left wins, right fills in
         return {**left, **{k: v for k, v in right.items() if self._key(k) not in left_keys}}
+
+
+@dataclass(eq=False)
+class Recent(Expr):
+    """`age < seconds`: an event at most `seconds` old (age from `time() - <timestamp>`).
+
+    Prometheus reads it as written. In-process the look-back is capped like a long
+    range window (Series.window_ms): on a 20 s live sample or a 1-minute bundle an event
+    counts when it happened inside the window, not up to 15 minutes before it, so an old
+    crash cannot make every later diagnosis critical."""
+
+    age: Expr
+    seconds: int
+
+    def promql(self) -> str:
+        return (self.age < self.seconds).promql()
+
+    def evaluate(self, series, at_ms):
+        limit = series.window_ms(self.seconds) / 1000
+        return {labels: value for labels, value in self.age.evaluate(series, at_ms).items()
+                if value < limit}
+
+    def metrics(self):
+        return self.age.metrics()

@@ -4,7 +4,10 @@ bundle's samples.
 
 The exported rule file is used as written, except that `for:` and annotations are dropped
 in this test's copy: `for:` is Prometheus's flap guard over time (a bundle is a minute long),
-and annotations only render text. The conditions - what the engine evaluates - are untouched.
+and annotations only render text. The conditions - what the engine evaluates - are untouched,
+and compared at every step of the bundle that has the rules' windows behind it, for every
+severity tier. The engine's persistence (a condition holding at most steps of the window) is
+a function of those per-step results, tested in tests/test_engine.py.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import yaml
 from fleetscope.diagnose.bundle import open_bundle
 from fleetscope.diagnose.engine import evaluate
 from fleetscope.diagnose.evidence import bundle_series
-from fleetscope.rules.catalog import CATALOG
+from fleetscope.rules.catalog import CATALOG, WINDOW
 from fleetscope.rules.export import rule_file
+from fleetscope.rules.promql import strip_name
 from tests.conftest import FIXTURES, require_tool
 
 SCENARIOS = FIXTURES / "scenarios"
@@ -50,17 +54,24 @@ def _promtool_case(bundle_path: Path):
             values = dict(points)
             text = " ".join(repr(values[t]) if t in values else "_" for t in times)
             input_series.append({"series": name + _label_text(dict(labels)), "values": text})
-    stamps = series.timestamps()
-    series.max_window_ms = stamps[-1] - stamps[0]
-    findings, _ = evaluate(series, hostname)
-    eval_seconds = (times[-1] - times[0]) // 1000
-    expected: dict[str, list[dict]] = {rule.alert_name: [] for rule in CATALOG}
-    for finding in findings:
-        labels = {k: v for k, v in finding.labels.items()}
-        labels.update(severity=finding.rule.severity, fleetscope_rule=finding.rule.id)
-        expected[finding.rule.alert_name].append({"exp_labels": labels})
-    tests = [{"alertname": name, "eval_time": f"{eval_seconds}s", "exp_alerts": alerts}
-             for name, alerts in expected.items()]
+    findings, _ = evaluate(series, hostname)  # the engine, with its persistence
+    # Every step with the rules' full windows behind it: each tier's condition, evaluated
+    # in-process with Prometheus's own windows, is exactly what promtool fires there.
+    series.max_window_ms = series.max_lookback_ms = None
+    tests = []
+    for at_ms in times:
+        if at_ms - times[0] < WINDOW * 1000:
+            continue
+        expected: dict[str, list[dict]] = {rule.alert_name: [] for rule in CATALOG}
+        for rule in CATALOG:
+            for severity, condition, _ in rule.severities():
+                for labels in sorted(condition.evaluate(series, at_ms)):
+                    alert = dict(strip_name(labels))
+                    alert.update(severity=severity, fleetscope_rule=rule.id)
+                    expected[rule.alert_name].append({"exp_labels": alert})
+        tests += [{"alertname": name, "eval_time": f"{(at_ms - times[0]) // 1000}s",
+                   "exp_alerts": alerts} for name, alerts in expected.items()]
+    assert tests, "the bundle is shorter than the rules' windows"
     return {"interval": f"{interval_ms // 1000}s", "input_series": input_series,
             "alert_rule_test": tests}, findings
 

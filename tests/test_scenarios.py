@@ -55,6 +55,7 @@ SUMMARY = {
     "quantization-tool-errors": r"model qwen2\.5-7b-instruct-q2_k in pool chat-online: 1\d% "
                                 r"of tool calls had malformed arguments",
     "cold-start": r"pool chat-online: model loads take 4\d\.\d s on average",
+    "cpu-saturation": r"CPU saturated: tasks waited for a CPU [67]\d% of the time, every core busy",
 }
 # Signals the healthy bundles lack on purpose: none. (A kernel log without SIGILL gives no
 # fleetscope_sigill_crashes_total series, but the collector's always-present
@@ -123,7 +124,12 @@ def test_rule_scenario_is_clean(rule_id):
     """Only the injected cause fires, so the exported alerts replayed by promtool agree
     with the engine on a single rule per bundle."""
     _, document, _ = diagnose(rule_id)
-    assert {f["rule"] for f in document["findings"]} == {rule_id}
+    found = {f["rule"] for f in document["findings"]}
+    # A cause may bring its symptom along (hundreds of runnable threads saturate the CPU):
+    # symptom rules may accompany it, never lead, never another cause.
+    symptoms = {rule.id for rule in CATALOG if rule.kind == "symptom"}
+    assert rule_id in found and found - {rule_id} <= symptoms, found
+    assert document["findings"][0]["rule"] == rule_id
 
 
 @pytest.mark.parametrize("name", HEALTHY)

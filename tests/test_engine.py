@@ -1,0 +1,113 @@
+"""The engine's judgement over a window: persistence (a condition must hold across most of
+the window), severity tiers (one finding per rule and node, the most severe tier that holds),
+merging of label sets per node, and ranking (causes before symptoms).
+
+Series are built by hand here because the point is the engine's arithmetic over steps; the
+conditions themselves are checked against Prometheus in test_rules_promtool.py.
+"""
+
+from __future__ import annotations
+
+from fleetscope.diagnose import engine
+from fleetscope.rules.catalog import Evidence, Rule, Tier
+from fleetscope.rules.promql import Max, Selector, Series
+
+STEP_MS = 1000
+
+
+def _series(values_by_labels: dict[tuple, list[float | None]], name="demo_gauge") -> Series:
+    series = Series()
+    for labels, values in values_by_labels.items():
+        for step, value in enumerate(values):
+            if value is not None:
+                series.add(name, dict(labels), step * STEP_MS, value)
+    return series
+
+
+def _rule(**overrides) -> Rule:
+    expr = Max(Selector("demo_gauge"), by=("instance", "pool"))
+    fields = dict(id="demo-rule", severity="warning", symptom="s", cause="c", action="a",
+                  summary="pool {pool} at {value:g}", condition=expr > 10,
+                  evidence=(Evidence("demo", expr, 10, "things"),))
+    fields.update(overrides)
+    return Rule(**fields)
+
+
+def test_one_bursty_interval_is_not_a_finding():
+    # 21 samples: above the threshold at 3 of the 16 judged steps only.
+    values = [1.0] * 21
+    for step in (7, 12, 19):
+        values[step] = 50.0
+    findings, _ = engine.evaluate(_series({(("pool", "p"),): values}), "n", rules=(_rule(),))
+    assert findings == []
+
+
+def test_a_condition_holding_across_most_of_the_window_is_a_finding():
+    values = [50.0] * 21
+    values[10] = values[15] = 1.0  # two dips do not hide a real fault
+    findings, _ = engine.evaluate(_series({(("pool", "p"),): values}), "n", rules=(_rule(),))
+    assert [f.to_json()["summary"] for f in findings] == ["pool p at 50"]
+    assert findings[0].held_ratio < 1.0
+
+
+def test_a_fault_only_in_the_first_half_is_not_held():
+    values = [50.0] * 10 + [1.0] * 11
+    findings, _ = engine.evaluate(_series({(("pool", "p"),): values}), "n", rules=(_rule(),))
+    assert findings == []
+
+
+def test_an_event_rule_fires_on_one_step():
+    values = [1.0] * 20 + [50.0]
+    findings, _ = engine.evaluate(_series({(("pool", "p"),): values}), "n",
+                                  rules=(_rule(for_seconds=0),))
+    assert len(findings) == 1
+
+
+def test_tiers_give_one_finding_per_node_at_the_most_severe_tier():
+    expr = Max(Selector("demo_gauge"), by=("instance", "pool"))
+    rule = _rule(severity="critical", condition=expr > 100,
+                 tiers=(Tier("warning", expr > 10, "pool {pool} warming up"),))
+    series = _series({
+        (("instance", "a"), ("pool", "p")): [500.0] * 21,  # critical, and above 10 too
+        (("instance", "b"), ("pool", "p")): [50.0] * 21,  # warning only
+        (("instance", "c"), ("pool", "p")): [1.0] * 21,  # nothing
+    })
+    findings, _ = engine.evaluate(series, "?", rules=(rule,))
+    by_node = {f.node: f.to_json() for f in findings}
+    assert set(by_node) == {"a", "b"}
+    assert by_node["a"]["severity"] == "critical"
+    assert by_node["b"]["severity"] == "warning"
+    assert by_node["b"]["summary"] == "pool p warming up"
+    document = engine.diagnosis("bundle", ["a", "b"], (0, 20), findings, [], 1)
+    assert document["status"] == "critical"
+    # The exported alerts: the lesser tier excludes nodes where the more severe one holds.
+    (_, top, _), (_, lesser, _) = rule.severities()
+    assert lesser.promql().endswith("unless on (instance) " + top.promql())
+
+
+def test_several_label_sets_on_one_node_merge_into_one_finding():
+    series = _series({
+        (("pool", "chat"),): [80.0] * 21,
+        (("pool", "code"),): [30.0] * 21,
+        (("pool", "idle"),): [1.0] * 21,
+    })
+    findings, _ = engine.evaluate(series, "n", rules=(_rule(),))
+    assert len(findings) == 1
+    summary = findings[0].to_json()["summary"]
+    assert summary.startswith("pool chat at 80") and "also pool code" in summary
+
+
+def test_causes_rank_before_symptoms_of_the_same_severity():
+    expr = Max(Selector("demo_gauge"), by=("instance", "pool"))
+    symptom = _rule(id="a-symptom", kind="symptom", confidence=0.95, condition=expr > 10)
+    cause = _rule(id="a-cause", confidence=0.3, condition=expr > 10)
+    findings, _ = engine.evaluate(_series({(("pool", "p"),): [50.0] * 21}), "n",
+                                  rules=(symptom, cause))
+    assert [f.rule.id for f in findings] == ["a-cause", "a-symptom"]
+
+
+def test_rates_in_a_short_live_window_look_back_a_quarter_of_it():
+    stamps = list(range(0, 21_000, 1000))
+    assert engine.rate_window_ms(stamps) == 5000
+    assert engine.evaluation_steps(stamps, 5000)[0] == 5000
+    assert engine.rate_window_ms([0]) is None
