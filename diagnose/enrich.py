@@ -258,6 +258,62 @@ class Enricher:
         elif described:
             finding.extra_summary += " - the busy tasks are not all pinned"
 
+    def _irq_core_overlap(self, finding: Finding) -> None:
+        """The online pool's CPUs that took the most device interrupts over the window, and
+        the IRQs (device names) behind them."""
+        from fleetscope.collectors.irq import row_kind
+        from fleetscope.collectors.parsers.interrupts import parse_interrupts
+
+        allowed: set[int] = set()
+        for process in self._pool_members(self.last, finding.labels.get("pool")):
+            status = _read(self.last, f"proc/{process.pid}/status", parse_status) or {}
+            allowed |= set(parse_cpulist(status.get("Cpus_allowed_list", "")))
+        before = _read(self.first, "proc/interrupts", parse_interrupts)
+        after = _read(self.last, "proc/interrupts", parse_interrupts)
+        if after is None:
+            return
+        earlier = {row.name: row.counts for row in (before.rows if before else [])}
+        per_cpu: dict[int, int] = {}
+        per_irq: dict[str, int] = {}
+        for row in after.rows:
+            if not row.per_cpu or row_kind(row) != "device":
+                continue
+            then = earlier.get(row.name, (0,) * len(row.counts))
+            for cpu, now, old in zip(after.cpus, row.counts, then, strict=False):
+                if cpu in allowed and now > old:
+                    per_cpu[cpu] = per_cpu.get(cpu, 0) + now - old
+                    name = row.description.split()[-1] if row.description else row.name
+                    per_irq[name] = per_irq.get(name, 0) + now - old
+        hot = sorted(per_cpu, key=lambda cpu: -per_cpu[cpu])
+        finding.subjects["cpus"] = sorted(hot[:MAX_SUBJECTS * 2])
+        top_irqs = sorted(per_irq, key=lambda name: -per_irq[name])[:3]
+        if hot:
+            finding.extra_summary = (f"most on CPU {', '.join(map(str, hot[:4]))}"
+                                     + (f" from {', '.join(top_irqs)}" if top_irqs else ""))
+
+    def _cold_start(self, finding: Finding) -> None:
+        """The pool's processes that started in the last five minutes of the window: the
+        ones that loaded their model cold."""
+        stat = _read(self.last, "proc/stat", parse_proc_stat)
+        boot = (stat.scalars.get("btime") if stat else None)
+        if not boot:
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        end = self.series.timestamps()[-1] / 1000 if self.series else self.last.time
+        young = []
+        for process in self._pool_members(self.last, finding.labels.get("pool")):
+            pid_stat = _read(self.last, f"proc/{process.pid}/stat", parse_pid_stat)
+            if pid_stat is None:
+                continue
+            age = end - (boot + pid_stat.starttime_ticks / hz)
+            if 0 <= age <= 300:
+                young.append((age, process.pid))
+        young.sort()
+        finding.subjects["pids"] = [pid for _, pid in young[:MAX_SUBJECTS]]
+        if young:
+            finding.extra_summary = "started in the last 5 minutes: " + ", ".join(
+                f"pid {pid} ({age:.0f} s ago)" for age, pid in young[:3])
+
     def _cpu_saturation(self, finding: Finding) -> None:
         """The top CPU consumers over the window."""
         top = self._top_consumers()[:MAX_SUBJECTS]

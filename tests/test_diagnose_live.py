@@ -17,22 +17,8 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_cpu_features import CANDIDATES, _build, _cpu_flags
+from tests.test_live_accuracy import HOG, ONLINE_WORKER
 
-ONLINE = """
-import os, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
-end = time.time() + 40
-while time.time() < end:          # an agent worker: CPU inference steps, brief waits between
-    sum(i * i for i in range(100_000))
-    time.sleep(0.001)
-"""
-HOG = """
-import os, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
-end = time.time() + 40
-while time.time() < end:          # a batch job that never yields
-    pass
-"""
 FD_HOLDER = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
@@ -75,8 +61,8 @@ def children():
 @pytest.mark.live
 def test_offline_hog_beside_an_online_worker_is_diagnosed_and_named(tmp_path, children):
     cpu = max(os.sched_getaffinity(0))
-    online = _spawn(tmp_path, "fs_online_worker.py", ONLINE, cpu)
-    hog = _spawn(tmp_path, "fs_offline_hog.py", HOG, cpu)
+    online = _spawn(tmp_path, "fs_online_worker.py", ONLINE_WORKER, 60, cpu)
+    hog = _spawn(tmp_path, "fs_offline_hog.py", HOG, 60, cpu)
     children.extend([online, hog])
     time.sleep(1)
     pools = [{"name": "chat-online", "class": "online",
