@@ -349,7 +349,7 @@ class PoolsCollector(Collector):
             pid, pool = process.pid, process.pool.name
             base = f"proc/{pid}"
             try:
-                stat = parse_pid_stat(read_proc(scrape, f"{base}/stat"))
+                stat = parse_pid_stat(read_proc(scrape, f"{base}/stat", True))
             except (NotAvailable, ParseError) as err:
                 t_stat.fail(err)
                 continue  # exited since the listing: not counted at all
@@ -372,7 +372,8 @@ class PoolsCollector(Collector):
                 t_status.fail(err)
             runtime = None
             try:
-                runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat"))
+                runtime, delay, _ = parse_pid_schedstat(
+                    read_proc(scrape, f"{base}/schedstat", True))
                 run_delay[key] = thread_delay[leader] = (pool, delay)
                 t_sched.ok += 1
             except (NotAvailable, ParseError) as err:
@@ -383,7 +384,7 @@ class PoolsCollector(Collector):
                 self._threads(scrape, pid, key, pool, acc, voluntary, nonvoluntary,
                               thread_delay, waits, wait_pool, t_task, t_syscall)
             try:
-                limit = nofile_soft_limit(read_proc(scrape, f"{base}/limits"))
+                limit = nofile_soft_limit(read_proc(scrape, f"{base}/limits", True))
             except (NotAvailable, ParseError) as err:
                 t_limits.fail(err)
             else:
@@ -404,7 +405,7 @@ class PoolsCollector(Collector):
             cgroup = process.cgroup
             if not cgroup:
                 try:
-                    cgroup = parse_cgroup(read_proc(scrape, f"{base}/cgroup"))
+                    cgroup = parse_cgroup(read_proc(scrape, f"{base}/cgroup", True))
                     t_cgroup.ok += 1
                 except (NotAvailable, ParseError) as err:
                     t_cgroup.fail(err)

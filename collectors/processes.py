@@ -65,11 +65,11 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     found: list[PoolProcess] = []
     for name in sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int):
         try:
-            cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline"))
+            cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline", True))
             # Kernel threads and zombies (empty cmdline) are no workload: their cgroup is not
             # read (a 128-core node has a thousand per-CPU kernel threads).
             cgroup = (
-                parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup"))
+                parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup", True))
                 if matcher.needs_cgroup and cmdline else ""
             )
         except (NotAvailable, ParseError):
@@ -89,4 +89,4 @@ def process_status(scrape: Scrape, pid: int) -> dict[str, str]:
     """The status fields the pool collectors need (state, context switches,
     Cpus_allowed_list), read once per scrape whichever collector asks first."""
     path = f"proc/{pid}/status"
-    return scrape.memo(path, lambda: status_values(read_proc(scrape, path)))
+    return scrape.memo(path, lambda: status_values(read_proc(scrape, path, True)))

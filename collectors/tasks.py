@@ -53,25 +53,36 @@ from .parsers.process import (
 TASKS_READ_PER_POOL = 1024  # threads whose files are read per pool per scrape (~25 ms)
 MAX_POLLED_FDS = 16
 SLEEPING = ("S", "D")
+# A poll() interrupted by a signal or a ptrace stop (py-spy) resumes as restart_syscall with
+# the original arguments still in the registers; the kernel function it sleeps in
+# (poll_schedule_timeout, do_sys_poll) says it is a poll.
+RESTART = "restart_syscall"
 
 # The calls a thread waits in on one socket fd (arg 0), or in poll/ppoll (arg 0 the pollfd
 # array, arg 1 its length). x86-64: arch/x86/entry/syscalls/syscall_64.tbl; arm64 uses the
 # generic table, include/uapi/asm-generic/unistd.h.
 SYSCALLS = {
     "x86_64": {0: "read", 1: "write", 7: "poll", 19: "readv", 20: "writev", 42: "connect",
-               44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 271: "ppoll",
-               299: "recvmmsg", 307: "sendmmsg"},
+               44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 219: RESTART,
+               271: "ppoll", 299: "recvmmsg", 307: "sendmmsg"},
     "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 73: "ppoll",
-                203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",
-                212: "recvmsg", 243: "recvmmsg", 269: "sendmmsg"},
+                128: RESTART, 203: "connect", 206: "sendto", 207: "recvfrom",
+                211: "sendmsg", 212: "recvmsg", 243: "recvmmsg", 269: "sendmmsg"},
 }
 POLL_CALLS = ("poll", "ppoll")
+POLL_NR = {"x86_64": 7, "aarch64": 73}
 
 
-def read_proc(scrape: Scrape, relative: str) -> str:
+def read_proc(scrape: Scrape, relative: str, single: bool = False) -> str:
     """Scrape.read_text through os.open/os.read: skipping Python's buffered file object
     halves the cost of a small /proc file (7 us instead of 11 here), which is most of a
-    500-process scrape. Same roots, same errors."""
+    500-process scrape. Same roots, same errors.
+
+    `single`: the file is one seq_file record (stat, status, schedstat, syscall, wchan,
+    limits, cgroup: single_open() renders it whole) or cmdline, so a read shorter than asked
+    is the whole file and the empty read at the end is spared. Multi-record files (net/tcp)
+    come a page at a time and are read to the end.
+    """
     for root in scrape.roots:
         try:  # root + relative: os.path.join costs a microsecond a call
             fd = os.open(root + relative if root[-1:] == "/" else f"{root}/{relative}",
@@ -82,7 +93,7 @@ def read_proc(scrape: Scrape, relative: str) -> str:
             raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
         try:
             data = os.read(fd, 65536)
-            if len(data) == 65536:  # a long cmdline or numa_maps: read to the end
+            if data and not (single and len(data) < 65536):
                 chunks = [data]
                 while chunks[-1]:
                     chunks.append(os.read(fd, 65536))
@@ -117,9 +128,9 @@ def task_ids(scrape: Scrape, pid: int) -> list[int]:
 def read_task(scrape: Scrape, pid: int, tid: int) -> TaskReading:
     """status and schedstat of one non-leader thread; NotAvailable if it exited."""
     base = f"proc/{pid}/task/{tid}"
-    status = status_values(read_proc(scrape, f"{base}/status"))
+    status = status_values(read_proc(scrape, f"{base}/status", True))
     try:
-        runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat"))
+        runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat", True))
     except (NotAvailable, ParseError):
         runtime = delay = None
     return TaskReading(tid, status_state(status), status_int(status, "voluntary_ctxt_switches"),
@@ -161,6 +172,7 @@ class NetworkWait(NamedTuple):
     peer: str  # "127.0.0.1:8080" ("" when the TCP table has no peer for it)
     wchan: str  # the kernel function it sleeps in: wait_woken, sk_wait_data, ...
     signature: tuple  # (nr, args...): the same while it stays in the same call
+    polled: tuple[int, ...] = ()  # poll/ppoll: every fd of its pollfd array
 
 
 def _fd_link_inode(scrape: Scrape, pid: int, fd: int) -> int | None:
@@ -235,29 +247,84 @@ def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
     return scrape.memo(f"tasks:tcp:{namespace}", read)
 
 
+def _wchan(scrape: Scrape, pid: int, tid: int) -> str:
+    try:
+        return parse_wchan(read_proc(scrape, f"{task_dir(pid, tid)}/wchan", True))
+    except NotAvailable:
+        return ""
+
+
 def network_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | None:
     """The network call a sleeping thread waits in, or None (another call, or not a
     connected TCP socket). NotAvailable/ParseError: its syscall file cannot be read."""
-    syscall = parse_task_syscall(read_proc(scrape, f"{task_dir(pid, tid)}/syscall"))
+    syscall = parse_task_syscall(read_proc(scrape, f"{task_dir(pid, tid)}/syscall", True))
     if syscall is None:
         return None
-    call = SYSCALLS.get(_arch(scrape), {}).get(syscall.nr)
+    arch = _arch(scrape)
+    call = SYSCALLS.get(arch, {}).get(syscall.nr)
     if call is None:
         return None
-    fds = polled_fds(scrape, pid, tid, syscall) if call in POLL_CALLS else [syscall.args[0]]
-    for fd in fds:
+    wchan = None
+    if call == RESTART:
+        wchan = _wchan(scrape, pid, tid)
+        if "poll" not in wchan:
+            return None  # a restarted sleep or futex wait
+        call = "poll"
+        syscall = syscall._replace(nr=POLL_NR.get(arch, syscall.nr))
+    polled = tuple(polled_fds(scrape, pid, tid, syscall)) if call in POLL_CALLS else ()
+    if call in POLL_CALLS and not polled:
+        return None  # too many fds to be one call's socket, or the memory is unreadable
+    for fd in polled or (syscall.args[0],):
         inode = _fd_link_inode(scrape, pid, fd)
         if inode is None:
             continue
         socket = _tcp_table(scrape, pid).get(inode)
         if socket is None or socket.state == "LISTEN":
             continue
-        try:
-            wchan = parse_wchan(read_proc(scrape, f"{task_dir(pid, tid)}/wchan"))
-        except NotAvailable:
-            wchan = ""
-        return NetworkWait(pid, tid, call, fd, inode, socket.peer, wchan, syscall.signature)
+        if wchan is None:
+            wchan = _wchan(scrape, pid, tid)
+        return NetworkWait(pid, tid, call, fd, inode, socket.peer, wchan, syscall.signature,
+                           polled)
     return None
+
+
+def process_network_waits(scrape: Scrape, pid: int, limit: int = TASKS_READ_PER_POOL,
+                          tids: list[int] | None = None) -> list[tuple[NetworkWait, int | None]]:
+    """(wait, CPU ns) of every thread of a process in a network wait now: the leader, then
+    up to `limit` other threads in tid order (the order and bound the pools collector uses),
+    or the given `tids`. For subjects and bundles; the collector walks the threads itself as
+    it counts them."""
+    found: list[tuple[NetworkWait, int | None]] = []
+
+    def check(tid: int, state: str, runtime: int | None) -> None:
+        if state not in SLEEPING:
+            return
+        try:
+            wait = network_wait(scrape, pid, tid)
+        except (NotAvailable, ParseError):
+            return
+        if wait is not None:
+            found.append((wait, runtime))
+
+    try:
+        stat_text = read_proc(scrape, f"proc/{pid}/stat", True)
+    except NotAvailable:
+        return found  # exited
+    try:
+        runtime: int | None = parse_pid_schedstat(
+            read_proc(scrape, f"proc/{pid}/schedstat", True))[0]
+    except (NotAvailable, ParseError):
+        runtime = None
+    check(pid, stat_text[stat_text.rfind(")") + 2:][:1], runtime)
+    if tids is None:
+        tids = [t for t in task_ids(scrape, pid) if t != pid][:limit]
+    for tid in tids:
+        try:
+            task = read_task(scrape, pid, tid)
+        except (NotAvailable, ParseError):
+            continue
+        check(tid, task.state, task.runtime_ns)
+    return found
 
 
 class WaitTracker:

@@ -34,7 +34,7 @@ class TcpSocket(NamedTuple):
 
 def _address(token: str, what: str) -> tuple[str, int]:
     host, sep, port_hex = token.partition(":")
-    if not sep or len(host) not in (8, 32) or len(port_hex) != 4:
+    if not sep or len(host) not in (8, 32) or len(port_hex) != 4 or not token.isascii():
         raise ParseError(f"{what}: malformed address {token[:48]!r}")
     try:
         raw = bytes.fromhex(host)
@@ -80,7 +80,7 @@ def parse_net_tcp(text: str, inodes: Collection[int] | None = None,
             continue  # TIME_WAIT and orphaned sockets: no file, no fd points at them
         if wanted is not None and inode not in wanted:
             continue
-        if not inode.isdigit():
+        if not (inode.isdigit() and inode.isascii() and fields[3].isascii()):
             raise ParseError(f"{what}: inode is not a number in {line[:48]!r}")
         local, local_port = _address(fields[1], what)
         peer, peer_port = _address(fields[2], what)
