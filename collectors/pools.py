@@ -10,6 +10,7 @@ Inputs, per process of a pool (collectors/processes.py decides membership):
     proc/<pid>/limits      Max open files            1024                 1048576    files
     proc/<pid>/fd_count    57   (bundles) or the entries of proc/<pid>/fd (a live host)
     proc/<pid>/cgroup      0::/kubepods.slice/online/agent-chat
+    proc/<pid>/task/<tid>/{status,schedstat,syscall}, fd links, net/tcp: collectors/tasks.py
 and per pool, the cgroup v2 directories its processes live in:
     sys/fs/cgroup/<path>/cpu.stat       usage_usec 97113019 / nr_periods 123456 / ...
     sys/fs/cgroup/<path>/cpu.max        200000 100000
@@ -21,11 +22,21 @@ Per thread or per process? /proc/<pid>/stat CPU time covers the whole thread gro
 (task_context_switch_counts() prints p->nvcsw, p->nivcsw of that task) and /proc/<pid>/schedstat
 (fs/proc/base.c proc_pid_schedstat(), that task's sched_info) are the thread-group leader's
 only; verified on 6.18: a process whose 4 worker threads switched 4,437 times showed 21 in its
-top-level status. Summing task/*/status and task/*/schedstat costs two reads per thread (about
-10 us each here): 4,000 threads would add some 80 ms a scrape, over this collector's budget. So
-those two metrics cover each process's main thread, which is exact for single-threaded
-workers (and for event-loop workers whose loop runs on the main thread), and say so in their
-help. The cgroup's cpu.pressure covers every thread of the cgroup.
+top-level status, and 400 busy threads on 2 cores switched ~1,100 times/s while the leader
+showed 0-3/s. So the context switches, runnable threads, thread run delay and network waits
+are read from every thread, /proc/<pid>/task/<tid>/{status,schedstat,syscall} (collectors/
+tasks.py), cheapest first and at most TASKS_READ_PER_POOL threads a pool per scrape
+(`fleetscope_pool_threads_read` says how many were); a single-threaded process costs no
+task/ read at all. `fleetscope_pool_run_delay_seconds_total` stays the main thread's (the
+event loop of an async worker); `fleetscope_pool_thread_run_delay_seconds_total` sums them
+all. The cgroup's cpu.pressure covers every thread of the cgroup.
+
+Network waits: a thread parked in a recv/poll/connect on a connected TCP socket is tracked
+across scrapes while it stays in the same call (same syscall and arguments, no CPU time used);
+`fleetscope_pool_blocked_network_threads` counts those parked longer than the config's
+`blocked_call_seconds`, so the exported alert and the engine use one threshold. A thread
+that has not run since the last scrape is still in the same call, so its syscall is not read
+again. A bundle replayed sample by sample through one collector gives the same durations.
 
 Counters summed over processes would fall when a process exits, and Prometheus takes any fall
 for a reset to zero: rate() would add the whole pre-fall sum, a spike of thousands of CPU
@@ -59,6 +70,15 @@ from .parsers.process import (
 from .parsers.procfs import parse_pressure
 from .processes import pool_processes, process_status
 from .shared import proc_stat
+from .tasks import (
+    SLEEPING,
+    TASKS_READ_PER_POOL,
+    WaitTracker,
+    network_wait,
+    read_proc,
+    read_task,
+    task_ids,
+)
 
 CPU_DIR = "sys/devices/system/cpu"
 CGROUP_DIR = "sys/fs/cgroup"
@@ -228,11 +248,18 @@ class SourceTally:
 
 
 class _PoolState:
-    __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups")
+    __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups", "threads_read",
+                 "task_budget", "runnable", "network_waits", "longest_wait", "blocked")
 
     def __init__(self) -> None:
         self.processes = 0
         self.threads = 0
+        self.threads_read = 0
+        self.task_budget = TASKS_READ_PER_POOL  # non-leader threads still to read
+        self.runnable = 0
+        self.network_waits = 0
+        self.longest_wait = 0.0
+        self.blocked = 0
         self.worst_fd: tuple[float, int, int | None] | None = None  # ratio, fds, limit
         self.nofile_min: float | None = None
         self.cgroups: set[str] = set()
@@ -286,6 +313,11 @@ class PoolsCollector(Collector):
         self._voluntary = MonotonicSums(False)
         self._nonvoluntary = MonotonicSums(False)
         self._run_delay = MonotonicSums(False)
+        self._thread_delay = MonotonicSums(False)
+        self._waits = WaitTracker()
+        # thread key -> (CPU ns, its network wait or None) as of the last scrape
+        self._parked: dict[Hashable, tuple[int | None, object]] = {}
+        self._parked_next: dict[Hashable, tuple[int | None, object]] = {}
         self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
         self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
@@ -308,12 +340,16 @@ class PoolsCollector(Collector):
         voluntary: dict[Hashable, tuple[str, int]] = {}
         nonvoluntary: dict[Hashable, tuple[str, int]] = {}
         run_delay: dict[Hashable, tuple[str, int]] = {}
+        thread_delay: dict[Hashable, tuple[str, int]] = {}
+        waits: dict[Hashable, tuple[tuple, int | None]] = {}
+        wait_pool: dict[Hashable, str] = {}
         t_stat, t_status, t_sched, t_limits, t_fd, t_cgroup = (SourceTally() for _ in range(6))
+        t_task, t_syscall = SourceTally(), SourceTally()
         for process in processes:
             pid, pool = process.pid, process.pool.name
             base = f"proc/{pid}"
             try:
-                stat = parse_pid_stat(scrape.read_text(f"{base}/stat"))
+                stat = parse_pid_stat(read_proc(scrape, f"{base}/stat", True))
             except (NotAvailable, ParseError) as err:
                 t_stat.fail(err)
                 continue  # exited since the listing: not counted at all
@@ -323,21 +359,32 @@ class PoolsCollector(Collector):
             acc.processes += 1
             acc.threads += stat.num_threads
             cpu[key] = (pool, stat.utime_ticks + stat.stime_ticks)
+            # The leader is the first task: its files are the process's own.
+            leader = key + (pid,)
+            acc.threads_read += 1
+            acc.runnable += stat.state == "R"
             try:
                 status = process_status(scrape, pid)
-                voluntary[key] = (pool, status_int(status, "voluntary_ctxt_switches"))
-                nonvoluntary[key] = (pool, status_int(status, "nonvoluntary_ctxt_switches"))
+                voluntary[leader] = (pool, status_int(status, "voluntary_ctxt_switches"))
+                nonvoluntary[leader] = (pool, status_int(status, "nonvoluntary_ctxt_switches"))
                 t_status.ok += 1
             except (NotAvailable, ParseError) as err:
                 t_status.fail(err)
+            runtime = None
             try:
-                run_delay[key] = (pool, parse_pid_schedstat(
-                    scrape.read_text(f"{base}/schedstat"))[1])
+                runtime, delay, _ = parse_pid_schedstat(
+                    read_proc(scrape, f"{base}/schedstat", True))
+                run_delay[key] = thread_delay[leader] = (pool, delay)
                 t_sched.ok += 1
             except (NotAvailable, ParseError) as err:
                 t_sched.fail(err)
+            if stat.state in SLEEPING:
+                self._wait(scrape, pid, pid, leader, runtime, pool, waits, wait_pool, t_syscall)
+            if stat.num_threads > 1 and acc.task_budget > 0:
+                self._threads(scrape, pid, key, pool, acc, voluntary, nonvoluntary,
+                              thread_delay, waits, wait_pool, t_task, t_syscall)
             try:
-                limit = nofile_soft_limit(scrape.read_text(f"{base}/limits"))
+                limit = nofile_soft_limit(read_proc(scrape, f"{base}/limits", True))
             except (NotAvailable, ParseError) as err:
                 t_limits.fail(err)
             else:
@@ -358,12 +405,19 @@ class PoolsCollector(Collector):
             cgroup = process.cgroup
             if not cgroup:
                 try:
-                    cgroup = parse_cgroup(scrape.read_text(f"{base}/cgroup"))
+                    cgroup = parse_cgroup(read_proc(scrape, f"{base}/cgroup", True))
                     t_cgroup.ok += 1
                 except (NotAvailable, ParseError) as err:
                     t_cgroup.fail(err)
             if _usable_cgroup(cgroup):
                 acc.cgroups.add(cgroup)
+        self._parked, self._parked_next = self._parked_next, {}
+        waited = self._waits.observe(waits, scrape.time)
+        for thread, seconds in waited.items():
+            acc = state[wait_pool[thread]]
+            acc.network_waits += 1
+            acc.longest_wait = max(acc.longest_wait, seconds)
+            acc.blocked += seconds > self.config.blocked_call_seconds
         name = self.name
         t_stat.report(scrape, name, "proc/<pid>/stat")
         t_status.report(scrape, name, "proc/<pid>/status")
@@ -372,6 +426,10 @@ class PoolsCollector(Collector):
         t_limits.report(scrape, name, "proc/<pid>/limits")
         t_fd.report(scrape, name, "proc/<pid>/fd", "reading other users' fds needs root")
         t_cgroup.report(scrape, name, "proc/<pid>/cgroup")
+        t_task.report(scrape, name, "proc/<pid>/task/<tid>/status")
+        t_syscall.report(scrape, name, "proc/<pid>/task/<tid>/syscall",
+                         "reading another process's syscall and wchan needs root or "
+                         "CAP_SYS_PTRACE")
 
         now = scrape.time
         families: list[Family] = []
@@ -379,6 +437,7 @@ class PoolsCollector(Collector):
             pool.name: labels(pool=pool.name, **{"class": pool.workload_class}) for pool in pools
         }
         families.extend(self._gauges(scrape, state, pool_labels))
+        families.extend(self._thread_gauges(state, pool_labels, t_syscall))
         hz = self.ticks_per_second
         none_read = not processes
         counters = (
@@ -388,10 +447,16 @@ class PoolsCollector(Collector):
             (self._run_delay, run_delay, t_sched, "fleetscope_pool_run_delay_seconds_total",
              "Seconds the main thread of the pool's processes was runnable but waiting for a "
              "CPU (/proc/<pid>/schedstat field 2: the thread-group leader only).", 1e9, ""),
+            (self._thread_delay, thread_delay, t_sched,
+             "fleetscope_pool_thread_run_delay_seconds_total",
+             "Seconds the threads of the pool's processes were runnable but waiting for a CPU, "
+             "summed over every thread read (task/<tid>/schedstat field 2; see "
+             "fleetscope_pool_threads_read).", 1e9, ""),
             (self._voluntary, voluntary, t_status, "fleetscope_pool_context_switches_total",
-             "Context switches of the main thread of the pool's processes (/proc/<pid>/status "
-             "is the thread-group leader's only): voluntary (blocked) and nonvoluntary "
-             "(preempted).", 1, "voluntary"),
+             "Context switches of the pool's threads, summed over every thread read "
+             "(/proc/<pid>/task/<tid>/status; see fleetscope_pool_threads_read): voluntary "
+             "(blocked) and nonvoluntary (preempted); threads that exited keep their last "
+             "reading in the total.", 1, "voluntary"),
             (self._nonvoluntary, nonvoluntary, t_status, "fleetscope_pool_context_switches_total",
              "", 1, "nonvoluntary"),
         )
@@ -410,6 +475,89 @@ class PoolsCollector(Collector):
                 suffix = f',kind="{kind}"' if kind else ""
                 family.add(value, pool_labels[pool.name] + suffix)
         families.extend(self._cgroups(scrape, state, pool_labels, now))
+        return families
+
+    def _wait(self, scrape: Scrape, pid: int, tid: int, key: Hashable, runtime: int | None,
+              pool: str, waits: dict, wait_pool: dict, tally: SourceTally) -> None:
+        # A thread that has not run since the last scrape (the same CPU time to the ns) is
+        # still in the same call: its syscall is not read again, so a node of parked threads
+        # costs no syscall reads after the first scrape.
+        cached = self._parked.get(key)
+        if runtime is not None and cached is not None and cached[0] == runtime:
+            wait = cached[1]
+            tally.ok += 1
+        else:
+            try:
+                wait = network_wait(scrape, pid, tid)
+                tally.ok += 1
+            except (NotAvailable, ParseError) as err:
+                tally.fail(err)
+                return
+        self._parked_next[key] = (runtime, wait)
+        if wait is not None:
+            waits[key] = (wait.signature, runtime)
+            wait_pool[key] = pool
+
+    def _threads(self, scrape: Scrape, pid: int, key: tuple, pool: str, acc: _PoolState,
+                 voluntary: dict, nonvoluntary: dict, thread_delay: dict, waits: dict,
+                 wait_pool: dict, t_task: SourceTally, t_syscall: SourceTally) -> None:
+        """The non-leader threads of a process, within the pool's budget of threads read."""
+        for tid in task_ids(scrape, pid):
+            if tid == pid:
+                continue
+            if acc.task_budget <= 0:
+                break
+            acc.task_budget -= 1
+            try:
+                task = read_task(scrape, pid, tid)
+            except (NotAvailable, ParseError) as err:
+                t_task.fail(err)
+                continue  # exited since the listing
+            t_task.ok += 1
+            thread = key + (tid,)
+            acc.threads_read += 1
+            acc.runnable += task.state == "R"
+            voluntary[thread] = (pool, task.voluntary)
+            nonvoluntary[thread] = (pool, task.nonvoluntary)
+            if task.run_delay_ns is not None:
+                thread_delay[thread] = (pool, task.run_delay_ns)
+            if task.state in SLEEPING:
+                self._wait(scrape, pid, tid, thread, task.runtime_ns, pool, waits, wait_pool,
+                           t_syscall)
+
+    def _thread_gauges(self, state: dict, pool_labels: dict,
+                       t_syscall: SourceTally) -> list[Family]:
+        read = gauge("fleetscope_pool_threads_read",
+                     "Threads of the pool's processes whose files were read this scrape "
+                     "(every thread, up to fleetscope_pool_threads_read_limit a pool; a "
+                     "bundle without task/ directories has the main threads only).")
+        limit = gauge("fleetscope_pool_threads_read_limit",
+                      "Most threads a pool has read per scrape (the cost bound).")
+        runnable = gauge("fleetscope_pool_runnable_threads",
+                         "Threads of the pool's processes in state R (running or waiting for "
+                         "a CPU) at the scrape, over the threads read.")
+        families = [read, limit, runnable]
+        waiting = gauge("fleetscope_pool_network_wait_threads",
+                        "Threads of the pool parked in a network call now (a sleeping "
+                        "recv/read/poll/connect/send on a connected TCP socket, from "
+                        "task/<tid>/syscall and the fd's socket).")
+        longest = gauge("fleetscope_pool_network_wait_longest_seconds",
+                        "Longest time a thread of the pool has stayed in the same network "
+                        "call (same syscall and arguments, no CPU time used), counted from "
+                        "the first scrape that saw it; 0 when none waits.")
+        blocked = gauge("fleetscope_pool_blocked_network_threads",
+                        "Threads of the pool parked in a network call for longer than the "
+                        "config's blocked_call_seconds.")
+        if t_syscall.ok:  # unreadable syscall files (not root): no verdict, not 0
+            families.extend((waiting, longest, blocked))
+        for name, acc in state.items():
+            labels_ = pool_labels[name]
+            read.add(acc.threads_read, labels_)
+            limit.add(TASKS_READ_PER_POOL, labels_)
+            runnable.add(acc.runnable, labels_)
+            waiting.add(acc.network_waits, labels_)
+            longest.add(round(acc.longest_wait, 3), labels_)
+            blocked.add(acc.blocked, labels_)
         return families
 
     def _gauges(self, scrape: Scrape, state: dict, pool_labels: dict) -> list[Family]:

@@ -3,8 +3,8 @@
 A process belongs to the first pool whose `match` it satisfies: `cgroup`, a glob on its
 cgroup path from /proc/<pid>/cgroup (`0::/kubepods.slice/online/agent-chat-7d9f`), or
 `cmdline`, a regex searched in its NUL-separated argv joined by spaces. Kernel threads (empty
-cmdline) match no cmdline pattern. Shared by the pools, numa and irq collectors, which
-export per pool, never per pid.
+cmdline) match no cmdline pattern, and no cgroup glob either. Shared by the pools, numa and
+irq collectors, which export per pool, never per pid.
 
 A process may exit between the directory listing and the reads: it is skipped silently.
 """
@@ -21,6 +21,7 @@ from fleetscope.config import Pool
 from .base import NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.process import parse_cgroup, parse_cmdline, status_values
+from .tasks import read_proc
 
 
 class PoolProcess(NamedTuple):
@@ -64,10 +65,12 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     found: list[PoolProcess] = []
     for name in sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int):
         try:
-            cmdline = parse_cmdline(scrape.read_text(f"proc/{name}/cmdline"))
+            cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline", True))
+            # Kernel threads and zombies (empty cmdline) are no workload: their cgroup is not
+            # read (a 128-core node has a thousand per-CPU kernel threads).
             cgroup = (
-                parse_cgroup(scrape.read_text(f"proc/{name}/cgroup"))
-                if matcher.needs_cgroup else ""
+                parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup", True))
+                if matcher.needs_cgroup and cmdline else ""
             )
         except (NotAvailable, ParseError):
             continue  # exited while we looked, or a zombie
@@ -83,7 +86,7 @@ def pool_processes(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]
 
 
 def process_status(scrape: Scrape, pid: int) -> dict[str, str]:
-    """The status fields the pool collectors need (context switches, Cpus_allowed_list),
-    read once per scrape whichever collector asks first."""
+    """The status fields the pool collectors need (state, context switches,
+    Cpus_allowed_list), read once per scrape whichever collector asks first."""
     path = f"proc/{pid}/status"
-    return scrape.memo(path, lambda: status_values(scrape.read_text(path)))
+    return scrape.memo(path, lambda: status_values(read_proc(scrape, path, True)))

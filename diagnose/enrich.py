@@ -7,7 +7,9 @@ the live node. Metrics stay per pool; a finding names the processes.
     fd-exhaustion        the process closest to its open-file limit
     core-imbalance       the busiest CPU
     isa-mismatch         the extensions the crashed binary uses that the CPU lacks
-    worker-blocked-...   live only: pool workers whose threads wait on the network (py-spy)
+    worker-blocked-...   the threads parked in network calls: pid, syscall, TCP peer, how
+                         long (kernel side, bundle or live), and the py-spy frame (live)
+    thread-oversub...    the pool's processes with the most threads
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import os
 import re
 
-from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.base import NotAvailable, Scrape, bundle_roots
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.process import (
     parse_limits,
@@ -86,6 +88,11 @@ class Enricher:
         self.series = series
         self.live = live
         self._before: dict | None = None
+        from fleetscope.collectors.tasks import WaitTracker
+
+        self._tracker = WaitTracker()
+        self._waiting: dict | None = None  # (pid, tid) -> (wait, CPU ns, pool)
+        self._waited: dict = {}  # (pid, tid) -> seconds
 
     def snapshot(self) -> None:
         """Live: remember the offline processes' CPU, every process's CPU and the per-CPU
@@ -94,6 +101,10 @@ class Enricher:
                         for p in self._pool_members(self.first, workload_class="offline")}
         self._cpu_before = self._process_cpu(self.first)
         self._stat_before = _read(self.first, "proc/stat", parse_proc_stat)
+        import time
+
+        # Network waits are tracked from here: the live node's samples start now.
+        self._observe_waits(self.first.roots, time.time())
 
     def _process_cpu(self, scrape: Scrape) -> dict[int, tuple[int, int]]:
         """pid -> (CPU ticks used, the CPU it last ran on), for every process the source
@@ -323,26 +334,109 @@ class Enricher:
                 self._describe(pid) for _, pid, _ in top[:3])
 
     def _worker_blocked_external_call(self, finding: Finding) -> None:
-        if not self.live:
-            return  # stacks exist only for running processes
-        from fleetscope.stacks import StacksError, dump
+        """The threads parked in a network call (kernel side: syscall, fd, TCP peer, and for
+        how long, tracked as the pools collector tracks them), with the py-spy frame each
+        waits in on a live node."""
+        pool = finding.labels.get("pool")
+        waits = self._network_waits(pool)
+        stacks: dict[tuple[int, int], object] = {}
+        if self.live:
+            from fleetscope.stacks import StacksError, dump
 
-        blocked = []
+            pids = sorted({wait.pid for wait, _ in waits}) or [
+                p.pid for p in self._pool_members(self.last, pool)]
+            blocked = []
+            for pid in pids[:MAX_SUBJECTS * 4]:  # py-spy costs a ptrace stop per process
+                try:
+                    threads = dump(pid, timeout=10)
+                except StacksError as err:
+                    finding.evidence.append({"signal": f"stacks of pid {pid}: {err}",
+                                             "value": 0, "threshold": 0, "unit": "threads"})
+                    continue
+                stacks.update({(pid, t.native_id): t for t in threads})
+                waiting = [t for t in threads if t.state == "network"]
+                if waiting:
+                    blocked.append(pid)
+                    finding.evidence.append({
+                        "signal": f"pid {pid} threads waiting on the network "
+                                  f"(e.g. {waiting[0].blocking_call or waiting[0].frames[0]})",
+                        "value": len(waiting), "threshold": 0, "unit": "threads"})
+            if not waits:
+                finding.subjects["pids"] = blocked[:MAX_SUBJECTS]
+        threshold = self.config.blocked_call_seconds
+        described = []
+        for wait, seconds in waits[:MAX_SUBJECTS]:
+            if wait.pid not in finding.subjects["pids"]:
+                finding.subjects["pids"].append(wait.pid)
+            stack = stacks.get((wait.pid, wait.tid))
+            frame = ""
+            if stack is not None:  # "s.recv(4096) in tool_call (worker.py:5)"
+                parts = [stack.blocking_call.split("  [")[0]] + stack.frames[:1]
+                frame = " in ".join(part for part in parts if part)
+            peer = wait.peer or "an unconnected TCP socket"
+            text = (f"pid {wait.pid} thread {wait.tid} in {wait.call}() on {peer} "
+                    f"for {seconds:.0f} s" + (f" at {frame}" if frame else ""))
+            described.append(text)
+            finding.evidence.append({
+                "signal": f"{text} (fd {wait.fd}, kernel wait {wait.wchan or '?'})",
+                "value": round(seconds, 1), "threshold": threshold, "unit": "seconds"})
+        if described:
+            more = len(waits) - 1
+            finding.extra_summary = described[0] + (
+                f" (+{more} more thread{'s' if more > 1 else ''})" if more > 0 else "")
+
+    def _observe_waits(self, roots: tuple[str, ...], at: float) -> None:
+        """One observation of every pool thread's network wait into the tracker."""
+        from fleetscope.collectors.tasks import process_network_waits
+
+        scrape = Scrape(roots, at)
+        current = {}
+        for process in self._pool_members(scrape):
+            for wait, runtime in process_network_waits(scrape, process.pid):
+                current[(wait.pid, wait.tid)] = (wait, runtime, process.pool.name)
+        self._waited = self._tracker.observe(
+            {key: (wait.signature, runtime) for key, (wait, runtime, _) in current.items()}, at)
+        self._waiting = current
+
+    def _network_waits(self, pool: str | None) -> list[tuple[object, float]]:
+        """[(NetworkWait, seconds parked)] of a pool, longest first: a bundle replayed sample
+        by sample (as the collector tracked it), the live node from the snapshot to now."""
+        import time
+
+        if self._waiting is None or self.live:
+            if self.live:
+                self._observe_waits(self.last.roots, time.time())
+            else:
+                for roots, at in self._bundle_samples():
+                    self._observe_waits(roots, at)
+        found = [(self._waiting[key][0], seconds) for key, seconds in self._waited.items()
+                 if pool is None or self._waiting[key][2] == pool]
+        return sorted(found, key=lambda item: (-item[1], item[0].pid, item[0].tid))
+
+    def _bundle_samples(self) -> list[tuple[tuple[str, ...], float]]:
+        first = self.first.roots[0]
+        bundle = os.path.dirname(os.path.dirname(first))
+        try:
+            with open(os.path.join(bundle, "meta.json"), encoding="utf-8") as handle:
+                samples = json.load(handle)["samples"]
+            return [(bundle_roots(os.path.join(bundle, s["dir"])), float(s["time"]))
+                    for s in samples]
+        except (OSError, ValueError, KeyError, TypeError):
+            return [(self.last.roots, self.last.time)]
+
+    def _thread_oversubscription(self, finding: Finding) -> None:
+        """The pool's processes with the most threads (where the oversubscription is)."""
+        counts = []
         for process in self._pool_members(self.last, finding.labels.get("pool")):
-            try:
-                threads = dump(process.pid, timeout=10)
-            except StacksError as err:
-                finding.evidence.append({"signal": f"stacks of pid {process.pid}: {err}",
-                                         "value": 0, "threshold": 0, "unit": "threads"})
-                continue
-            waiting = [t for t in threads if t.state == "network"]
-            if waiting:
-                blocked.append(process.pid)
-                finding.evidence.append({
-                    "signal": f"pid {process.pid} threads waiting on the network "
-                              f"(e.g. {waiting[0].blocking_call or waiting[0].frames[0]})",
-                    "value": len(waiting), "threshold": 0, "unit": "threads"})
-        finding.subjects["pids"] = blocked[:MAX_SUBJECTS]
+            stat = _read(self.last, f"proc/{process.pid}/stat", parse_pid_stat)
+            if stat is not None:
+                counts.append((stat.num_threads, process.pid))
+        counts.sort(key=lambda item: (-item[0], item[1]))
+        top = [(n, pid) for n, pid in counts[:MAX_SUBJECTS] if n > 1]
+        finding.subjects["pids"] = [pid for _, pid in top]
+        if top:
+            finding.extra_summary = "most threads: " + ", ".join(
+                f"pid {pid} ({n})" for n, pid in top[:3])
 
     def _isa_mismatch(self, finding: Finding) -> None:
         """Which extensions the crashed binary uses that this CPU lacks: recorded in the

@@ -135,6 +135,64 @@ def _capture_processes(root: str, destination: str, config: Config, now: float) 
     for path in cgroups:
         for file_name in CGROUP_FILES:
             _copy(root, f"sys/fs/cgroup{path}/{file_name}", destination)
+    _capture_threads(root, destination, scrape, pool_members)
+
+
+TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
+
+
+def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) -> None:
+    """Pool members' threads as the pools collector reads them (the same threads, in the
+    same order and bound: collectors/tasks.py), and what their network waits need where the
+    live node has fd links and process memory: proc/<pid>/fd_sockets ("fd inode" lines),
+    proc/<pid>/task/<tid>/pollfds (one polled fd a line), and the TCP tables."""
+    from fleetscope.collectors.tasks import (
+        TASKS_READ_PER_POOL,
+        process_network_waits,
+        task_dir,
+        task_ids,
+    )
+
+    # Waits are found in what was just recorded (so the bundle agrees with itself), with the
+    # live node behind it for the fd links, the memory and the TCP tables.
+    recorded = Scrape((destination, root), scrape.time)
+    budget = {p.pool.name: TASKS_READ_PER_POOL for p in pool_members}
+    any_wait = False
+    try:
+        own_net = os.readlink(os.path.join(root, "proc/self/ns/net"))
+    except OSError:
+        own_net = None
+    for process in pool_members:
+        pid = process.pid
+        base = f"proc/{pid}"
+        for file_name in ("syscall", "wchan"):  # the leader's: task/<pid> is proc/<pid>
+            _copy(root, f"{base}/{file_name}", destination)
+        tids = [t for t in task_ids(scrape, pid) if t != pid][:budget[process.pool.name]]
+        budget[process.pool.name] -= len(tids)
+        for tid in tids:
+            for file_name in TASK_FILES:
+                _copy(root, f"{base}/task/{tid}/{file_name}", destination)
+        waits = process_network_waits(recorded, pid, tids=tids)
+        if not waits:
+            continue
+        any_wait = True
+        with open(os.path.join(destination, base, "fd_sockets"), "w") as out:
+            out.writelines(sorted({f"{w.fd} {w.inode}\n" for w, _ in waits}))
+        for wait, _ in waits:
+            if wait.polled:
+                with open(os.path.join(destination, task_dir(pid, wait.tid), "pollfds"),
+                          "w") as out:
+                    out.writelines(f"{fd}\n" for fd in wait.polled)
+        try:
+            other_net = os.readlink(os.path.join(root, f"{base}/ns/net")) != own_net
+        except OSError:
+            other_net = False
+        if other_net:  # a container's workers: their own namespace's table
+            for name in ("tcp", "tcp6"):
+                _copy(root, f"{base}/net/{name}", destination)
+    if any_wait:
+        for name in ("tcp", "tcp6"):
+            _copy(root, f"proc/net/{name}", destination)
 
 
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",

@@ -58,6 +58,9 @@ class Config:
     perf_window_seconds: float = 5.0  # perf stat sampling window, in a background thread
     command_timeout_seconds: float = 10.0  # perf, ethtool: killed and reported past this
     agent_timeout_seconds: float = 2.0  # agent metrics endpoint and Redis, per scrape
+    # A worker thread parked in one network call longer than this is blocked (the warning
+    # tier of worker-blocked-external-call; the heartbeat's 120 s stays critical).
+    blocked_call_seconds: float = 30.0
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 
@@ -76,6 +79,7 @@ _KNOWN_KEYS = {
     "busy_interval_min_seconds",
     "saturated_core_busy_ratio",
     "collectors",
+    "blocked_call_seconds",
 }
 
 
@@ -182,6 +186,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         perf_window_seconds=_number(raw, "perf_window_seconds", 5.0, 0.1, 3600.0),
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
+        blocked_call_seconds=_number(raw, "blocked_call_seconds", 30.0, 0.0, 86400.0),
         raw=raw,
     )
 

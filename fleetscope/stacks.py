@@ -9,6 +9,13 @@ target keeps running) and classifies each thread by its innermost frames:
     cpu      running Python code on a CPU
     idle     parked: sleeping, waiting on an empty queue, or in a selector with nothing to do
 
+Python frames alone miss waits whose frame names nothing network-like (a plain `sock.recv`
+in the worker's own function, a C extension's call, source lines that cannot be read): each
+thread is also classified from the kernel side, by the native thread id py-spy reports:
+/proc/<pid>/task/<tid>/syscall and wchan, the fd's socket and its TCP peer
+(collectors/tasks.py). A thread the frames call idle but the kernel finds parked in a
+recv/poll/connect on a connected TCP socket is `network`, with the call and the peer.
+
 py-spy needs ptrace rights on the target: root, CAP_SYS_PTRACE, or the same user with
 kernel.yama.ptrace_scope=0. Without them the error says so and how to get them.
 """
@@ -52,6 +59,10 @@ class ThreadStack:
     state: str  # network | lock | cpu | idle
     frames: list[str] = field(default_factory=list)  # innermost first, "func (file:line)"
     blocking_call: str = ""  # the source line it waits in, where readable
+    native_id: int = 0  # the kernel's thread id (/proc/<pid>/task/<tid>)
+    syscall: str = ""  # kernel side: the network call it is parked in, e.g. recvfrom
+    wchan: str = ""  # the kernel function it sleeps in, e.g. wait_woken
+    peer: str = ""  # the TCP peer of the socket it waits on, e.g. 10.0.3.7:443
 
 
 def _source(filename: str, line: int) -> str:
@@ -122,9 +133,35 @@ def dump(pid: int, timeout: float = 20.0) -> list[ThreadStack]:
         state, line = classify(thread)
         frames = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:"
                   f"{f.get('line')})" for f in thread.get("frames") or []]
-        stacks.append(ThreadStack(pid, int(thread.get("thread_id") or 0),
-                                  thread.get("thread_name") or "", state, frames, line))
+        stack = ThreadStack(pid, int(thread.get("thread_id") or 0),
+                            thread.get("thread_name") or "", state, frames, line,
+                            int(thread.get("os_thread_id") or 0))
+        _kernel_side(stack)
+        stacks.append(stack)
     return stacks
+
+
+def _kernel_side(stack: ThreadStack) -> None:
+    """Fill the kernel's view of a thread's wait; an idle-looking thread parked in a network
+    call becomes `network`."""
+    from fleetscope.collectors.base import NotAvailable, Scrape
+    from fleetscope.collectors.parsers import ParseError
+    from fleetscope.collectors.tasks import network_wait
+
+    if not stack.native_id or stack.state == "cpu":
+        return
+    try:
+        wait = network_wait(Scrape(("/",)), stack.pid, stack.native_id)
+    except (NotAvailable, ParseError):
+        return  # exited, or no rights on its syscall file: the frames' verdict stands
+    if wait is None:
+        return
+    stack.syscall, stack.wchan, stack.peer = wait.call, wait.wchan, wait.peer
+    if stack.state == "idle":
+        stack.state = "network"
+        where = f"{wait.call}() on fd {wait.fd}" + (f" to {wait.peer}" if wait.peer else "")
+        stack.blocking_call = (f"{stack.blocking_call}  [{where}]" if stack.blocking_call
+                               else where)
 
 
 def run_stacks(pids: list[int], as_json: bool) -> int:
@@ -146,6 +183,9 @@ def run_stacks(pids: list[int], as_json: bool) -> int:
                   f"{stack.state.upper()}")
             if stack.blocking_call:
                 print(f"    waiting in: {stack.blocking_call}")
+            if stack.syscall:
+                print(f"    kernel: {stack.syscall}() in {stack.wchan or '?'}"
+                      + (f", peer {stack.peer}" if stack.peer else ""))
             for frame in stack.frames[:8]:
                 print(f"    {frame}")
     return 3 if failures else 0

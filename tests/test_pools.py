@@ -75,6 +75,9 @@ STATUS_REAL = (
     "Mems_allowed:\t" + ",".join(["00000000"] * 31 + ["00000001"]) + "\n"
     "Mems_allowed_list:\t0\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t0\n"
 )
+# /proc/<pid>/syscall of a `sleep` on the same machine: clock_nanosleep (230), not a network call
+SYSCALL_SLEEP_REAL = ("230 0x1 0x1 0x7ffcfa48cb10 0x0 0x0 0x7f91ac14e6e8 0x7ffcfa48cad0 "
+                      "0x7f91abaed545\n")
 LIMITS_REAL = (
     "Limit                     Soft Limit           Hard Limit           Units     \n"
     "Max cpu time              unlimited            unlimited            seconds   \n"
@@ -138,7 +141,7 @@ def test_parsers_reject_malformed(parser, text):
 
 def test_status_and_limits_real_samples():
     assert status_values(STATUS_REAL) == {
-        "voluntary_ctxt_switches": "1", "nonvoluntary_ctxt_switches": "0",
+        "State": "S (sleeping)", "voluntary_ctxt_switches": "1", "nonvoluntary_ctxt_switches": "0",
         "Cpus_allowed_list": "0-1"}
     assert nofile_soft_limit(LIMITS_REAL) == 20000
     unlimited = LIMITS_REAL.replace("Max open files            20000     ",
@@ -207,7 +210,7 @@ def write_process(root: Path, pid: int, cmdline: str, cgroup: str = "0::/\n", *,
                   voluntary: int = 0, nonvoluntary: int = 0, run_delay_ns: int = 0,
                   nofile: int | None = 1024, fds: int = 3, cpus: str = "0-3",
                   files=("cmdline", "cgroup", "stat", "status", "schedstat", "limits",
-                         "fd_count")) -> None:
+                         "fd_count", "syscall", "wchan")) -> None:
     """A process directory as a bundle sample holds it (CONTRACT section 3), every file in
     the kernel's format (the real samples above with this process's values put in)."""
     base = root / "proc" / str(pid)
@@ -229,6 +232,8 @@ def write_process(root: Path, pid: int, cmdline: str, cgroup: str = "0::/\n", *,
         "schedstat": f"{utime * 10_000_000 + stime * 10_000_000} {run_delay_ns} 42\n",
         "limits": limits_text(nofile, nofile),
         "fd_count": f"{fds}\n",
+        "syscall": SYSCALL_SLEEP_REAL,
+        "wchan": "hrtimer_nanosleep",
     }
     for name in files:
         write(base / name, contents[name])

@@ -7,6 +7,10 @@
     /proc/<pid>/cmdline    python3\\0-m\\0agent.worker\\0
     /proc/<pid>/limits     Max open files            1024                 1048576              files
     /proc/<pid>/numa_maps  7f45.. default anon=2 dirty=2 N0=2 kernelpagesize_kB=4
+    /proc/<pid>/task/<tid>/syscall  45 0x4 0x7f22bfb78a40 0xa 0x0 0x0 0x0 0x7f22bf97da10 0x7f22..
+                           (nr, six args, sp, pc; "-1 sp pc" outside a syscall; "running")
+    /proc/<pid>/task/<tid>/wchan    wait_woken   (where it sleeps in the kernel; "0" if running)
+    /proc/<pid>/fd/<n>     a symlink: socket:[22523], pipe:[22505], /dev/null, ...
 """
 
 from __future__ import annotations
@@ -184,7 +188,8 @@ def parse_numa_maps(text: str) -> dict[int, int]:
     return per_node
 
 
-STATUS_KEYS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "Cpus_allowed_list")
+STATUS_KEYS = ("State", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches",
+               "Cpus_allowed_list")
 
 
 def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, str]:
@@ -206,3 +211,83 @@ def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, s
         end = text.find("\n", start)
         values[key] = text[start: end if end >= 0 else len(text)].strip()
     return values
+
+
+def status_state(status: dict[str, str]) -> str:
+    """The one-letter task state of a parsed status ("S (sleeping)" -> "S"), "" if absent."""
+    return status.get("State", "")[:1]
+
+
+class TaskSyscall(NamedTuple):
+    nr: int  # the architecture's syscall number
+    args: tuple[int, ...]  # its six arguments, raw register values
+
+    @property
+    def signature(self) -> tuple[int, ...]:
+        """What stays the same for as long as the thread stays in the same call."""
+        return (self.nr, *self.args)
+
+
+def parse_task_syscall(text: str) -> TaskSyscall | None:
+    """Parse /proc/<pid>/task/<tid>/syscall (fs/proc/base.c proc_pid_syscall()): the call a
+    blocked thread is in; None when it is running or blocked outside a syscall ("-1 sp pc",
+    e.g. a page fault).
+
+    >>> parse_task_syscall("45 0x4 0x7f22bfb78a40 0xa 0x0 0x0 0x0 0x7f22bf97da10 0x7f22c012\\n")
+    TaskSyscall(nr=45, args=(4, 139787222092352, 10, 0, 0, 0))
+    >>> parse_task_syscall("running\\n") is None, parse_task_syscall("-1 0x7ffd 0x4011\\n")
+    (True, None)
+    """
+    parts = text.split()
+    if parts == ["running"] or (parts and parts[0] == "-1" and len(parts) == 3):
+        return None
+    if len(parts) != 9:
+        raise ParseError(f"/proc/<pid>/task/<tid>/syscall: {len(parts)} fields, expected 9")
+    try:
+        args = tuple(int(token, 16) for token in parts[1:7])
+    except ValueError:
+        raise ParseError("/proc/<pid>/task/<tid>/syscall: arguments are not hex") from None
+    return TaskSyscall(parse_int(parts[0], "/proc/<pid>/task/<tid>/syscall"), args)
+
+
+def parse_wchan(text: str) -> str:
+    """The kernel function a task sleeps in (fs/proc/base.c proc_pid_wchan(): the symbol, or
+    "0" when it runs or the address is not a symbol), without the compiler's clone suffix.
+
+    >>> parse_wchan("poll_schedule_timeout.constprop.0"), parse_wchan("0")
+    ('poll_schedule_timeout', '')
+    """
+    name = text.strip()
+    return "" if name == "0" else name.split(".", 1)[0]
+
+
+def socket_inode(link: str) -> int | None:
+    """The inode of an fd symlink's target when the fd is a socket (fs/proc/fd.c: sockets
+    read "socket:[<inode>]"), else None.
+
+    >>> socket_inode("socket:[22523]"), socket_inode("pipe:[22505]")
+    (22523, None)
+    """
+    if link.startswith("socket:[") and link.endswith("]"):
+        inode = link[8:-1]
+        if inode.isdigit() and inode.isascii():
+            return int(inode)
+    return None
+
+
+def parse_fd_sockets(text: str) -> dict[int, int]:
+    """A bundle's proc/<pid>/fd_sockets (written by `bundle record`, not the kernel): one
+    "fd inode" line per socket fd a waiting thread of the process was in.
+
+    >>> parse_fd_sockets("4 22523\\n7 22530\\n")
+    {4: 22523, 7: 22530}
+    """
+    sockets: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise ParseError(f"proc/<pid>/fd_sockets: expected 'fd inode', got {line[:40]!r}")
+        sockets[parse_int(parts[0], "fd_sockets fd")] = parse_int(parts[1], "fd_sockets inode")
+    return sockets

@@ -1,0 +1,350 @@
+"""Every thread of a pool process, and the network call a parked thread waits in.
+
+Per thread (task) of a process, beside the leader's own /proc/<pid>/ files:
+
+    proc/<pid>/task/<tid>/status     State:\tR (running) / voluntary_ctxt_switches:\t912 / ...
+    proc/<pid>/task/<tid>/schedstat  1540232 120022 31   (ns on CPU, ns waiting for a CPU, slices)
+    proc/<pid>/task/<tid>/syscall    45 0x4 0x7f22bfb78a40 0xa 0x0 0x0 0x0 0x7f22bf97da10 0x7f..
+    proc/<pid>/task/<tid>/wchan      wait_woken
+    proc/<pid>/fd/<n>                -> socket:[22523]
+    proc/<pid>/net/tcp, tcp6         the socket's peer, in the process's network namespace
+
+A thread sleeping (state S or D) in recvfrom/recvmsg/read/poll/connect/sendto... whose fd is
+a connected TCP socket is in a network wait. Listening sockets (a server's accept loop) and
+other sockets (socketpairs of multiprocessing, unix sockets of local daemons) are not: they
+are a worker's idle state, not an external call. epoll_wait and select are left out for the
+same reason: an event loop with nothing to do sits in them too. poll/ppoll are what Python's
+socket calls with a timeout use (sock_call_ex: poll on the one fd, then recv): the polled fds
+are read from the process memory at the pollfd array address (root, as py-spy does), at most
+MAX_POLLED_FDS of them.
+
+syscall and wchan need ptrace rights on the process (root or CAP_SYS_PTRACE). Reading a task
+costs about 10 us a file here: the collectors read the cheapest files first (status and
+schedstat of every thread; syscall only of sleeping ones; wchan, the fd link and the TCP
+table only for a network-call candidate), and at most TASKS_READ_PER_POOL threads a pool.
+
+A bundle holds the same files per task (bounded the same way) plus, for the waiting threads,
+proc/<pid>/fd_sockets ("fd inode" lines) and proc/<pid>/task/<tid>/pollfds (one polled fd a
+line) where the live node has the fd links and the process memory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Hashable
+from typing import NamedTuple
+
+from .base import NotAvailable, Scrape
+from .parsers import ParseError
+from .parsers.net_tcp import TcpSocket, parse_net_tcp
+from .parsers.process import (
+    TaskSyscall,
+    parse_fd_sockets,
+    parse_pid_schedstat,
+    parse_task_syscall,
+    parse_wchan,
+    socket_inode,
+    status_int,
+    status_state,
+    status_values,
+)
+
+TASKS_READ_PER_POOL = 1024  # threads whose files are read per pool per scrape (~25 ms)
+MAX_POLLED_FDS = 16
+SLEEPING = ("S", "D")
+# A poll() interrupted by a signal or a ptrace stop (py-spy) resumes as restart_syscall with
+# the original arguments still in the registers; the kernel function it sleeps in
+# (poll_schedule_timeout, do_sys_poll) says it is a poll.
+RESTART = "restart_syscall"
+
+# The calls a thread waits in on one socket fd (arg 0), or in poll/ppoll (arg 0 the pollfd
+# array, arg 1 its length). x86-64: arch/x86/entry/syscalls/syscall_64.tbl; arm64 uses the
+# generic table, include/uapi/asm-generic/unistd.h.
+SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 7: "poll", 19: "readv", 20: "writev", 42: "connect",
+               44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 219: RESTART,
+               271: "ppoll", 299: "recvmmsg", 307: "sendmmsg"},
+    "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 73: "ppoll",
+                128: RESTART, 203: "connect", 206: "sendto", 207: "recvfrom",
+                211: "sendmsg", 212: "recvmsg", 243: "recvmmsg", 269: "sendmmsg"},
+}
+POLL_CALLS = ("poll", "ppoll")
+POLL_NR = {"x86_64": 7, "aarch64": 73}
+
+
+def read_proc(scrape: Scrape, relative: str, single: bool = False) -> str:
+    """Scrape.read_text through os.open/os.read: skipping Python's buffered file object
+    halves the cost of a small /proc file (7 us instead of 11 here), which is most of a
+    500-process scrape. Same roots, same errors.
+
+    `single`: the file is one seq_file record (stat, status, schedstat, syscall, wchan,
+    limits, cgroup: single_open() renders it whole) or cmdline, so a read shorter than asked
+    is the whole file and the empty read at the end is spared. Multi-record files (net/tcp)
+    come a page at a time and are read to the end.
+    """
+    for root in scrape.roots:
+        try:  # root + relative: os.path.join costs a microsecond a call
+            fd = os.open(root + relative if root[-1:] == "/" else f"{root}/{relative}",
+                         os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as err:
+            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+        try:
+            data = os.read(fd, 65536)
+            if data and not (single and len(data) < 65536):
+                chunks = [data]
+                while chunks[-1]:
+                    chunks.append(os.read(fd, 65536))
+                data = b"".join(chunks)
+        except OSError as err:  # ESRCH: the task exited between open and read
+            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
+    raise NotAvailable(f"/{relative} does not exist")
+
+
+class TaskReading(NamedTuple):
+    tid: int
+    state: str  # R, S, D, ...
+    voluntary: int
+    nonvoluntary: int
+    runtime_ns: int | None  # None: schedstat unreadable
+    run_delay_ns: int | None
+
+
+def task_ids(scrape: Scrape, pid: int) -> list[int]:
+    """The thread ids of a process in ascending order ([] when task/ is not there, as in a
+    bundle recorded before threads were)."""
+    try:
+        names = scrape.listdir(f"proc/{pid}/task")
+    except NotAvailable:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def read_task(scrape: Scrape, pid: int, tid: int) -> TaskReading:
+    """status and schedstat of one non-leader thread; NotAvailable if it exited."""
+    base = f"proc/{pid}/task/{tid}"
+    status = status_values(read_proc(scrape, f"{base}/status", True))
+    try:
+        runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat", True))
+    except (NotAvailable, ParseError):
+        runtime = delay = None
+    return TaskReading(tid, status_state(status), status_int(status, "voluntary_ctxt_switches"),
+                       status_int(status, "nonvoluntary_ctxt_switches"), runtime, delay)
+
+
+def task_dir(pid: int, tid: int) -> str:
+    """The leader's files are the process's own (a single-threaded process needs no task/)."""
+    return f"proc/{pid}" if tid == pid else f"proc/{pid}/task/{tid}"
+
+
+def _arch(scrape: Scrape) -> str:
+    def detect() -> str:
+        # The first CPU's block says it (parsers/cpuinfo.py); 4 KiB spare a 256-CPU render.
+        for root in scrape.roots:
+            try:
+                fd = os.open(os.path.join(root, "proc/cpuinfo"), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                head = os.read(fd, 4096).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            if "vendor_id" in head or "\nflags" in head:
+                return "x86_64"
+            if "CPU implementer" in head:
+                return "aarch64"
+            return "unknown"
+        return os.uname().machine
+    return scrape.memo("tasks:arch", detect)
+
+
+class NetworkWait(NamedTuple):
+    pid: int
+    tid: int
+    call: str  # the syscall's name: recvfrom, poll, ...
+    fd: int
+    inode: int
+    peer: str  # "127.0.0.1:8080" ("" when the TCP table has no peer for it)
+    wchan: str  # the kernel function it sleeps in: wait_woken, sk_wait_data, ...
+    signature: tuple  # (nr, args...): the same while it stays in the same call
+    polled: tuple[int, ...] = ()  # poll/ppoll: every fd of its pollfd array
+
+
+def _fd_link_inode(scrape: Scrape, pid: int, fd: int) -> int | None:
+    for root in scrape.roots:
+        try:
+            return socket_inode(os.readlink(os.path.join(root, f"proc/{pid}/fd/{fd}")))
+        except FileNotFoundError:
+            if os.path.isdir(os.path.join(root, f"proc/{pid}/fd")):
+                return None  # closed since
+            continue  # no fd/ here (a bundle): its fd_sockets
+        except OSError:
+            return None
+    try:
+        sockets = scrape.memo(f"tasks:fd_sockets:{pid}", lambda: parse_fd_sockets(
+            read_proc(scrape, f"proc/{pid}/fd_sockets")))
+    except (NotAvailable, ParseError):
+        return None
+    return sockets.get(fd)
+
+
+def polled_fds(scrape: Scrape, pid: int, tid: int, syscall: TaskSyscall) -> list[int]:
+    """The fds of the pollfd array a thread in poll/ppoll waits on: struct pollfd {int fd;
+    short events; short revents;} read from the process memory (live), or the bundle's
+    task/<tid>/pollfds."""
+    address, count = syscall.args[0], syscall.args[1]
+    if not 0 < count <= MAX_POLLED_FDS:
+        return []
+    for root in scrape.roots:
+        try:
+            fd = os.open(os.path.join(root, f"proc/{pid}/mem"), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return []
+        try:
+            data = os.pread(fd, 8 * count, address)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        if len(data) != 8 * count:
+            return []
+        return [entry[0] for entry in struct.iter_unpack("=ihh", data) if entry[0] >= 0]
+    try:
+        text = read_proc(scrape, f"{task_dir(pid, tid)}/pollfds")
+    except NotAvailable:
+        return []
+    return [int(line) for line in text.split() if line.isdigit()]
+
+
+def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
+    """Every TCP socket of the process's network namespace: proc/<pid>/net/tcp{,6} (what a
+    container's workers see), else the root's proc/net/tcp{,6} (a bundle)."""
+    def read() -> dict[int, TcpSocket]:
+        sockets: dict[int, TcpSocket] = {}
+        for name in ("tcp", "tcp6"):
+            for relative in (f"proc/{pid}/net/{name}", f"proc/net/{name}"):
+                try:
+                    text = read_proc(scrape, relative)
+                except NotAvailable:
+                    continue
+                try:
+                    sockets.update(parse_net_tcp(text, what=f"/{relative}"))
+                except ParseError:
+                    pass
+                break
+        return sockets
+    try:
+        namespace = os.readlink(scrape.path(f"proc/{pid}/ns/net"))
+    except OSError:
+        namespace = "root"
+    return scrape.memo(f"tasks:tcp:{namespace}", read)
+
+
+def _wchan(scrape: Scrape, pid: int, tid: int) -> str:
+    try:
+        return parse_wchan(read_proc(scrape, f"{task_dir(pid, tid)}/wchan", True))
+    except NotAvailable:
+        return ""
+
+
+def network_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | None:
+    """The network call a sleeping thread waits in, or None (another call, or not a
+    connected TCP socket). NotAvailable/ParseError: its syscall file cannot be read."""
+    syscall = parse_task_syscall(read_proc(scrape, f"{task_dir(pid, tid)}/syscall", True))
+    if syscall is None:
+        return None
+    arch = _arch(scrape)
+    call = SYSCALLS.get(arch, {}).get(syscall.nr)
+    if call is None:
+        return None
+    wchan = None
+    if call == RESTART:
+        wchan = _wchan(scrape, pid, tid)
+        if "poll" not in wchan:
+            return None  # a restarted sleep or futex wait
+        call = "poll"
+        syscall = syscall._replace(nr=POLL_NR.get(arch, syscall.nr))
+    polled = tuple(polled_fds(scrape, pid, tid, syscall)) if call in POLL_CALLS else ()
+    if call in POLL_CALLS and not polled:
+        return None  # too many fds to be one call's socket, or the memory is unreadable
+    for fd in polled or (syscall.args[0],):
+        inode = _fd_link_inode(scrape, pid, fd)
+        if inode is None:
+            continue
+        socket = _tcp_table(scrape, pid).get(inode)
+        if socket is None or socket.state == "LISTEN":
+            continue
+        if wchan is None:
+            wchan = _wchan(scrape, pid, tid)
+        return NetworkWait(pid, tid, call, fd, inode, socket.peer, wchan, syscall.signature,
+                           polled)
+    return None
+
+
+def process_network_waits(scrape: Scrape, pid: int, limit: int = TASKS_READ_PER_POOL,
+                          tids: list[int] | None = None) -> list[tuple[NetworkWait, int | None]]:
+    """(wait, CPU ns) of every thread of a process in a network wait now: the leader, then
+    up to `limit` other threads in tid order (the order and bound the pools collector uses),
+    or the given `tids`. For subjects and bundles; the collector walks the threads itself as
+    it counts them."""
+    found: list[tuple[NetworkWait, int | None]] = []
+
+    def check(tid: int, state: str, runtime: int | None) -> None:
+        if state not in SLEEPING:
+            return
+        try:
+            wait = network_wait(scrape, pid, tid)
+        except (NotAvailable, ParseError):
+            return
+        if wait is not None:
+            found.append((wait, runtime))
+
+    try:
+        stat_text = read_proc(scrape, f"proc/{pid}/stat", True)
+    except NotAvailable:
+        return found  # exited
+    try:
+        runtime: int | None = parse_pid_schedstat(
+            read_proc(scrape, f"proc/{pid}/schedstat", True))[0]
+    except (NotAvailable, ParseError):
+        runtime = None
+    check(pid, stat_text[stat_text.rfind(")") + 2:][:1], runtime)
+    if tids is None:
+        tids = [t for t in task_ids(scrape, pid) if t != pid][:limit]
+    for tid in tids:
+        try:
+            task = read_task(scrape, pid, tid)
+        except (NotAvailable, ParseError):
+            continue
+        check(tid, task.state, task.runtime_ns)
+    return found
+
+
+class WaitTracker:
+    """How long each thread has stayed in the same network wait: the same call with the same
+    arguments, and no CPU time used in between (schedstat field 1 unchanged), across
+    observations. A thread first seen waiting counts from that observation: the kernel does
+    not say when the call began."""
+
+    def __init__(self) -> None:
+        self._since: dict[Hashable, tuple[tuple, int | None, float]] = {}
+
+    def observe(self, waits: dict[Hashable, tuple[tuple, int | None]],
+                now: float) -> dict[Hashable, float]:
+        """{thread key: (signature, runtime ns)} of the threads waiting now -> seconds each
+        has waited. Threads not in `waits` are forgotten."""
+        previous, current = self._since, {}
+        for key, (signature, runtime) in waits.items():
+            old = previous.get(key)
+            same = (old is not None and old[0] == signature and old[1] == runtime
+                    and runtime is not None)
+            current[key] = (signature, runtime, old[2] if same else now)
+        self._since = current
+        return {key: max(0.0, now - since) for key, (_, _, since) in current.items()}

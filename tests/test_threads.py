@@ -1,0 +1,527 @@
+"""Every thread of a pool process (collectors/tasks.py, the pools collector): the TCP table
+and syscall parsers on real text, the thread counters on fixture trees, and on this machine's
+/proc: hundreds of busy threads, idle threads, and a worker parked on a socket to a listener
+that never answers (the exporter, a recorded bundle replayed, the finding's subjects, and
+`fleetscope stacks`)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+
+from fleetscope.collectors import tasks as tasks_module
+from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.parsers import net_tcp as net_tcp_module
+from fleetscope.collectors.parsers import process as process_parsers
+from fleetscope.collectors.parsers.net_tcp import TcpSocket, parse_net_tcp
+from fleetscope.collectors.parsers.process import (
+    TaskSyscall,
+    parse_fd_sockets,
+    parse_task_syscall,
+    parse_wchan,
+)
+from fleetscope.collectors.tasks import WaitTracker
+from fleetscope.config import parse_config
+from fleetscope.exporter import Exporter
+from fleetscope.exposition import render
+from tests.conftest import samples
+from tests.fuzzing import parser_fuzz_tests
+from tests.test_pools import STATUS_REAL, write, write_process
+
+# ---- real samples -----------------------------------------------------------------------
+
+# /proc/net/tcp of this project's CI machine (Linux 6.18 x86-64), lines kept verbatim: a
+# listener on every address, a loopback listener, a connection to it from both sides, and a
+# TIME_WAIT line (inode 0, fewer fields).
+NET_TCP_REAL = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode                                                     \n"
+    "   2: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        "
+    "0 1681 1 00000000b3fbb35a 100 0 0 10 0                      \n"
+    "   3: 0100007F:B5EB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        "
+    "0 101013 1 0000000006f60350 100 0 0 10 0                    \n"
+    "   7: 0100007F:B5EB 0100007F:AEDC 01 00000000:00000000 02:00000514 00000000     0        "
+    "0 101020 2 00000000f40691ee 22 4 26 18 -1                   \n"
+    "   8: 0100007F:A489 0100007F:C766 06 00000000:00000000 03:00001547 00000000     0        "
+    "0 0 3 00000000ca9c5908                                      \n"
+    " 206: 0100007F:AEDC 0100007F:B5EB 01 00000000:00000000 00:00000000 00000000     0        "
+    "0 101019 1 000000007029ec62 21 4 20 29 -1                   \n"
+)
+# /proc/net/tcp6 of the same machine: a listener on ::1, a connection over ::1, and an IPv4
+# client connected to a dual-stack listener (the v4-mapped address ::ffff:127.0.0.1).
+NET_TCP6_REAL = (
+    "  sl  local_address                         remote_address                        st "
+    "tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    "   1: 00000000000000000000000001000000:C325 00000000000000000000000000000000:0000 0A "
+    "00000000:00000000 00:00000000 00000000     0        0 111091 1 00000000dea5b95a 100 0 0 "
+    "10 0\n"
+    "   3: 00000000000000000000000001000000:81F6 00000000000000000000000001000000:C325 01 "
+    "00000000:00000000 00:00000000 00000000     0        0 111092 2 00000000cb119116 20 0 0 "
+    "10 -1\n"
+    "   5: 0000000000000000FFFF00000100007F:E84B 0000000000000000FFFF00000100007F:A458 01 "
+    "00000000:00000000 00:00000000 00000000     0        0 111096 1 00000000c6b8e5f9 20 0 0 "
+    "10 -1\n"
+)
+# The example line of the kernel's Documentation/networking/proc_net_tcp.rst.
+NET_TCP_DOC = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode\n"
+    "   46: 010310AC:9C4C 030310AC:1770 01 00000150:00000000 01:00000019 00000000  1000 0 "
+    "54165785 4 cd1e6040 25 4 27 3 -1\n"
+)
+# /proc/<pid>/task/<tid>/syscall of threads on this machine: recvfrom(fd 4) of a plain
+# sock.recv, poll(1 fd, 50 s) of a recv with a timeout, clock_nanosleep, running, and a
+# thread blocked outside a syscall.
+SYSCALL_RECVFROM_REAL = ("45 0x4 0x7f22bfb78a40 0xa 0x0 0x0 0x0 0x7f22bf97da10 "
+                         "0x7f22c0128974\n")
+SYSCALL_POLL_REAL = ("7 0x7f9d5b270a78 0x1 0xc350 0x0 0x0 0x0 0x7f9d5b270a10 "
+                     "0x7f9d5bb1a26f\n")
+
+
+def test_net_tcp_real_and_documented_lines():
+    sockets = parse_net_tcp(NET_TCP_REAL)
+    assert sockets[1681] == TcpSocket("0.0.0.0:2024", "", "LISTEN")
+    assert sockets[101020] == TcpSocket("127.0.0.1:46571", "127.0.0.1:44764", "ESTABLISHED")
+    assert sockets[101019].peer == "127.0.0.1:46571"  # the other end of the same connection
+    assert 0 not in sockets  # TIME_WAIT: no file points at it
+    six = parse_net_tcp(NET_TCP6_REAL, what="/proc/net/tcp6")
+    assert six[111091] == TcpSocket("[::1]:49957", "", "LISTEN")
+    assert six[111092].peer == "[::1]:49957"
+    assert six[111096] == TcpSocket("127.0.0.1:59467", "127.0.0.1:42072", "ESTABLISHED")
+    assert parse_net_tcp(NET_TCP_DOC)[54165785] == TcpSocket(
+        "172.16.3.1:40012", "172.16.3.3:6000", "ESTABLISHED")
+    assert set(parse_net_tcp(NET_TCP_REAL, inodes={101019, 5})) == {101019}
+
+
+def test_net_tcp_of_this_machine_names_a_connection_it_makes():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    try:
+        inode = os.fstat(client.fileno()).st_ino
+        with open("/proc/net/tcp") as handle:
+            entry = parse_net_tcp(handle.read())[inode]
+        assert entry.peer == f"127.0.0.1:{server.getsockname()[1]}"
+        assert entry.local == f"127.0.0.1:{client.getsockname()[1]}"
+        assert entry.state == "ESTABLISHED"
+    finally:
+        client.close()
+        server.close()
+
+
+def test_syscall_and_wchan_real_samples():
+    assert parse_task_syscall(SYSCALL_RECVFROM_REAL) == TaskSyscall(
+        45, (4, 0x7f22bfb78a40, 10, 0, 0, 0))
+    poll = parse_task_syscall(SYSCALL_POLL_REAL)
+    assert poll.nr == 7 and poll.args[1] == 1 and poll.args[2] == 50_000
+    assert parse_task_syscall("running\n") is None
+    assert parse_task_syscall("-1 0x7ffcfa48cad0 0x7f91abaed545\n") is None
+    assert parse_wchan("wait_woken") == "wait_woken"
+    assert parse_wchan("poll_schedule_timeout.constprop.0") == "poll_schedule_timeout"
+    assert parse_wchan("0") == ""
+    assert parse_fd_sockets("4 22523\n\n7 22530\n") == {4: 22523, 7: 22530}
+
+
+@pytest.mark.parametrize("parser, text", [
+    (parse_net_tcp, ""),
+    (parse_net_tcp, NET_TCP_REAL.replace("0100007F:B5EB", "0100007F-B5EB")),
+    (parse_net_tcp, NET_TCP_REAL.replace(" 101020 ", " 10x020 ")),
+    (parse_task_syscall, "45 0x4 0x7f22\n"),
+    (parse_task_syscall, SYSCALL_RECVFROM_REAL.replace("0x4", "zz")),
+    (parse_fd_sockets, "4\n"),
+])
+def test_parsers_reject_malformed(parser, text):
+    with pytest.raises(ParseError):
+        parser(text)
+
+
+PARSERS = {
+    "net_tcp": (parse_net_tcp, NET_TCP_REAL),
+    "net_tcp6": (parse_net_tcp, NET_TCP6_REAL),
+    "syscall": (parse_task_syscall, SYSCALL_RECVFROM_REAL),
+    "fd_sockets": (parse_fd_sockets, "4 22523\n7 22530\n"),
+}
+tcpish = st.text(alphabet="0123456789ABCDEFx: \n", max_size=300)
+test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(PARSERS, tcpish)
+
+
+@pytest.mark.parametrize("module", [net_tcp_module, process_parsers])
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(module)
+    assert tried > 0 and failures == 0
+
+
+def test_wait_tracker_counts_one_unbroken_wait():
+    tracker = WaitTracker()
+    recv = (45, 4, 0x7F00, 10, 0, 0, 0)
+    assert tracker.observe({"t": (recv, 1000)}, 100.0) == {"t": 0.0}
+    assert tracker.observe({"t": (recv, 1000)}, 115.0) == {"t": 15.0}
+    # it ran (CPU time moved) and went back into the same call: a new wait
+    assert tracker.observe({"t": (recv, 1200)}, 130.0) == {"t": 0.0}
+    assert tracker.observe({"t": (recv, 1200)}, 145.0) == {"t": 15.0}
+    # another call, or the same call on another buffer: a new wait
+    assert tracker.observe({"t": ((45, 4, 0x7F08, 10, 0, 0, 0), 1200)}, 160.0) == {"t": 0.0}
+    # gone from the waits, then back: counted afresh
+    assert tracker.observe({}, 175.0) == {}
+    assert tracker.observe({"t": (recv, 1200)}, 190.0) == {"t": 0.0}
+    # without schedstat nothing proves it did not run in between
+    assert tracker.observe({"u": (recv, None)}, 200.0) == {"u": 0.0}
+    assert tracker.observe({"u": (recv, None)}, 215.0) == {"u": 0.0}
+
+
+# ---- the collector on fixture trees -----------------------------------------------------
+
+POOL = [{"name": "agents", "class": "online", "match": {"cmdline": "agent.worker"}}]
+AGENTS = 'class="online",pool="agents"'
+
+
+def write_task(root: Path, pid: int, tid: int, state: str, voluntary: int,
+               nonvoluntary: int, run_ns: int, delay_ns: int) -> None:
+    """A non-leader thread's status and schedstat, in the kernel's format (the real sample
+    with this thread's values)."""
+    base = root / "proc" / str(pid) / "task" / str(tid)
+    letter = {"R": "R (running)", "S": "S (sleeping)", "D": "D (disk sleep)"}[state]
+    status = (STATUS_REAL.replace("State:\tS (sleeping)", f"State:\t{letter}")
+              .replace("Pid:\t30168", f"Pid:\t{tid}")
+              .replace("voluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t0",
+                       f"voluntary_ctxt_switches:\t{voluntary}\n"
+                       f"nonvoluntary_ctxt_switches:\t{nonvoluntary}"))
+    write(base / "status", status)
+    write(base / "schedstat", f"{run_ns} {delay_ns} 7\n")
+
+
+def thread_tree(tmp_path: Path, threads: dict[int, tuple]) -> Path:
+    root = tmp_path / "root"
+    write_process(root, 500, "python3\0-m\0agent.worker\0", threads=1 + len(threads),
+                  voluntary=10, nonvoluntary=3, run_delay_ns=1_000_000_000)
+    for tid, values in threads.items():
+        write_task(root, 500, tid, *values)
+    return root
+
+
+def pools_exporter(root: Path) -> Exporter:
+    return Exporter(str(root), parse_config({"pools": POOL, "collectors": ["pools"]},
+                                            ("pools",)))
+
+
+def test_counters_sum_every_thread_and_never_fall_when_one_exits(tmp_path):
+    root = thread_tree(tmp_path, {501: ("R", 5, 400, 10**9, 2 * 10**9),
+                                  502: ("R", 7, 600, 10**9, 3 * 10**9),
+                                  503: ("S", 90, 1, 10**6, 0)})
+    exporter = pools_exporter(root)
+    got = samples(render(exporter.collect(now=1000.0)))
+    switches = 'fleetscope_pool_context_switches_total{{class="online",kind="{}",pool="agents"}}'
+    assert got[f"fleetscope_pool_threads{{{AGENTS}}}"] == 4
+    assert got[f"fleetscope_pool_threads_read{{{AGENTS}}}"] == 4
+    assert got[f"fleetscope_pool_runnable_threads{{{AGENTS}}}"] == 2  # the leader sleeps
+    assert got[switches.format("nonvoluntary")] == 3 + 400 + 600 + 1
+    assert got[switches.format("voluntary")] == 10 + 5 + 7 + 90
+    assert got[f"fleetscope_pool_thread_run_delay_seconds_total{{{AGENTS}}}"] == 6.0
+    assert got[f"fleetscope_pool_run_delay_seconds_total{{{AGENTS}}}"] == 1.0  # main thread
+    # thread 502 exits; 501 switches 100 more times: the total keeps 502's count
+    for name in ("status", "schedstat"):
+        (root / f"proc/500/task/502/{name}").unlink()
+    (root / "proc/500/task/502").rmdir()
+    write_task(root, 500, 501, "R", 5, 500, 10**9, 2 * 10**9)
+    got = samples(render(exporter.collect(now=1015.0)))
+    assert got[switches.format("nonvoluntary")] == 3 + 500 + 600 + 1
+    assert got[f"fleetscope_pool_runnable_threads{{{AGENTS}}}"] == 1
+
+
+def test_threads_read_per_pool_are_bounded_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks_module, "TASKS_READ_PER_POOL", 2)
+    from fleetscope.collectors import pools as pools_module
+
+    monkeypatch.setattr(pools_module, "TASKS_READ_PER_POOL", 2)
+    root = thread_tree(tmp_path, {tid: ("R", 1, 1, 1, 1) for tid in range(501, 506)})
+    got = samples(render(pools_exporter(root).collect(now=1000.0)))
+    assert got[f"fleetscope_pool_threads{{{AGENTS}}}"] == 6  # every thread is counted
+    assert got[f"fleetscope_pool_threads_read{{{AGENTS}}}"] == 3  # the leader and two
+    assert got[f"fleetscope_pool_threads_read_limit{{{AGENTS}}}"] == 2
+    assert got[f"fleetscope_pool_runnable_threads{{{AGENTS}}}"] == 2
+
+
+def test_a_bundle_without_threads_falls_back_to_the_main_thread(tmp_path):
+    root = tmp_path / "root"
+    write_process(root, 500, "python3\0-m\0agent.worker\0", threads=64, nonvoluntary=77)
+    got = samples(render(pools_exporter(root).collect(now=1000.0)))
+    assert got[f"fleetscope_pool_threads{{{AGENTS}}}"] == 64
+    assert got[f"fleetscope_pool_threads_read{{{AGENTS}}}"] == 1
+    assert got['fleetscope_pool_context_switches_total{class="online",kind="nonvoluntary",'
+               'pool="agents"}'] == 77
+
+
+def test_without_syscall_files_the_wait_metrics_are_absent_not_zero(tmp_path):
+    root = tmp_path / "root"
+    write_process(root, 500, "python3\0-m\0agent.worker\0",
+                  files=("cmdline", "cgroup", "stat", "status", "schedstat", "limits",
+                         "fd_count"))
+    got = samples(render(pools_exporter(root).collect(now=1000.0)))
+    assert f"fleetscope_pool_blocked_network_threads{{{AGENTS}}}" not in got
+    assert f"fleetscope_pool_runnable_threads{{{AGENTS}}}" in got
+
+
+# ---- live: hundreds of busy threads, idle threads ----------------------------------------
+
+# Threads that burn CPU outside the GIL (hashlib releases it for large buffers), as native
+# inference threads do; started together on an event. A call is long (64 MiB) so that few
+# threads queue on the GIL between calls. Bounded to 30 s whatever happens.
+THREADS = r"""
+import hashlib, os, sys, threading, time
+count, busy = int(sys.argv[1]), sys.argv[2] == "busy"
+data, go, never = b"x" * (64 << 20), threading.Event(), threading.Event()
+end = time.time() + 30
+def burn():
+    go.wait()
+    while time.time() < end:
+        hashlib.sha256(data).digest()
+for _ in range(count):
+    threading.Thread(target=burn if busy else never.wait, daemon=True).start()
+go.set()
+print("ready", flush=True)
+time.sleep(max(0.0, end - time.time()))
+os._exit(0)
+"""
+
+
+def _thread_pool_rates(count: int, busy: bool, seconds: float = 3.0) -> dict[str, float]:
+    marker = f"fleetscope-threads-{os.getpid()}-{time.monotonic_ns()}"
+    child = subprocess.Popen([sys.executable, "-c", THREADS, str(count),
+                              "busy" if busy else "idle", marker], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        exporter = Exporter("/", parse_config({"collectors": ["pools"], "pools": [
+            {"name": "t", "class": "online", "match": {"cmdline": marker}}]}, ("pools",)))
+        time.sleep(0.5)
+        first = samples(render(exporter.collect()))
+        leader_first = _leader_nonvoluntary(child.pid)
+        started = time.time()
+        time.sleep(seconds)
+        leader_last = _leader_nonvoluntary(child.pid)
+        last = samples(render(exporter.collect()))
+        elapsed = time.time() - started
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    key = 'fleetscope_pool_context_switches_total{class="online",kind="nonvoluntary",pool="t"}'
+    delay = 'fleetscope_pool_thread_run_delay_seconds_total{class="online",pool="t"}'
+    return {"threads": last['fleetscope_pool_threads{class="online",pool="t"}'],
+            "waiting_for_cpu": (last[delay] - first[delay]) / elapsed,
+            "runnable": last['fleetscope_pool_runnable_threads{class="online",pool="t"}'],
+            "nonvoluntary_per_s": (last[key] - first[key]) / elapsed,
+            "leader_nonvoluntary_per_s": (leader_last - leader_first) / elapsed}
+
+
+def _leader_nonvoluntary(pid: int) -> int:
+    """What the pools collector used to read: the main thread's own count."""
+    with open(f"/proc/{pid}/status") as handle:
+        return int(handle.read().split("nonvoluntary_ctxt_switches:")[1].split()[0])
+
+
+@pytest.mark.live
+def test_hundreds_of_busy_threads_show_runnable_threads_and_preemption():
+    cpus = os.cpu_count() or 1
+    few = _thread_pool_rates(cpus, busy=True)
+    many = _thread_pool_rates(400, busy=True)
+    assert many["threads"] == 401
+    assert many["runnable"] >= 4 * cpus, many  # runnable threads >> cores
+    # Preemption across the pool is high where the main thread (asleep) shows next to none.
+    assert many["nonvoluntary_per_s"] >= 100, many
+    assert many["nonvoluntary_per_s"] >= 10 * max(many["leader_nonvoluntary_per_s"], 1), many
+    # And the harm rises as the problem worsens: with one thread a core the threads barely
+    # wait for a CPU; with 400, hundreds of thread-seconds a second... bounded by the
+    # machine's other work, so at least five times as much.
+    assert many["waiting_for_cpu"] >= 5 * max(few["waiting_for_cpu"], 1.0), (few, many)
+
+
+@pytest.mark.live
+def test_idle_threads_are_not_runnable():
+    idle = _thread_pool_rates(400, busy=False, seconds=1.0)
+    assert idle["threads"] == 401
+    assert idle["runnable"] <= 2, idle
+    assert idle["nonvoluntary_per_s"] < 20, idle
+
+
+# ---- live: a worker parked on a socket that never answers -------------------------------
+
+WORKER = r"""
+import socket, sys, threading, time
+port = int(sys.argv[1])
+def tool_call():                 # no timeout: parked in recvfrom
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /tool HTTP/1.0\r\n\r\n")
+    s.recv(4096)
+def tool_call_with_timeout():    # a timeout: parked in poll, then recv
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(300)
+    s.recv(4096)
+def local_pipe():                # a socketpair, as multiprocessing uses: not a network call
+    a, b = socket.socketpair()
+    a.recv(1)
+def accept_loop():               # a server waiting for clients: not a network call
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.accept()
+for target in (tool_call, tool_call_with_timeout, local_pipe, accept_loop):
+    threading.Thread(target=target, name=target.__name__, daemon=True).start()
+time.sleep(0.5)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def parked_worker(tmp_path):
+    """(pid, port, marker): a worker whose two tool-call threads wait on a 127.0.0.1
+    listener that accepts into its backlog and never answers; ends by itself after 60 s."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    marker = f"fleetscope-parked-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(WORKER)
+    child = subprocess.Popen([sys.executable, str(script), str(port)], stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "ready"
+    yield child.pid, port, marker
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    silent.close()
+
+
+def _config(marker: str) -> dict:
+    return {"pools": [{"name": "agents", "class": "online", "match": {"cmdline": marker}}],
+            "collectors": ["pools"], "blocked_call_seconds": 2}
+
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_exporter_shows_blocked_network_threads_and_the_wait_growing(parked_worker,
+                                                                    exporter_factory):
+    _, _, marker = parked_worker
+    exporter = exporter_factory("/", _config(marker))
+    blocked = f"fleetscope_pool_blocked_network_threads{{{AGENTS}}}"
+    longest = f"fleetscope_pool_network_wait_longest_seconds{{{AGENTS}}}"
+    waiting = f"fleetscope_pool_network_wait_threads{{{AGENTS}}}"
+    first = samples(exporter.text())
+    assert first[waiting] == 2  # the two tool calls, not the socketpair nor the listener
+    assert first[blocked] == 0  # just seen: not yet longer than 2 s
+    readings = []
+    for _ in range(3):
+        time.sleep(1.2)
+        readings.append(samples(exporter.text()))
+    assert [r[waiting] for r in readings] == [2, 2, 2]
+    longest_seen = [r[longest] for r in readings]
+    assert longest_seen == sorted(longest_seen) and longest_seen[-1] > longest_seen[0]
+    assert longest_seen[-1] > 2 and readings[-1][blocked] == 2
+
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_worker,
+                                                                      tmp_path):
+    from fleetscope.collectors.base import bundle_roots
+    from fleetscope.diagnose.bundle import open_bundle
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.diagnose.evidence import bundle_series
+    from fleetscope.rules.catalog import by_id
+    from fleetscope.rules.promql import Selector
+
+    pid, port, marker = parked_worker
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(json.dumps(_config(marker)))
+    output = tmp_path / "parked"
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
+                             "--seconds", "3", "--interval", "1", "--config",
+                             str(config_path), "-o", str(output)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((output / "meta.json").read_text())
+    last = output / meta["samples"][-1]["dir"]
+    assert (last / "proc/net/tcp").is_file()
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    for tid in tids:
+        for name in ("stat", "status", "schedstat", "syscall", "wchan"):
+            assert (last / f"proc/{pid}/task/{tid}/{name}").is_file()
+    fd_sockets = parse_fd_sockets((last / f"proc/{pid}/fd_sockets").read_text())
+    assert len(fd_sockets) == 2
+    assert any((last / f"proc/{pid}/task/{tid}/pollfds").is_file() for tid in tids)
+
+    # Replayed sample by sample: the waits last as long as the recording did.
+    bundle = open_bundle(str(output))
+    config = bundle.config(None)
+    series = bundle_series(bundle, config)
+    stamps = series.timestamps()
+    longest = [Selector("fleetscope_pool_network_wait_longest_seconds").evaluate(series, t)
+               for t in stamps]
+    values = [next(iter(v.values())) for v in longest]
+    times = [s["time"] for s in meta["samples"]]
+    assert values[0] == 0
+    assert values[-1] == pytest.approx(times[-1] - times[0], abs=0.01)
+    blocked = Selector("fleetscope_pool_blocked_network_threads").evaluate(series, stamps[-1])
+    assert list(blocked.values()) == [2]
+
+    finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "agents"},
+                      1.0, 0.8)
+    Enricher(config, bundle_roots(bundle.samples[0].directory),
+             bundle_roots(bundle.samples[-1].directory), series)(finding)
+    assert finding.subjects["pids"] == [pid]
+    assert f"pid {pid} thread " in finding.extra_summary
+    assert f"127.0.0.1:{port}" in finding.extra_summary
+    calls = {e["signal"].split(" in ")[1].split("(")[0] for e in finding.evidence
+             if e["unit"] == "seconds"}
+    assert calls == {"recvfrom", "poll"}
+    assert all(e["value"] == pytest.approx(times[-1] - times[0], abs=0.01)
+               for e in finding.evidence if e["unit"] == "seconds")
+    bundle.close()
+
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="py-spy and syscall files need root here")
+def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_worker):
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.rules.catalog import by_id
+
+    pid, port, marker = parked_worker
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "stacks", "--json", str(pid)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    threads = {t["thread_name"]: t for t in json.loads(result.stdout)}
+    # A plain sock.recv in the worker's own function: the kernel says network.
+    assert threads["tool_call"]["state"] == "network"
+    assert threads["tool_call"]["syscall"] == "recvfrom"
+    assert threads["tool_call"]["peer"] == f"127.0.0.1:{port}"
+    # py-spy's stop turned its poll into restart_syscall: still the poll on the same socket
+    assert threads["tool_call_with_timeout"]["syscall"] == "poll"
+    assert threads["tool_call_with_timeout"]["peer"] == f"127.0.0.1:{port}"
+    for local in ("local_pipe", "accept_loop", "MainThread"):  # no TCP peer behind these
+        assert threads[local]["syscall"] == "" and threads[local]["peer"] == "", local
+
+    enricher = Enricher(parse_config(_config(marker)), ("/",), ("/",), live=True)
+    enricher.snapshot()
+    time.sleep(1.5)
+    finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "agents"},
+                      1.0, 0.8)
+    enricher(finding)
+    assert finding.subjects["pids"] == [pid]
+    assert f"127.0.0.1:{port}" in finding.extra_summary
+    assert "tool_call" in finding.extra_summary  # the py-spy frame it waits in
+    waits = [e for e in finding.evidence if e["unit"] == "seconds"]
+    assert len(waits) == 2 and all(e["value"] >= 1.0 for e in waits)
