@@ -769,6 +769,14 @@ def to_table(result: CheckResult) -> str:
 # Command
 # ---------------------------------------------------------------------------------------
 
+def offset(text: str) -> int:
+    """A file offset in hex, as the kernel prints it (`1134` or `0x1134`)."""
+    value = int(text.strip(), 16)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def build_isa_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope isa check",
@@ -784,7 +792,38 @@ def build_isa_parser() -> argparse.ArgumentParser:
         help="the CPU to check against, as a /proc/cpuinfo file (default: this machine's)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--at", metavar="OFFSET", type=offset,
+        help="decode only the instruction at this file offset, in hex (the first number in "
+        "the brackets of a kernel trap line: `in agent[1134,...]`) and check its extension",
+    )
     return parser
+
+
+def _check_at(path: str, offset: int, cpu: CpuInfo, as_json: bool) -> int:
+    """`isa check BINARY --at OFFSET`: the one instruction a SIGILL line points at."""
+    from fleetscope.collectors.parsers.kmsg import SigillCrash
+    from fleetscope.isa_fault import in_binary
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    crash = SigillCrash("", "", 0, os.path.basename(path), "", "", None, "", offset)
+    fault = in_binary(path, crash)
+    if fault is None:
+        raise InputError(f"{path}: offset {offset:#x} is not in a loaded segment of an x86-64 "
+                         "or AArch64 ELF file")
+    states = {name: _state(extension_of(fault.arch, name), cpu.features,
+                           cpu.model.arch != fault.arch) for name in fault.extensions}
+    if as_json:
+        sys.stdout.write(json.dumps({**fault.to_json(), "on_cpu": states}, indent=2) + "\n")
+    else:
+        needs = ", ".join(f"{name} ({_VERDICT[state]} on this CPU)"
+                          for name, state in states.items()) or "no extension"
+        address = f" (address {fault.address:#x})" if fault.address is not None else ""
+        sys.stdout.write(f"{path} at file offset {offset:#x}{address}: "
+                         f"{fault.text or '(not a valid instruction)'}: {needs}"
+                         + (f"; {fault.note}" if fault.note else "") + "\n")
+    return EXIT_MISSING if "missing" in states.values() else EXIT_OK
 
 
 def run_isa_check(argv: list[str]) -> int:
@@ -804,6 +843,8 @@ def run_isa_check(argv: list[str]) -> int:
             cpu = parse_cpuinfo(text, args.features_from)
         except ParseError as err:
             raise InputError(str(err)) from None
+        if args.at is not None:
+            return _check_at(args.binary, args.at, cpu, args.json)
         scan = scan_binary(args.binary)
     except InputError as err:
         print(f"fleetscope isa check: error: {err}", file=sys.stderr)

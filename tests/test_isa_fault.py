@@ -32,7 +32,7 @@ from fleetscope.isa_fault import (
     in_binary,
 )
 from tests.conftest import FIXTURES, require_tool
-from tests.test_isa import EM_AARCH64, TEXT_ADDRESS, make_elf
+from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, make_elf
 
 KMSG = FIXTURES / "kmsg"  # real public kernel logs; origins in its README.md
 ARM64_414 = (KMSG / "arm64-4.14-undefinstr.txt").read_text()
@@ -111,6 +111,25 @@ def test_aarch64_binary_decoded_at_the_kernel_offset(tmp_path):
     assert len(bytes.fromhex(entry["bytes"])) <= 48
     again = from_capture(json.loads(json.dumps(entry)))
     assert (again.text, again.extensions) == ("ptrue p0.s", ["SVE"])
+
+
+def test_isa_check_at_one_offset(tmp_path, capsys):
+    words = (0xD503201F, 0x2598E3E0, 0xD65F03C0)  # nop, ptrue p0.s (SVE), ret
+    binary = tmp_path / "agent"
+    binary.write_bytes(make_elf(EM_AARCH64, b"".join(struct.pack("<I", w) for w in words),
+                                sections=False))
+    at = 64 + 56 + 4  # the kernel prints hex without 0x
+    kunpeng = str(KUNPENG_CPUINFO)
+    capsys.readouterr()
+    assert run_isa_check([str(binary), "--at", f"{at:x}", "--features-from", kunpeng]) == 1
+    out = capsys.readouterr().out
+    assert f"at file offset {at:#x}" in out and "ptrue p0.s: SVE (ABSENT on this CPU)" in out
+    assert run_isa_check([str(binary), "--at", f"{at - 4:#x}", "--features-from", kunpeng,
+                          "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mnemonic"] == "nop"
+    assert run_isa_check([str(binary), "--at", "0x99999", "--features-from", kunpeng]) == 3
+    assert "not in a loaded segment" in capsys.readouterr().err
+    assert run_isa_check([str(binary), "--at", "zz"]) == 2
 
 
 def test_bad_captures_are_ignored():
@@ -282,6 +301,13 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
     assert fault.mnemonic == "vaddph" and fault.extensions == ["AVX-512FP16"]
     assert fault.source == ("kernel offset" if crash.offset is not None
                             else "ip minus mapping base")
+    # `isa check --at` the offset of the line says the same.
+    at = crash.offset if crash.offset is not None else fault.file_offset
+    check = subprocess.run([sys.executable, "-m", "fleetscope", "isa", "check",
+                            str(fp16_binary), "--at", f"{at:x}"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1 and "vaddph" in check.stdout
+    assert "AVX-512FP16 (ABSENT on this CPU)" in check.stdout
     # Its time: boot time + the log's seconds lands between the launch and the exit
     # (btime has whole seconds; the kernel clock and wall clock drift apart a little).
     boot = boot_time(Path("/proc/stat").read_text())
