@@ -345,3 +345,15 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
     assert pid in finding["subjects"]["pids"]
     assert "vaddph" in finding["summary"] and "AVX-512FP16" in finding["summary"]
     assert "recorded bytes" in finding["summary"]
+
+
+def test_scenario_bundle_names_the_faulting_instruction_without_the_binary():
+    # The isa-mismatch scenario: a Kunpeng 920 node (no SVE), arm64 5.10 lines without the
+    # file offset, and the bytes `bundle record` kept; the library itself is not in the bundle.
+    document = _diagnose("--bundle", str(FIXTURES / "scenarios" / "isa-mismatch"))
+    finding = document["findings"][0]
+    assert finding["rule"] == "isa-mismatch"
+    assert finding["subjects"]["binaries"] == ["libagentcore.so"]
+    assert len(finding["subjects"]["pids"]) == 4
+    assert "faulted on ptrue p0.s: SVE absent on this CPU" in finding["summary"]
+    assert "ip minus mapping base" in finding["summary"]
