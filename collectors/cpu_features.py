@@ -16,6 +16,9 @@ Sources, each optional on its own:
   static/, found through the scrape's fallback root.
 - /proc/sys/debug/exception-trace (show_unhandled_signals): when 0 the kernel logs no SIGILL
   and the crash counter cannot move.
+- /proc/stat `btime`: the kernel log's timestamps are seconds since boot; boot time plus them
+  is each crash's Unix time (fleetscope_sigill_last_crash_timestamp_seconds). A bundle's
+  samples carry /proc/stat, so a bundle converts its static/dmesg.txt the same way.
 
 Label values stay bounded: the binary label keeps the first MAX_BINARIES names (the most
 frequent first among those seen together), the rest count as binary="other"; a name once
@@ -35,7 +38,7 @@ from fleetscope.exposition import Family, counter, gauge, labels
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
-from .parsers.kmsg import KernelLogScan, scan_kernel_log
+from .parsers.kmsg import KernelLogScan, boot_time, scan_kernel_log, wall_clock
 
 MAX_BINARIES = 50
 MAX_VARIANTS = 16  # distinct CPU variants exported; more than this is not a real machine
@@ -97,6 +100,7 @@ class CpuFeaturesCollector(Collector):
         self._cpuinfo: tuple[str, CpuInfo] | None = None
         self._kmsg: _Kmsg | None = None
         self._counts: Counter[str] = Counter()  # live kernel log: crashes since the start
+        self._last: dict[str, float] = {}  # live kernel log: latest crash time per label
         self._suppressed = 0
         self._dmesg: tuple[str, KernelLogScan] | None = None
 
@@ -179,12 +183,13 @@ class CpuFeaturesCollector(Collector):
         source = KMSG
         try:
             with self._lock:
+                boot = _boot_time(scrape)
                 try:
-                    counts, suppressed = self._read_kmsg(scrape)
+                    counts, last, suppressed = self._read_kmsg(scrape, boot)
                 except NotAvailable as kmsg_error:
                     source = DMESG
                     try:
-                        counts, suppressed = self._read_dmesg(scrape)
+                        counts, last, suppressed = self._read_dmesg(scrape, boot)
                     except NotAvailable as dmesg_error:
                         scrape.sources[(self.name, KMSG)] = (
                             False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
@@ -202,13 +207,23 @@ class CpuFeaturesCollector(Collector):
         for binary in sorted(counts):
             crashes.add(counts[binary], labels(binary=binary))
         yield crashes
+        latest = gauge(
+            "fleetscope_sigill_last_crash_timestamp_seconds",
+            "Unix time of the latest SIGILL of each binary in the kernel log (boot time from "
+            "/proc/stat btime plus the log's seconds since boot); absent for crashes whose "
+            "line carries no timestamp.",
+        )
+        for binary in sorted(last):
+            latest.add(round(last[binary], 3), labels(binary=binary))
+        yield latest
         yield counter(
             "fleetscope_sigill_reports_suppressed_total",
             "Unhandled-signal reports the kernel dropped by rate limit ('show_signal: N "
             "callbacks suppressed'); while it rises the crash counter undercounts.",
         ).add(suppressed)
 
-    def _read_kmsg(self, scrape: Scrape) -> tuple[dict[str, int], int]:
+    def _read_kmsg(self, scrape: Scrape, boot: float | None
+                   ) -> tuple[dict[str, int], dict[str, float], int]:
         path = scrape.path(KMSG)
         if self._kmsg is not None and self._kmsg.path != path:
             self._kmsg.close()
@@ -227,9 +242,11 @@ class CpuFeaturesCollector(Collector):
         scan = scan_kernel_log(text, f"/{KMSG}")
         self._suppressed += scan.suppressed
         _admit(self._counts, Counter(crash.binary for crash in scan.crashes))
-        return dict(self._counts), self._suppressed
+        _latest(self._last, self._counts, scan, boot)
+        return dict(self._counts), dict(self._last), self._suppressed
 
-    def _read_dmesg(self, scrape: Scrape) -> tuple[dict[str, int], int]:
+    def _read_dmesg(self, scrape: Scrape, boot: float | None
+                    ) -> tuple[dict[str, int], dict[str, float], int]:
         text = scrape.read_text(DMESG)
         cached = self._dmesg
         if cached is None or cached[0] != text:
@@ -237,7 +254,29 @@ class CpuFeaturesCollector(Collector):
         scan = cached[1]
         counts: Counter[str] = Counter()
         _admit(counts, Counter(crash.binary for crash in scan.crashes))
-        return dict(counts), scan.suppressed
+        last: dict[str, float] = {}
+        _latest(last, counts, scan, boot)
+        return dict(counts), last, scan.suppressed
+
+
+def _boot_time(scrape: Scrape) -> float | None:
+    try:
+        return boot_time(scrape.read_text("proc/stat"))
+    except NotAvailable:
+        return None
+
+
+def _latest(last: dict[str, float], counts: Counter[str], scan: KernelLogScan,
+            boot: float | None) -> None:
+    """Raise each label's latest crash time with the crashes of `scan` (the binary's own
+    label, or "other" for a binary that did not get one)."""
+    for crash in scan.crashes:
+        when = wall_clock(crash, boot)
+        if when is None:
+            continue
+        label = crash.binary if crash.binary in counts and crash.binary != "other" else "other"
+        if when > last.get(label, 0.0):
+            last[label] = when
 
 
 def _admit(counts: Counter[str], new: Counter[str]) -> None:

@@ -6,7 +6,7 @@ the live node. Metrics stay per pool; a finding names the processes.
     numa-remote-access   the pool's processes with the most memory off their CPUs' nodes
     fd-exhaustion        the process closest to its open-file limit
     core-imbalance       the busiest CPU
-    isa-mismatch         the extensions the crashed binary uses that the CPU lacks
+    isa-mismatch         every binary that died of SIGILL: pids, times, faulting instruction
     worker-blocked-...   the threads parked in network calls: pid, syscall, TCP peer, how
                          long (kernel side, bundle or live), and the py-spy frame (live)
     thread-oversub...    the pool's processes with the most threads
@@ -439,13 +439,87 @@ class Enricher:
                 f"pid {pid} ({n})" for n, pid in top[:3])
 
     def _isa_mismatch(self, finding: Finding) -> None:
-        """Which extensions the crashed binary uses that this CPU lacks: recorded in the
-        bundle by `bundle record` (static/cmd/isa-check-<binary>.json), or checked now on a
-        live node when the binary can be found."""
-        for binary in finding.subjects["binaries"] or [finding.labels.get("binary", "")]:
-            self._isa_check(finding, binary)
+        """One finding per node: every binary the kernel log saw die of SIGILL, its pids,
+        crash times, and the instruction that faulted with its extension
+        (fleetscope/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
+        arm64 Code: word; bytes `bundle record` kept when the binary is not here), else the
+        whole-binary `isa check` as a last resort."""
+        import time
 
-    def _isa_check(self, finding: Finding, binary: str) -> None:
+        from fleetscope.collectors.parsers.cpuinfo import parse_cpuinfo
+        from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
+        from fleetscope.isa_fault import crashed_binaries
+
+        text = self._kernel_log()
+        if text is None:
+            return
+        crashes = scan_kernel_log(text).crashes
+        labelled = finding.labels.get("binary")
+        if labelled:  # a per-binary finding describes its own binary only
+            crashes = tuple(c for c in crashes if c.binary == labelled)
+        if not crashes:
+            return
+        boot = _read(self.last, "proc/stat", boot_time)
+        cpu = _read(self.last, "proc/cpuinfo", parse_cpuinfo)
+        try:
+            captures = json.loads(self.last.read_text("cmd/sigill-faults.json"))
+        except (NotAvailable, ValueError):
+            captures = []
+        timestamps = self.series.timestamps() if self.series is not None else []
+        now = timestamps[-1] / 1000 if timestamps else time.time()
+        locate = None
+        if self.live:
+            from fleetscope.isa import locate_binary as locate
+        binaries = crashed_binaries(
+            crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
+                captures, list) else [], locate=locate,
+            cpu_flags=cpu.features if cpu else frozenset(), cpu_arch=cpu.model.arch if cpu
+            else "")
+        finding.subjects["binaries"] = [b.binary for b in binaries]
+        finding.subjects["pids"] = list(dict.fromkeys(
+            pid for b in binaries for pid in b.pids))[:MAX_SUBJECTS * 4]
+        parts, earlier = [], []
+        for crashed in binaries:
+            if crashed.fault is None:
+                crashed.scan_missing = self._isa_check_missing(crashed.binary)
+            finding.evidence.extend(_crash_evidence(crashed, now))
+            (parts if crashed.recent or crashed.last_time is None else earlier).append(crashed)
+        summary = [_crash_summary(c, now) for c in parts[:3]]
+        if earlier:
+            last = max(c.last_time for c in earlier)
+            summary.append(f"earlier SIGILL crashes of {', '.join(c.binary for c in earlier[:3])}"
+                           f"{' and others' if len(earlier) > 3 else ''}, last at "
+                           f"{_utc(last)}")
+        finding.extra_summary = "; ".join(summary)
+        main = parts[0] if parts else binaries[0]
+        if main.fault is None:  # the verdict rests on a whole-binary scan at best
+            finding.confidence = min(finding.confidence, 0.6)
+
+    def _kernel_log(self) -> str | None:
+        """A bundle's static/dmesg.txt, or the live ring buffer (/dev/kmsg, then `dmesg`)."""
+        try:
+            return self.last.read_text("dmesg.txt")
+        except NotAvailable:
+            pass
+        if not self.live:
+            return None
+        from fleetscope.collectors.cpu_features import _Kmsg
+
+        try:
+            kmsg = _Kmsg("/dev/kmsg")
+        except OSError:
+            return None
+        try:
+            return kmsg.read_new()
+        except OSError:
+            return None
+        finally:
+            kmsg.close()
+
+    def _isa_check_missing(self, binary: str) -> list[str]:
+        """What the whole-binary check says the binary needs and this CPU lacks: recorded by
+        `bundle record` (static/cmd/isa-check-<binary>.json), or checked now on a live
+        node when the binary can be found."""
         document = None
         try:
             document = json.loads(self.last.read_text(f"cmd/isa-check-{binary}.json"))
@@ -462,14 +536,69 @@ class Enricher:
                 except (InputError, ParseError, NotAvailable, ImportError):
                     document = None
         if not isinstance(document, dict):
-            return
+            return []
         missing = [str(name) for name in document.get("missing") or []]
         if document.get("arch_mismatch"):
             missing = missing or ["(built for another architecture)"]
-        if missing:
-            note = f"{binary} uses {', '.join(missing)}, which this CPU lacks"
-            finding.extra_summary = "; ".join(filter(None, (finding.extra_summary, note)))
-        finding.evidence.append({
-            "signal": f"extensions {binary} uses that this CPU lacks"
-                      + (f": {', '.join(missing)}" if missing else " (none found by isa check)"),
-            "value": len(missing), "threshold": 0, "unit": "extensions"})
+        return missing
+
+
+SIGILL_LOOKBACK = 900  # seconds: crashes this recent are the incident; older ones "earlier"
+
+
+def _utc(when: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
+def _crash_summary(crashed, now: float) -> str:
+    fault = crashed.fault
+    pids = ", ".join(str(p) for p in crashed.pids[:3])
+    head = f"{crashed.binary} (pid {pids}" + (
+        f", {max(0, now - crashed.last_time):.0f} s ago)" if crashed.last_time else ")")
+    if fault is not None and fault.text:
+        verdict = ", ".join(f"{name} {'absent' if state == 'missing' else state} on this CPU"
+                            for name, state in crashed.on_cpu.items()) or fault.note
+        return f"{head} faulted on {fault.text}" + (f": {verdict}" if verdict else "") + \
+            f" [{fault.source}]"
+    if fault is not None:
+        return f"{head}: {fault.note} [{fault.source}]"
+    if crashed.scan_missing:
+        return f"{head}: it uses {', '.join(crashed.scan_missing)}, which this CPU lacks " \
+               "[whole-binary scan; the faulting instruction is unknown]"
+    return f"{head}: faulting instruction unknown (the binary is not here and no bytes of " \
+           "it were recorded)"
+
+
+def _crash_evidence(crashed, now: float) -> list[dict]:
+    """Evidence rows (the contract's four fields) for one crashed binary: its crashes with
+    pids and latest time against the look-back, and the faulting instruction's verdict."""
+    pids = ", ".join(str(p) for p in crashed.pids[:10])
+    rows = [{"signal": f"SIGILL crashes of {crashed.binary} (pids {pids})",
+             "value": crashed.crashes, "threshold": 0, "unit": "crashes"}]
+    if crashed.last_time is not None:
+        rows.append({"signal": f"latest SIGILL of {crashed.binary} at {_utc(crashed.last_time)} "
+                               f"({'within' if crashed.recent else 'before'} the "
+                               f"{SIGILL_LOOKBACK // 60} min look-back)",
+                     "value": round(crashed.last_time, 3),
+                     "threshold": round(now - SIGILL_LOOKBACK, 3), "unit": "unix seconds"})
+    fault = crashed.fault
+    if fault is not None:
+        absent = [n for n, state in crashed.on_cpu.items() if state == "missing"]
+        needs = f" needing {', '.join(fault.extensions)}" if fault.extensions else ""
+        where = f" at file offset {fault.file_offset:#x}" if fault.file_offset is not None \
+            else ""
+        rows.append({"signal": f"faulting instruction of {crashed.binary}: "
+                               f"{fault.text or 'undecodable bytes'}{needs}{where} "
+                               f"(verdict from the {fault.source}, confidence "
+                               f"{fault.confidence:.2f})" + (f"; {fault.note}" if fault.note
+                                                             else ""),
+                     "value": len(absent), "threshold": 0,
+                     "unit": "extensions absent on this CPU"})
+    elif crashed.scan_missing:
+        rows.append({"signal": f"extensions {crashed.binary} uses that this CPU lacks: "
+                               f"{', '.join(crashed.scan_missing)} (whole-binary scan, "
+                               "confidence 0.50: the faulting instruction is unknown)",
+                     "value": len(crashed.scan_missing), "threshold": 0, "unit": "extensions"})
+    return rows

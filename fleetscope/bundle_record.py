@@ -195,6 +195,41 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
             _copy(root, f"proc/net/{name}", destination)
 
 
+SIGILL_FAULTS = "cmd/sigill-faults.json"
+MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
+
+
+def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
+    """static/cmd/sigill-faults.json: for the latest SIGILLs in the kernel log, the bytes
+    around the faulting instruction in the binary found on this node (fleetscope/isa_fault.py),
+    so the bundle names the instruction and its extension on a machine without the binary."""
+    from fleetscope.collectors.parsers import ParseError
+    from fleetscope.collectors.parsers.kmsg import scan_kernel_log
+    from fleetscope.isa import locate_binary
+    from fleetscope.isa_fault import capture
+
+    try:
+        crashes = scan_kernel_log(dmesg).crashes
+    except ParseError:
+        return
+    entries, seen = [], set()
+    for crash in reversed(crashes):  # the most recent crashes are the incident's
+        key = (crash.binary, crash.offset, crash.mapping_delta)
+        if key in seen or (crash.offset is None and crash.mapping_delta is None):
+            continue
+        seen.add(key)
+        path = locate_binary(crash.binary)
+        entry = capture(path, crash) if path else None
+        if entry is not None:
+            entries.append(entry)
+        if len(entries) >= MAX_FAULTS:
+            break
+    if entries:
+        os.makedirs(os.path.join(static_dir, "cmd"), exist_ok=True)
+        with open(os.path.join(static_dir, SIGILL_FAULTS), "w", encoding="utf-8") as out:
+            json.dump(entries, out, indent=1)
+
+
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
            progress: Callable[[int, int], None] | None = None) -> str:
     """Record a bundle; returns the path written."""
@@ -225,6 +260,8 @@ def _record(output, seconds, interval, config, root, progress, commands) -> str:
             with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
                 out.write(dmesg)
         commands.static(static, dmesg)
+        if dmesg is not None and root == "/":
+            capture_sigill_faults(static, dmesg)
         count = max(1, int(seconds / interval) + 1)
         samples = []
         start = time.monotonic()

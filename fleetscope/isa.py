@@ -1,27 +1,27 @@
 """`fleetscope isa check BINARY [--features-from CPUINFO] [--json]`: which instruction-set
-extensions a binary uses, and which of them a CPU lacks (the `isa-mismatch` evidence).
+extensions an ELF binary needs, which it only uses behind runtime CPU dispatch, and which of
+them a CPU lacks (the `isa-mismatch` evidence).
 
-    $ fleetscope isa check ./agent_worker --features-from node17-cpuinfo.txt
-    extension   cpuinfo flags  instructions  first use                               this CPU
-    AVX-512F    avx512f                 214  0x4011c0 vmovups zmm0, ... (matmul)      missing
+    $ fleetscope isa check /usr/lib/x86_64-linux-gnu/libm.so.6
+    extension  cpuinfo flags  needed  dispatched  first use                          this CPU
+    FMA4       fma4                -         507  0x31c70 vfmaddsd ... (IFUNC target)  absent
     ...
+    No extension the binary needs is missing on this CPU (FMA4 is used only behind ...).
 
-The binary's executable sections are disassembled with capstone (a linear sweep) and every
-instruction is mapped to the extension it needs; each extension names the /proc/cpuinfo flag
-that provides it, so the check against a CPU is a set difference. For x86 the GNU property
-note GNU_PROPERTY_X86_ISA_1_NEEDED (GCC >= 11 `-mneeded`; glibc >= 2.33 refuses to load a
-binary above the CPU's level) is read too, and the x86-64 psABI levels (v1-v4) of both sides
-are shown.
+x86-64 is decoded with iced-x86, which knows the CPUID feature of every instruction
+(`Instruction.cpuid_features()`), function by function (.eh_frame and symbols), and code
+that runs only behind runtime dispatch is told apart (fleetscope/isa_x86.py: IFUNC resolvers
+and targets, branches on CPUID results or the capability words glibc, libgcc and OpenSSL keep,
+glibc-hwcaps variants). "needed" is everything else plus the GNU property note
+GNU_PROPERTY_X86_ISA_1_NEEDED (GCC >= 11 `-mneeded`; glibc >= 2.33 refuses to load a binary
+above the CPU's level); only "needed" decides the exit code. AArch64 is swept with capstone and
+all of it counts as needed.
 
-Limits, said in the output too: a linear sweep also decodes data placed in code sections,
-and code behind runtime CPU dispatch (glibc IFUNC, oneDNN, OpenBLAS) is counted although it
-never runs on a CPU without the extension. A missing extension is a risk; the faulting ip
-in the kernel's SIGILL line (`fleetscope_sigill_crashes_total`) is the proof. capstone 5
-does not decode AMX, AVX-512 FP16/BF16, AVX-VNNI and a few newer encodings: those are
-recognised from their VEX/EVEX opcode maps here.
+A missing needed extension is a risk a static look can still get wrong; the faulting
+instruction of a SIGILL (fleetscope/isa_fault.py, from the kernel's trap line) is the proof.
 
-Exit codes: 0 no extension missing, 1 extensions missing on that CPU (or the binary is for
-another architecture), 2 usage error, 3 unreadable input or not an ELF file.
+Exit codes: 0 no needed extension missing, 1 a needed extension missing on that CPU (or the
+binary is for another architecture), 2 usage error, 3 unreadable input or not an ELF file.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -106,12 +107,16 @@ _EXTENSIONS = (
     _x86("TBM", "tbm", note="AMD family 15h only"), _x86("SSE4a", "sse4a", note="AMD only"),
     _x86("3DNow!", "3dnow", note="AMD only, removed since family 15h"),
     _x86("RDRAND", "rdrand"), _x86("RDSEED", "rdseed"), _x86("ADX", "adx"),
-    _x86("RTM", "rtm", note="with TSX disabled transactions abort instead of SIGILL"),
+    _x86("RTM", "rtm", note="Intel TSX: off on most Intel parts since 2021, never on AMD"),
     _x86("CLWB", "clwb"), _x86("XSAVEC", "xsavec"), _x86("XSAVEOPT", "xsaveopt"),
     _x86("RDPID", "rdpid"), _x86("MOVDIRI", "movdiri"), _x86("MOVDIR64B", "movdir64b"),
     _x86("WAITPKG", "waitpkg"), _x86("RDTSCP", "rdtscp"), _x86("FSGSBASE", "fsgsbase"),
     _x86("SERIALIZE", "serialize"), _x86("TSXLDTRK", "tsxldtrk"), _x86("CLZERO", "clzero"),
-    _x86("MWAITX", "mwaitx"), _x86("RDPRU", "rdpru"),
+    _x86("MWAITX", "mwaitx"), _x86("RDPRU", "rdpru"), _x86("XSAVE", "xsave"),
+    _x86("PKU", "pku"), _x86("ENQCMD", "enqcmd"), _x86("UINTR", "uintr"), _x86("LWP", "lwp"),
+    _x86("AVX-512-4FMAPS", "avx512_4fmaps"), _x86("AVX-512-4VNNIW", "avx512_4vnniw"),
+    _x86("PREFETCHWT1", "prefetchwt1", hidden=True), _x86("PTWRITE", "ptwrite", hidden=True),
+    _x86("KeyLocker", "keylocker", hidden=True), _x86("RAO-INT", "rao_int", hidden=True),
     _a64("LSE", "atomics"), _a64("AES", "aes"), _a64("PMULL", "pmull"), _a64("SHA1", "sha1"),
     _a64("SHA2", "sha2"), _a64("SHA512", "sha512"), _a64("SHA3", "sha3"), _a64("SM3", "sm3"),
     _a64("SM4", "sm4"), _a64("CRC32", "crc32"), _a64("FP16", "fphp"),
@@ -129,317 +134,11 @@ _EXTENSIONS = (
 EXTENSIONS: dict[tuple[str, str], Extension] = {(e.arch, e.name): e for e in _EXTENSIONS}
 
 
-# ---------------------------------------------------------------------------------------
-# x86-64 instruction classification
-# ---------------------------------------------------------------------------------------
-
-def _names(ext: str, mnemonics: str) -> dict[str, tuple[str, ...]]:
-    return dict.fromkeys(mnemonics.split(), (ext,))
-
-
-# Instructions whose extension does not depend on the encoding. Baseline x86-64 (SSE, SSE2,
-# CMOV, ...) is absent. `tzcnt` is left out on purpose: GCC emits `rep bsf` (the same bytes)
-# for generic x86-64 because it gives the same result on CPUs without BMI1; so are hint-space
-# instructions that run as NOPs on older CPUs (endbr64, prefetchw, cldemote, clflushopt).
-X86_MNEMONICS: dict[str, tuple[str, ...]] = {
-    **_names("SSE3", "addsubpd addsubps haddpd haddps hsubpd hsubps lddqu movddup movshdup "
-                     "movsldup fisttp"),
-    **_names("SSSE3", "pabsb pabsd pabsw palignr phaddd phaddsw phaddw phsubd phsubsw phsubw "
-                      "pmaddubsw pmulhrsw pshufb psignb psignd psignw"),
-    **_names("SSE4.1", "blendpd blendps blendvpd blendvps dppd dpps extractps insertps "
-                       "movntdqa mpsadbw packusdw pblendvb pblendw pcmpeqq pextrb pextrd pextrq "
-                       "phminposuw pinsrb pinsrd pinsrq pmaxsb pmaxsd pmaxud pmaxuw pminsb "
-                       "pminsd pminud pminuw pmovsxbd pmovsxbq pmovsxbw pmovsxdq pmovsxwd "
-                       "pmovsxwq pmovzxbd pmovzxbq pmovzxbw pmovzxdq pmovzxwd pmovzxwq pmuldq "
-                       "pmulld ptest roundpd roundps roundsd roundss"),
-    **_names("SSE4.2", "crc32 crc32b crc32w crc32l crc32q pcmpestri pcmpestrm pcmpistri "
-                       "pcmpistrm pcmpgtq"),
-    **_names("SSE4a", "extrq insertq movntsd movntss"),
-    **_names("POPCNT", "popcnt"),
-    **_names("LZCNT", "lzcnt"),
-    **_names("MOVBE", "movbe"),
-    **_names("CMPXCHG16B", "cmpxchg16b"),
-    **_names("LAHF-SAHF", "lahf sahf"),
-    **_names("AES", "aesdec aesdeclast aesenc aesenclast aesimc aeskeygenassist"),
-    **_names("PCLMULQDQ", "pclmulqdq pclmullqlqdq pclmulhqlqdq pclmullqhqdq pclmulhqhqdq"),
-    **_names("SHA", "sha1msg1 sha1msg2 sha1nexte sha1rnds4 sha256msg1 sha256msg2 sha256rnds2"),
-    **_names("GFNI", "gf2p8affineinvqb gf2p8affineqb gf2p8mulb"),
-    **_names("BMI1", "andn blsi blsmsk blsr"),
-    **_names("BMI2", "bzhi mulx pdep pext rorx sarx shlx shrx"),
-    **_names("TBM", "blcfill blci blcic blcmsk blcs blsfill blsic t1mskc tzmsk"),
-    **_names("RDRAND", "rdrand"),
-    **_names("RDSEED", "rdseed"),
-    **_names("ADX", "adcx adox"),
-    **_names("RTM", "xbegin xend xabort xtest"),
-    **_names("CLWB", "clwb"),
-    **_names("XSAVEC", "xsavec xsavec64"),
-    **_names("XSAVEOPT", "xsaveopt xsaveopt64"),
-    **_names("RDPID", "rdpid"),
-    **_names("MOVDIRI", "movdiri"),
-    **_names("MOVDIR64B", "movdir64b"),
-    **_names("WAITPKG", "umonitor umwait tpause"),
-    **_names("RDTSCP", "rdtscp"),
-    **_names("FSGSBASE", "rdfsbase rdgsbase wrfsbase wrgsbase"),
-    **_names("SERIALIZE", "serialize"),
-    **_names("CLZERO", "clzero"),
-    **_names("MWAITX", "monitorx mwaitx"),
-    **_names("RDPRU", "rdpru"),
-    **_names("3DNow!", "femms pavgusb pf2id pf2iw pfacc pfadd pfcmpeq pfcmpge pfcmpgt pfmax "
-                       "pfmin pfmul pfnacc pfpnacc pfrcp pfrcpit1 pfrcpit2 pfrsqit1 pfrsqrt "
-                       "pfsub pfsubr pi2fd pi2fw pmulhrw pswapd"),
-}
-
-# AVX-512 subsets named by mnemonic (EVEX encodings).
-X86_AVX512_SUBSETS: dict[str, str] = {
-    **dict.fromkeys("vpmadd52luq vpmadd52huq".split(), "AVX-512IFMA"),
-    **dict.fromkeys("vpermb vpermi2b vpermt2b vpmultishiftqb".split(), "AVX-512VBMI"),
-    **dict.fromkeys("vpcompressb vpcompressw vpexpandb vpexpandw vpshldw vpshldd vpshldq "
-                    "vpshldvw vpshldvd vpshldvq vpshrdw vpshrdd vpshrdq vpshrdvw vpshrdvd "
-                    "vpshrdvq".split(), "AVX-512VBMI2"),
-    **dict.fromkeys("vpdpbusd vpdpbusds vpdpwssd vpdpwssds".split(), "AVX-512VNNI"),
-    **dict.fromkeys("vpopcntb vpopcntw vpshufbitqmb".split(), "AVX-512BITALG"),
-    **dict.fromkeys("vpopcntd vpopcntq".split(), "AVX-512VPOPCNTDQ"),
-    **dict.fromkeys("vcvtne2ps2bf16 vcvtneps2bf16 vdpbf16ps".split(), "AVX-512BF16"),
-    **dict.fromkeys("vp2intersectd vp2intersectq".split(), "AVX-512VP2INTERSECT"),
-    **dict.fromkeys("vpconflictd vpconflictq vplzcntd vplzcntq vpbroadcastmb2q "
-                    "vpbroadcastmw2d".split(), "AVX-512CD"),
-    **dict.fromkeys("vexp2ps vexp2pd vrcp28ps vrcp28pd vrcp28ss vrcp28sd vrsqrt28ps vrsqrt28pd "
-                    "vrsqrt28ss vrsqrt28sd".split(), "AVX-512ER"),
-}
-_AVX512_BW_EXTRA = frozenset(
-    "vpmaddwd vpunpcklwd vpunpckhwd vpackssdw vpackusdw vpalignr vpslldq vpsrldq vdbpsadbw "
-    "vmovdqu8 vmovdqu16 vpmovb2m vpmovw2m vpmovm2b vpmovm2w".split()
-)
-# Packed-integer mnemonics that end in b/w but narrow dwords/qwords: AVX-512F, not BW.
-_AVX512_F_NARROWING = frozenset(
-    "vpmovdb vpmovdw vpmovqb vpmovqw vpmovsdb vpmovsdw vpmovsqb vpmovsqw vpmovusdb vpmovusdw "
-    "vpmovusqb vpmovusqw".split()
-)
-_AVX512_DQ = re.compile(
-    r"vpmullq|vcvtt?p[sd]2u?qq|vcvtu?qq2p[sd]|vrange[ps][sd]|vreduce[ps][sd]|vfpclass[ps][sd]"
-    r"|v(?:extract|insert)[fi](?:32x8|64x2)|vbroadcast[fi](?:32x2|32x8|64x2)|vpmov[dq]2m"
-    r"|vpmovm2[dq]|v(?:and|andn|or|xor)p[sd]|vp(?:extr|insr)[dq]"
-)
-_AVX512_SCALAR_VP = frozenset(
-    "vpextrb vpextrw vpextrd vpextrq vpinsrb vpinsrw vpinsrd vpinsrq".split()
-)
-_FMA3 = re.compile(r"vf(?:n?m(?:add|sub)|maddsub|msubadd)(?:132|213|231)[ps][sd]")
-_FMA4 = re.compile(r"vf(?:n?m(?:add|sub)|maddsub|msubadd)[ps][sd]")
-_AVX2_ONLY = frozenset(
-    "vpbroadcastb vpbroadcastw vpbroadcastd vpbroadcastq vbroadcasti128 vperm2i128 vpermd "
-    "vpermq vpermps vpermpd vinserti128 vextracti128 vpblendd vpmaskmovd vpmaskmovq vpsllvd "
-    "vpsllvq vpsrlvd vpsrlvq vpsravd vgatherdps vgatherdpd vgatherqps vgatherqpd vpgatherdd "
-    "vpgatherdq vpgatherqd vpgatherqq".split()
-)
-# `vp` mnemonics that AVX (not AVX2) already had in 256 bits, or that belong elsewhere.
-_AVX_VP_256 = frozenset("vptest vpermilps vpermilpd vperm2f128".split())
-_VEX_NAMED = {
-    **dict.fromkeys("vcvtph2ps vcvtps2ph".split(), "F16C"),
-    **dict.fromkeys("vpdpbusd vpdpbusds vpdpwssd vpdpwssds".split(), "AVX-VNNI"),
-    **dict.fromkeys("vpmadd52luq vpmadd52huq".split(), "AVX-IFMA"),
-    **dict.fromkeys("vgf2p8affineinvqb vgf2p8affineqb vgf2p8mulb".split(), "GFNI"),
-}
-_AES_VECTOR = frozenset("vaesdec vaesdeclast vaesenc vaesenclast vaesimc vaeskeygenassist".split())
-_CLMUL_VECTOR = frozenset(
-    "vpclmulqdq vpclmullqlqdq vpclmulhqlqdq vpclmullqhqdq vpclmulhqhqdq".split()
-)
-
-_LEGACY_PREFIXES = frozenset(b"\x26\x2e\x36\x3e\x64\x65\x66\x67\xf0\xf2\xf3")
-_PP = (None, 0x66, 0xF3, 0xF2)
-
-
-@dataclass(frozen=True, slots=True)
-class _Vex:
-    """The fields of a VEX, EVEX or XOP prefixed instruction, decoded from its bytes."""
-
-    encoding: str  # "vex", "evex" or "xop"
-    map: int  # opcode map: 1 (0F), 2 (0F38), 3 (0F3A), 5, 6 (EVEX), 8-10 (XOP)
-    opcode: int
-    pp: int | None  # implied prefix: None, 0x66, 0xF3, 0xF2
-    w: int
-    length_bits: int  # VEX.L, or EVEX.L'L (0: 128, 1: 256, 2: 512)
-    broadcast_or_rounding: int  # EVEX.b
-    modrm: int
-    size: int  # instruction length in bytes
-
-
-def _escape_index(code: bytes, pos: int, end: int) -> int:
-    i = pos
-    while i < end and code[i] in _LEGACY_PREFIXES:
-        i += 1
-    if i < end and 0x40 <= code[i] <= 0x4F:  # REX
-        i += 1
-    return i
-
-
-def _decode_vex(code: bytes, pos: int, end: int) -> _Vex | None:
-    """Decode a VEX/EVEX/XOP prefixed instruction at `pos` far enough to know its opcode and
-    length (64-bit mode), or None when the bytes are not one."""
-    i = _escape_index(code, pos, end)
-    if i + 2 >= end:
-        return None
-    lead = code[i]
-    b_bit = 0
-    if lead == 0xC5:
-        encoding, opmap, w = "vex", 1, 0
-        length_bits, pp = (code[i + 1] >> 2) & 1, code[i + 1] & 3
-        j = i + 2
-    elif lead in (0xC4, 0x8F):
-        if lead == 0x8F and (code[i + 1] & 0x1F) < 8:
-            return None  # POP r/m, not XOP
-        encoding = "vex" if lead == 0xC4 else "xop"
-        opmap, w = code[i + 1] & 0x1F, code[i + 2] >> 7
-        length_bits, pp = (code[i + 2] >> 2) & 1, code[i + 2] & 3
-        j = i + 3
-    elif lead == 0x62:
-        if i + 3 >= end or not code[i + 2] & 0x04:  # EVEX P1 bit 2 is always 1
-            return None
-        encoding, opmap, w = "evex", code[i + 1] & 0x07, code[i + 2] >> 7
-        pp, length_bits, b_bit = code[i + 2] & 3, (code[i + 3] >> 5) & 3, (code[i + 3] >> 4) & 1
-        j = i + 4
-    else:
-        return None
-    if j + 1 >= end:
-        return None
-    opcode, modrm = code[j], code[j + 1]
-    size = j + 2 - pos
-    mod, rm = modrm >> 6, modrm & 7
-    if mod != 3:
-        if rm == 4:  # SIB byte
-            if j + 2 >= end:
-                return None
-            size += 1
-            if mod == 0 and code[j + 2] & 7 == 5:
-                size += 4
-        if mod == 1:
-            size += 1
-        elif mod == 2 or (mod == 0 and rm == 5):
-            size += 4
-    has_imm8 = opmap == 3 or (encoding == "xop" and opmap == 8) or (
-        opmap == 1 and (0x70 <= opcode <= 0x73 or opcode in (0xC2, 0xC4, 0xC5, 0xC6)))
-    size += 1 if has_imm8 else (4 if encoding == "xop" and opmap == 10 else 0)
-    if pos + size > end:
-        return None
-    return _Vex(encoding, opmap, opcode, _PP[pp], w, length_bits, b_bit, modrm, size)
-
-
-def _unknown_vex(fields: _Vex) -> tuple[str, ...]:
-    """Extensions of VEX/EVEX instructions capstone 5 cannot decode, by opcode map and opcode
-    (Intel SDM opcode tables; the AMX, AVX-VNNI, FP16 and BF16 maps are all newer than the
-    LLVM capstone 5 was generated from)."""
-    op, pp, opmap = fields.opcode, fields.pp, fields.map
-    if fields.encoding == "xop":
-        return ("XOP",)
-    if fields.encoding == "evex":
-        if opmap in (5, 6):  # maps 5 and 6 exist only for AVX-512 FP16
-            return ("AVX-512FP16",)
-        if opmap == 3 and pp in (None, 0xF3) and op in (0x08, 0x0A, 0x26, 0x27, 0x56, 0x57,
-                                                         0x66, 0x67, 0xC2):
-            return ("AVX-512FP16",)  # vrndscaleph, vgetmantph, vreduceph, vfpclassph, vcmpph
-        if opmap == 2 and ((op == 0x52 and pp == 0xF3) or (op == 0x72 and pp in (0xF2, 0xF3))):
-            return ("AVX-512BF16",)  # vdpbf16ps, vcvtne2ps2bf16, vcvtneps2bf16
-        if opmap == 2 and op == 0x68 and pp == 0xF2:
-            return ("AVX-512VP2INTERSECT",)
-        return ("AVX-512F",)
-    if opmap == 2:
-        if op in (0x49, 0x4B):
-            return ("AMX-TILE",)  # ldtilecfg sttilecfg tilerelease tilezero tileload* tilestored
-        if op == 0x5E:
-            return ("AMX-INT8",)  # tdpbssd tdpbsud tdpbusd tdpbuud
-        if op == 0x5C:
-            return ("AMX-BF16",) if pp == 0xF3 else ("AMX-FP16",)  # tdpbf16ps / tdpfp16ps
-        if op == 0x6C:
-            return ("AMX-COMPLEX",)
-        if 0x50 <= op <= 0x53:
-            return ("AVX-VNNI",) if pp == 0x66 else ("AVX-VNNI-INT8",)
-        if op in (0xD2, 0xD3):
-            return ("AVX-VNNI-INT16",)
-        if op in (0xB4, 0xB5) and pp == 0x66:
-            return ("AVX-IFMA",)
-        if (op == 0x72 and pp == 0xF3) or op in (0xB0, 0xB1):
-            return ("AVX-NE-CONVERT",)
-        if op in (0xCB, 0xCC, 0xCD) and pp == 0xF2:
-            return ("SHA512",)
-        if op == 0xDA:
-            return ("SM3",) if pp in (None, 0x66) else ("SM4",)
-        if 0xE0 <= op <= 0xEF and pp == 0x66:
-            return ("CMPCCXADD",)
-    if opmap == 3 and op == 0xDE:
-        return ("SM3",)
-    return ("AVX",)
-
-
-def _evex_scalar(mnemonic: str) -> bool:
-    if mnemonic.startswith("vp"):
-        return mnemonic in _AVX512_SCALAR_VP
-    return mnemonic.endswith(("ss", "sd", "sh", "si")) or mnemonic.startswith(
-        ("vcomis", "vucomis", "vmovd", "vmovq", "vmovw", "vinsertps", "vextractps"))
-
-
-def _x86_vector(mnemonic: str, op_str: str, fields: _Vex) -> tuple[str, ...]:
-    """Extensions of a capstone-decoded VEX/EVEX/XOP instruction."""
-    if fields.encoding == "xop":
-        return ("TBM",) if mnemonic == "bextr" else ("XOP",)
-    wide = "ymm" in op_str or "zmm" in op_str
-    if fields.encoding == "vex":
-        if mnemonic == "bextr":
-            return ("BMI1",)
-        if mnemonic[0] == "k":  # AVX-512 opmask instructions are VEX-encoded
-            if mnemonic.endswith("b") or mnemonic in ("kaddw", "ktestw"):
-                return ("AVX-512F", "AVX-512DQ")
-            if mnemonic.endswith(("d", "q")):
-                return ("AVX-512F", "AVX-512BW")
-            return ("AVX-512F",)
-        if _FMA3.fullmatch(mnemonic):
-            return ("AVX", "FMA")
-        if _FMA4.fullmatch(mnemonic):
-            return ("AVX", "FMA4")
-        named = _VEX_NAMED.get(mnemonic)
-        if named:
-            return ("AVX", named)
-        if mnemonic in _AES_VECTOR:
-            return ("AVX", "VAES") if wide else ("AVX", "AES")
-        if mnemonic in _CLMUL_VECTOR:
-            return ("AVX", "VPCLMULQDQ") if wide else ("AVX", "PCLMULQDQ")
-        if mnemonic in _AVX2_ONLY or (
-            mnemonic in ("vbroadcastss", "vbroadcastsd") and op_str.rsplit(",", 1)[-1].strip()
-            .startswith("xmm")
-        ) or (mnemonic.startswith("vp") and "ymm" in op_str and mnemonic not in _AVX_VP_256):
-            return ("AVX", "AVX2")
-        if mnemonic in ("vmovntdqa", "vmpsadbw") and "ymm" in op_str:
-            return ("AVX", "AVX2")
-        return ("AVX",)
-    # EVEX
-    found = ["AVX-512F"]
-    subset = X86_AVX512_SUBSETS.get(mnemonic)
-    if subset:
-        found.append(subset)
-    elif mnemonic in _AES_VECTOR:
-        found.append("VAES")
-    elif mnemonic in _CLMUL_VECTOR:
-        found.append("VPCLMULQDQ")
-    elif mnemonic.startswith("vgf2p8"):
-        found.append("GFNI")
-    elif _AVX512_DQ.fullmatch(mnemonic):
-        found.append("AVX-512DQ")
-    elif mnemonic in _AVX512_BW_EXTRA or (
-        mnemonic.startswith("vp") and mnemonic.endswith(("b", "w"))
-        and mnemonic not in _AVX512_F_NARROWING
-    ):
-        found.append("AVX-512BW")
-    rounding_512 = fields.broadcast_or_rounding and fields.modrm >> 6 == 3
-    if fields.length_bits != 2 and not rounding_512 and not _evex_scalar(mnemonic):
-        found.append("AVX-512VL")
-    return tuple(found)
-
-
-def _x86_legacy_unknown(code: bytes, pos: int) -> tuple[tuple[str, ...], int] | None:
-    """A few legacy-encoded instructions capstone 5 does not know: (extensions, length)."""
-    if code[pos:pos + 3] == b"\x0f\x01\xe8":
-        return ("SERIALIZE",), 3
-    if code[pos:pos + 4] in (b"\xf2\x0f\x01\xe8", b"\xf2\x0f\x01\xe9"):
-        return ("TSXLDTRK",), 4  # xsusldtrk, xresldtrk
-    return None
+def extension_of(arch: str, name: str) -> Extension:
+    """The table entry; a feature the table does not know yet shows with its decoder name and
+    an "unknown" verdict rather than a guessed cpuinfo flag."""
+    found = EXTENSIONS.get((arch, name))
+    return found or Extension(name, arch, (name.lower(),), hidden=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -575,7 +274,8 @@ class Use:
     count: int
     address: int
     text: str
-    where: str  # section, and function when the symbol table has one
+    where: str  # section, and function when the symbol table or .eh_frame has one
+    reason: str = ""  # dispatched code: what makes it run only on CPUs that have it
 
 
 @dataclass
@@ -585,8 +285,13 @@ class BinaryScan:
     sections: list[str] = field(default_factory=list)
     instructions: int = 0
     undecoded_bytes: int = 0
-    uses: dict[str, Use] = field(default_factory=dict)
+    uses: dict[str, Use] = field(default_factory=dict)  # needed: runs unconditionally
+    dispatched: dict[str, Use] = field(default_factory=dict)  # only behind CPU dispatch
     isa_level_needed: int | None = None  # from GNU_PROPERTY_X86_ISA_1_NEEDED
+    functions: int = 0
+    bytes_outside_functions: int = 0  # executable bytes in no known function: not decoded
+    hwcaps_level: int = 0  # installed as a glibc-hwcaps x86-64-vN variant
+    decoder: str = ""
 
     def add(self, extensions: tuple[str, ...], address: int, text: str, where) -> None:
         for name in extensions:
@@ -598,10 +303,10 @@ class BinaryScan:
 
     @property
     def isa_level_used(self) -> int | None:
-        """The x86-64 psABI level the instructions found need (1 when none above baseline)."""
+        """The x86-64 psABI level the needed instructions imply (1 when none above baseline)."""
         if self.arch != "x86_64":
             return None
-        levels = [EXTENSIONS[("x86_64", name)].level for name in self.uses]
+        levels = [extension_of("x86_64", name).level for name in self.uses]
         return max([1, *levels])
 
 
@@ -675,64 +380,32 @@ def _regions(elf) -> list[tuple[str, int, int, bytes]]:
     return regions
 
 
-def _load_tools():
+def _elf_file():
+    try:
+        from elftools.elf.elffile import ELFFile
+    except ImportError:
+        raise InputError("pyelftools is not installed: pip install 'fleetscope[isa]'") from None
+    return ELFFile
+
+
+def _capstone():
     try:
         import capstone
-        from elftools.elf.elffile import ELFFile
-    except ImportError as err:
-        raise InputError(
-            f"{err.name or 'capstone/pyelftools'} is not installed: "
-            "pip install 'fleetscope[isa]'") from None
-    return capstone, ELFFile
+    except ImportError:
+        raise InputError("capstone is not installed (AArch64 decoding): "
+                         "pip install 'fleetscope[isa]'") from None
+    return capstone
+
+
+def _iced_available() -> None:
+    try:
+        import iced_x86  # noqa: F401
+    except ImportError:
+        raise InputError("iced-x86 is not installed (x86 decoding): "
+                         "pip install 'fleetscope[isa]'") from None
 
 
 WINDOW = 1 << 16  # bytes handed to capstone at a time
-
-
-def _sweep_x86(capstone, scan: BinaryScan, code: bytes, base: int, where) -> None:
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    end = len(code)
-    pos = 0
-    mnemonics = X86_MNEMONICS
-    while pos < end:
-        window_end = min(end, pos + WINDOW)
-        last = pos
-        for address, size, mnemonic, op_str in md.disasm_lite(code[pos:window_end], base + pos):
-            offset = address - base
-            last = offset + size
-            scan.instructions += 1
-            if " " in mnemonic:  # "lock cmpxchg16b", "rep stosb", "notrack jmp"
-                mnemonic = mnemonic.rsplit(" ", 1)[-1]
-            found = mnemonics.get(mnemonic)
-            if found is None and (mnemonic[0] in "vk" or mnemonic == "bextr"):
-                fields = _decode_vex(code, offset, end)
-                if fields is not None:
-                    found = _x86_vector(mnemonic, op_str, fields)
-            if found:
-                scan.add(found, address, f"{mnemonic} {op_str}".strip(), where)
-        if last >= window_end:
-            pos = last
-            continue
-        if last > pos and window_end < end and window_end - last < 16:
-            pos = last  # the window cut an instruction in two: start the next one there
-            continue
-        # capstone stopped at `last`: an encoding it does not know, or data in the section.
-        fields = _decode_vex(code, last, end)
-        if fields is not None:
-            scan.instructions += 1
-            text = f"({fields.encoding} map {fields.map} opcode {fields.opcode:#04x}, " \
-                   f"not decoded by capstone)"
-            scan.add(_unknown_vex(fields), base + last, text, where)
-            pos = last + fields.size
-            continue
-        legacy = _x86_legacy_unknown(code, last)
-        if legacy is not None:
-            scan.instructions += 1
-            scan.add(legacy[0], base + last, legacy[0][0].lower(), where)
-            pos = last + legacy[1]
-            continue
-        scan.undecoded_bytes += 1
-        pos = last + 1
 
 
 def _sweep_a64(capstone, scan: BinaryScan, code: bytes, base: int, where) -> None:
@@ -752,18 +425,52 @@ def _sweep_a64(capstone, scan: BinaryScan, code: bytes, base: int, where) -> Non
                 scan.add(found, address, f"{mnemonic} {op_str}".strip(), where)
 
 
+def _sweep_x86(scan: BinaryScan, code: bytes, base: int, where) -> None:
+    """A linear sweep of raw x86-64 code (no ELF around it to find functions in)."""
+    import iced_x86 as iced
+
+    from fleetscope.isa_x86 import _Features, sweep
+
+    features = _Features(iced)
+    formatter = iced.Formatter(iced.FormatterSyntax.INTEL)
+    for ins in sweep(iced, code, base):
+        if ins.code == iced.Code.INVALID:
+            scan.undecoded_bytes += 1
+            continue
+        scan.instructions += 1
+        found = features.of(ins)
+        if found:
+            scan.add(found, ins.ip, formatter.format(ins), where)
+
+
 def scan_code(arch: str, code: bytes, base: int = 0, path: str = "<code>") -> BinaryScan:
-    """Classify raw machine code ("x86_64" or "aarch64") as if it were one section."""
-    capstone, _ = _load_tools()
+    """Classify raw machine code ("x86_64" or "aarch64") as if it were one section; all of
+    it counts as needed."""
     scan = BinaryScan(path, arch, [".text"])
-    sweep = _sweep_x86 if arch == "x86_64" else _sweep_a64
-    sweep(capstone, scan, code, base, lambda at: ".text")
+    if arch == "x86_64":
+        _iced_available()
+        scan.decoder = "iced-x86"
+        _sweep_x86(scan, code, base, lambda at: ".text")
+    else:
+        scan.decoder = "capstone"
+        _sweep_a64(_capstone(), scan, code, base, lambda at: ".text")
     return scan
 
 
+_HWCAPS = re.compile(r"/glibc-hwcaps/x86-64-v([234])/")
+
+
+def hwcaps_level(path: str) -> int:
+    """N when the file is installed as a glibc-hwcaps x86-64-vN variant: the dynamic loader
+    picks it only on CPUs of that level (glibc >= 2.33), so up to vN is dispatched."""
+    match = _HWCAPS.search(os.path.realpath(path))
+    return int(match.group(1)) if match else 0
+
+
 def scan_binary(path: str) -> BinaryScan:
-    """Disassemble the executable sections of an ELF file and collect the extensions used."""
-    capstone, elf_file = _load_tools()
+    """Decode the executable code of an ELF file and sort the extensions it uses into needed
+    and dispatched."""
+    elf_file = _elf_file()
     from elftools.common.exceptions import ELFError
 
     try:
@@ -783,32 +490,55 @@ def scan_binary(path: str) -> BinaryScan:
                                  "supported")
             scan = BinaryScan(path, arch)
             regions = _regions(elf)
-            symbols = _Symbols(elf)
+            if not regions:
+                raise InputError(f"{path}: no executable code (no executable section or "
+                                 "segment)")
+            scan.sections = [name for name, _, _, _ in regions]
             if arch == "x86_64":
+                _iced_available()
                 scan.isa_level_needed = _gnu_isa_needed(elf)
+                _scan_x86(scan, elf, path, regions)
+            else:
+                capstone = _capstone()
+                symbols = _Symbols(elf)
+                scan.decoder = "capstone"
+                for name, index, address, code in regions:
+                    def where(at: int, name=name, index=index) -> str:
+                        function = symbols.name(index, at) if index >= 0 else ""
+                        return f"{name} {function}".strip() if function else name
+
+                    _sweep_a64(capstone, scan, code, address, where)
         except InputError:
             raise
         except ELFError as err:
             raise InputError(f"{path}: not an ELF file ({err})") from None
         except Exception as err:  # pyelftools raises many exception types on corrupt files
             raise InputError(f"{path}: corrupt ELF file ({type(err).__name__}: {err})") from None
-    if not regions:
-        raise InputError(f"{path}: no executable code (no executable section or segment)")
-    sweep = _sweep_x86 if arch == "x86_64" else _sweep_a64
-    for name, index, address, code in regions:
-        scan.sections.append(name)
-
-        def where(at: int, name=name, index=index) -> str:
-            function = symbols.name(index, at) if index >= 0 else ""
-            return f"{name} {function}".strip() if function else name
-
-        sweep(capstone, scan, code, address, where)
     return scan
+
+
+def _scan_x86(scan: BinaryScan, elf, path: str, regions) -> None:
+    from fleetscope.isa_x86 import Image, analyse
+
+    scan.hwcaps_level = hwcaps_level(path)
+    result = analyse(Image(elf, path, regions), scan.hwcaps_level)
+    scan.decoder = "iced-x86"
+    scan.instructions = result.instructions
+    scan.undecoded_bytes = result.undecoded_bytes
+    scan.functions = result.functions
+    scan.bytes_outside_functions = result.skipped_bytes
+    for target, source in ((scan.uses, result.needed), (scan.dispatched, result.dispatched)):
+        for name, use in source.items():
+            target[name] = Use(use.count, use.address, result.texts.get(use.address, ""),
+                               use.where, use.reason)
 
 
 # ---------------------------------------------------------------------------------------
 # Checking against a CPU
 # ---------------------------------------------------------------------------------------
+
+STATES = ("present", "missing", "unknown")
+
 
 @dataclass
 class CheckResult:
@@ -816,8 +546,9 @@ class CheckResult:
     cpu: CpuInfo
     cpu_source: str
     arch_mismatch: bool
-    status: dict[str, str]  # extension -> "present", "missing" or "unknown"
+    status: dict[str, str]  # needed extension -> "present", "missing" or "unknown"
     level_missing: bool  # the GNU property note needs a higher x86-64 level than the CPU has
+    dispatched_status: dict[str, str] = field(default_factory=dict)  # dispatched only
 
     @property
     def cpu_level(self) -> int | None:
@@ -825,7 +556,12 @@ class CheckResult:
 
     @property
     def missing(self) -> list[str]:
+        """Needed extensions the CPU lacks: these decide the exit code."""
         return [name for name, state in self.status.items() if state == "missing"]
+
+    @property
+    def dispatched_missing(self) -> list[str]:
+        return [name for name, state in self.dispatched_status.items() if state == "missing"]
 
     @property
     def exit_code(self) -> int:
@@ -833,28 +569,31 @@ class CheckResult:
             else EXIT_OK
 
 
+def _state(extension: Extension, flags, mismatch: bool) -> str:
+    if mismatch:
+        return "missing"
+    if all(flag in flags for flag in extension.flags):
+        return "present"
+    return "unknown" if extension.hidden else "missing"
+
+
 def check(scan: BinaryScan, cpu: CpuInfo, cpu_source: str = "") -> CheckResult:
     """Compare the extensions a binary uses with a CPU's /proc/cpuinfo flags."""
     flags = cpu.features
     mismatch = cpu.model.arch != scan.arch
-    status: dict[str, str] = {}
-    for name in _ordered(scan):
-        extension = EXTENSIONS[(scan.arch, name)]
-        if mismatch:
-            status[name] = "missing"
-        elif all(flag in flags for flag in extension.flags):
-            status[name] = "present"
-        else:
-            status[name] = "unknown" if extension.hidden else "missing"
+    status = {name: _state(extension_of(scan.arch, name), flags, mismatch)
+              for name in _ordered(scan.arch, scan.uses)}
+    dispatched = {name: _state(extension_of(scan.arch, name), flags, mismatch)
+                  for name in _ordered(scan.arch, scan.dispatched) if name not in status}
     level_missing = False
     if scan.isa_level_needed and not mismatch and cpu.model.arch == "x86_64":
         level_missing = scan.isa_level_needed > psabi_level(flags)
-    return CheckResult(scan, cpu, cpu_source, mismatch, status, level_missing)
+    return CheckResult(scan, cpu, cpu_source, mismatch, status, level_missing, dispatched)
 
 
-def _ordered(scan: BinaryScan) -> list[str]:
-    order = {e.name: i for i, e in enumerate(_EXTENSIONS) if e.arch == scan.arch}
-    return sorted(scan.uses, key=lambda name: order.get(name, len(order)))
+def _ordered(arch: str, names) -> list[str]:
+    order = {e.name: i for i, e in enumerate(_EXTENSIONS) if e.arch == arch}
+    return sorted(names, key=lambda name: (order.get(name, len(order)), name))
 
 
 def _cpu_line(cpu: CpuInfo) -> str:
@@ -870,32 +609,52 @@ def _cpu_line(cpu: CpuInfo) -> str:
     return f"{model.model_name or model.arch} ({ident})"
 
 
+def _use_json(use: Use | None) -> dict | None:
+    if use is None:
+        return None
+    out = {"address": f"{use.address:#x}", "instruction": use.text, "where": use.where}
+    if use.reason:
+        out["dispatch"] = use.reason
+    return out
+
+
 def to_json(result: CheckResult) -> dict:
     scan = result.scan
     extensions = []
-    for name, state in result.status.items():
-        extension = EXTENSIONS[(scan.arch, name)]
-        use = scan.uses[name]
+    rows = [(name, state, "needed") for name, state in result.status.items()] + [
+        (name, state, "dispatched") for name, state in result.dispatched_status.items()]
+    for name, state, kind in rows:
+        extension = extension_of(scan.arch, name)
+        needed, dispatched = scan.uses.get(name), scan.dispatched.get(name)
+        first = needed or dispatched
         extensions.append({
             "name": name,
+            "use": kind,
             "cpuinfo_flags": list(extension.flags),
-            "instructions": use.count,
-            "first_use": {"address": f"{use.address:#x}", "instruction": use.text,
-                          "where": use.where},
+            "instructions": (needed.count if needed else 0)
+            + (dispatched.count if dispatched else 0),
+            "needed_instructions": needed.count if needed else 0,
+            "dispatched_instructions": dispatched.count if dispatched else 0,
+            "first_use": _use_json(first),
+            "first_dispatched_use": _use_json(dispatched),
             "on_cpu": state,
             "psabi_level": psabi_level_name(extension.level) if extension.level else None,
             "note": extension.note or None,
         })
-    needed = scan.isa_level_needed
+    needed_level = scan.isa_level_needed
     return {
         "format": JSON_FORMAT,
         "binary": {
             "path": scan.path,
             "arch": scan.arch,
             "sections": scan.sections,
+            "decoder": scan.decoder,
             "instructions": scan.instructions,
             "undecoded_bytes": scan.undecoded_bytes,
-            "isa_level_needed": psabi_level_name(needed) if needed else None,
+            "functions": scan.functions,
+            "bytes_outside_functions": scan.bytes_outside_functions,
+            "glibc_hwcaps": psabi_level_name(scan.hwcaps_level) if scan.hwcaps_level else None,
+            "isa_level_needed": psabi_level_name(needed_level) if needed_level else None,
             "isa_level_used": psabi_level_name(scan.isa_level_used)
             if scan.isa_level_used else None,
         },
@@ -913,14 +672,25 @@ def to_json(result: CheckResult) -> dict:
         "extensions": extensions,
         "missing": result.missing,
         "unknown": [name for name, state in result.status.items() if state == "unknown"],
+        "dispatched": list(result.dispatched_status) + [
+            name for name in result.status if name in scan.dispatched],
+        "dispatched_missing": result.dispatched_missing,
     }
+
+
+_VERDICT = {"present": "ok", "missing": "ABSENT",
+            "unknown": "unknown (flag not shown in /proc/cpuinfo)"}
 
 
 def to_table(result: CheckResult) -> str:
     scan = result.scan
     out = [
         f"binary: {scan.path} ({scan.arch}; {', '.join(scan.sections)}; "
-        f"{scan.instructions} instructions, {scan.undecoded_bytes} bytes not decoded)",
+        f"{scan.instructions} instructions decoded by {scan.decoder}"
+        + (f" in {scan.functions} functions" if scan.functions else "")
+        + f", {scan.undecoded_bytes} bytes not decodable"
+        + (f", {scan.bytes_outside_functions} bytes outside functions"
+           if scan.bytes_outside_functions else "") + ")",
         f"cpu:    {_cpu_line(result.cpu)} from {result.cpu_source}"
         + (f", {psabi_level_name(result.cpu_level)}" if result.cpu_level else ""),
     ]
@@ -928,32 +698,47 @@ def to_table(result: CheckResult) -> str:
         needed = scan.isa_level_needed
         out.append(f"x86 ISA level: needed by the GNU property note: "
                    f"{psabi_level_name(needed) if needed else 'not recorded'}; "
-                   f"used by the instructions: {psabi_level_name(scan.isa_level_used or 1)}")
+                   f"used unconditionally by the code: "
+                   f"{psabi_level_name(scan.isa_level_used or 1)}"
+                   + (f"; installed as a glibc-hwcaps {psabi_level_name(scan.hwcaps_level)} "
+                      "variant" if scan.hwcaps_level else ""))
     out.append("")
     if result.arch_mismatch:
         out.append(f"The binary is for {scan.arch}, the CPU is {result.cpu.model.arch}: "
                    "it cannot run there.")
-    if not result.status:
+    rows_in = [(name, state, "needed") for name, state in result.status.items()] + [
+        (name, state, "dispatched") for name, state in result.dispatched_status.items()]
+    if not rows_in:
         out.append("No instruction-set extension beyond the architecture's baseline is used.")
     else:
-        rows = [("extension", "cpuinfo flags", "instructions", "first use", "this CPU")]
-        for name, state in result.status.items():
-            extension = EXTENSIONS[(scan.arch, name)]
-            use = scan.uses[name]
+        rows = [("extension", "cpuinfo flags", "needed", "dispatched", "first use",
+                 "this CPU")]
+        reasons: list[str] = []
+        for name, state, kind in rows_in:
+            extension = extension_of(scan.arch, name)
+            needed, dispatched = scan.uses.get(name), scan.dispatched.get(name)
+            use = needed or dispatched
             first = f"{use.address:#x} {use.text}"
-            if len(first) > 48:
-                first = first[:45] + "..."
+            if len(first) > 44:
+                first = first[:41] + "..."
             first += f" ({use.where})"
-            label = {"present": "ok", "missing": "MISSING",
-                     "unknown": "unknown (flag not shown in /proc/cpuinfo)"}[state]
+            if kind == "dispatched" and use.reason:
+                reasons.append(f"  {name}: {use.reason}")
+            label = _VERDICT[state]
+            if kind == "dispatched" and state == "missing":
+                label = "absent: skipped at run time"
             if extension.note and state != "present":
                 label += f"; {extension.note}"
-            rows.append((name, " ".join(extension.flags), str(use.count), first, label))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+            rows.append((name, " ".join(extension.flags), str(needed.count) if needed else "-",
+                         str(dispatched.count) if dispatched else "-", first, label))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
         for row in rows:
             out.append("  ".join(
                 [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].rjust(widths[2]),
-                 row[3].ljust(widths[3]), row[4]]).rstrip())
+                 row[3].rjust(widths[3]), row[4].ljust(widths[4]), row[5]]).rstrip())
+        if reasons:
+            out += ["", "Dispatched only (why the CPU never runs it without the extension):",
+                    *reasons]
     out.append("")
     missing = result.missing
     if result.level_missing:
@@ -962,15 +747,21 @@ def to_table(result: CheckResult) -> str:
                    f"{psabi_level_name(result.cpu_level or 0)}: glibc will refuse to load it "
                    "(\"CPU ISA level is lower than required\").")
     if missing:
-        flags = ", ".join(f"{name} ({' '.join(EXTENSIONS[(scan.arch, name)].flags)})"
+        flags = ", ".join(f"{name} ({' '.join(extension_of(scan.arch, name).flags)})"
                           for name in missing)
-        out.append(f"{len(missing)} extension(s) used by the binary are missing on this CPU: "
+        out.append(f"{len(missing)} extension(s) the binary needs are missing on this CPU: "
                    f"{flags}.")
     elif not result.arch_mismatch and not result.level_missing:
-        out.append("No extension the binary uses is missing on this CPU.")
+        out.append("No extension the binary needs is missing on this CPU.")
+    skipped = result.dispatched_missing
+    if skipped and not result.arch_mismatch:
+        out.append(f"Used only behind runtime CPU dispatch, absent here and skipped at run "
+                   f"time: {', '.join(skipped)}.")
+    if scan.arch == "aarch64" and result.status:
+        out.append("AArch64 code is not split by dispatch: every use counts as needed.")
     if missing:
-        out.append("Code behind runtime CPU dispatch is counted too: a missing extension is a "
-                   "risk; the faulting ip in the kernel's SIGILL line is the proof.")
+        out.append("A static look can mistake dispatched code for needed code; the faulting "
+                   "instruction in the kernel's SIGILL line is the proof.")
     return "\n".join(out) + "\n"
 
 
@@ -978,11 +769,20 @@ def to_table(result: CheckResult) -> str:
 # Command
 # ---------------------------------------------------------------------------------------
 
+def offset(text: str) -> int:
+    """A file offset in hex, as the kernel prints it (`1134` or `0x1134`)."""
+    value = int(text.strip(), 16)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def build_isa_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetscope isa check",
-        description="List the instruction-set extensions an ELF binary uses and report those "
-        "a CPU lacks (exit 1 when any is missing).",
+        description="List the instruction-set extensions an ELF binary needs and those it "
+        "uses only behind runtime CPU dispatch, and report those a CPU lacks (exit 1 when a "
+        "needed one is missing).",
     )
     parser.add_argument("binary", metavar="BINARY", help="ELF executable or shared library")
     parser.add_argument(
@@ -992,11 +792,42 @@ def build_isa_parser() -> argparse.ArgumentParser:
         help="the CPU to check against, as a /proc/cpuinfo file (default: this machine's)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--at", metavar="OFFSET", type=offset,
+        help="decode only the instruction at this file offset, in hex (the first number in "
+        "the brackets of a kernel trap line: `in agent[1134,...]`) and check its extension",
+    )
     return parser
 
 
+def _check_at(path: str, offset: int, cpu: CpuInfo, as_json: bool) -> int:
+    """`isa check BINARY --at OFFSET`: the one instruction a SIGILL line points at."""
+    from fleetscope.collectors.parsers.kmsg import SigillCrash
+    from fleetscope.isa_fault import in_binary
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    crash = SigillCrash("", "", 0, os.path.basename(path), "", "", None, "", offset)
+    fault = in_binary(path, crash)
+    if fault is None:
+        raise InputError(f"{path}: offset {offset:#x} is not in a loaded segment of an x86-64 "
+                         "or AArch64 ELF file")
+    states = {name: _state(extension_of(fault.arch, name), cpu.features,
+                           cpu.model.arch != fault.arch) for name in fault.extensions}
+    if as_json:
+        sys.stdout.write(json.dumps({**fault.to_json(), "on_cpu": states}, indent=2) + "\n")
+    else:
+        needs = ", ".join(f"{name} ({_VERDICT[state]} on this CPU)"
+                          for name, state in states.items()) or "no extension"
+        address = f" (address {fault.address:#x})" if fault.address is not None else ""
+        sys.stdout.write(f"{path} at file offset {offset:#x}{address}: "
+                         f"{fault.text or '(not a valid instruction)'}: {needs}"
+                         + (f"; {fault.note}" if fault.note else "") + "\n")
+    return EXIT_MISSING if "missing" in states.values() else EXIT_OK
+
+
 def run_isa_check(argv: list[str]) -> int:
-    """`fleetscope isa check`: 0 nothing missing, 1 missing, 2 usage error, 3 input error."""
+    """`fleetscope isa check`: 0 nothing needed missing, 1 missing, 2 usage, 3 input error."""
     parser = build_isa_parser()
     try:
         args = parser.parse_args(argv)
@@ -1012,6 +843,8 @@ def run_isa_check(argv: list[str]) -> int:
             cpu = parse_cpuinfo(text, args.features_from)
         except ParseError as err:
             raise InputError(str(err)) from None
+        if args.at is not None:
+            return _check_at(args.binary, args.at, cpu, args.json)
         scan = scan_binary(args.binary)
     except InputError as err:
         print(f"fleetscope isa check: error: {err}", file=sys.stderr)
@@ -1032,7 +865,6 @@ LIBRARY_DIRS = ("/usr/local/lib", "/usr/local/lib64", "/usr/lib", "/usr/lib64", 
 def locate_binary(name: str, root: str = "/") -> str | None:
     """The file a SIGILL line names (`in libagentcore.so[...]`: a base name only), looked up
     on PATH and in the usual library directories under `root`."""
-    import os
     import shutil
 
     if not name or "/" in name:
@@ -1049,6 +881,6 @@ def locate_binary(name: str, root: str = "/") -> str | None:
 
 
 def check_against_cpuinfo(path: str, cpuinfo_text: str, cpu_source: str = "") -> dict:
-    """`isa check` as data (the JSON document): what `path` uses that this CPU lacks.
+    """`isa check` as data (the JSON document): what `path` needs that this CPU lacks.
     Raises InputError for an unreadable or non-ELF file, ParseError for bad cpuinfo."""
     return to_json(check(scan_binary(path), parse_cpuinfo(cpuinfo_text), cpu_source))

@@ -460,6 +460,35 @@ def test_sigill_counts_from_dmesg_txt(collector, tmp_path):
     assert again['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 2
 
 
+LAST = "fleetscope_sigill_last_crash_timestamp_seconds"
+
+
+def test_last_crash_time_is_boot_time_plus_kernel_seconds(collector, tmp_path):
+    # /proc/stat btime + the log's seconds since boot; the latest crash per binary counts.
+    dmesg = ("[  100.250000] traps: ud_probe[1] trap invalid opcode ip:1 sp:2 error:0 in "
+             "ud_probe[1000,2000+1000]\n"
+             "[ 1725.924917] traps: ud_probe[2] trap invalid opcode ip:1 sp:2 error:0 in "
+             "ud_probe[1000,2000+1000]\n"
+             "[  900.000000] traps: other_tool[3] trap invalid opcode ip:1 sp:2 error:0\n"
+             # journald's format has no kernel timestamp: counted, but no time.
+             "Dec 01 03:09:00 node17 kernel: traps: no_time[4] trap invalid opcode ip:1 "
+             "sp:2 error:0\n")
+    root = _root(tmp_path, dmesg=dmesg)
+    (root / "proc" / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\nbtime 1764227651\n")
+    parsed, _ = _collect(collector, root)
+    assert parsed[f'{LAST}{{binary="ud_probe"}}'] == pytest.approx(1764227651 + 1725.924917)
+    assert parsed[f'{LAST}{{binary="other_tool"}}'] == pytest.approx(1764227651 + 900)
+    assert f'{LAST}{{binary="no_time"}}' not in parsed
+    assert parsed['fleetscope_sigill_crashes_total{binary="no_time"}'] == 1
+
+
+def test_last_crash_time_needs_the_boot_time(collector, tmp_path):
+    # Without /proc/stat there is no wall clock to give: counts stay, times are absent.
+    parsed, _ = _collect(collector, _root(tmp_path, dmesg=SIGILL_LINES[0][0] + "\n"))
+    assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 1
+    assert not any(k.startswith(LAST) for k in parsed)
+
+
 def test_binary_label_is_bounded(collector, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_features_module, "MAX_BINARIES", 3)
     lines = []
@@ -495,6 +524,13 @@ def test_kmsg_is_read_incrementally(collector, tmp_path, monkeypatch):
     parsed, _ = _collect(collector, root)
     assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 2
     assert parsed['fleetscope_sigill_crashes_total{binary="libc.so.6"}'] == 1
+    # /dev/kmsg stamps records in microseconds since boot; the latest crash sets the time.
+    (root / "proc" / "stat").write_text("btime 1700000000\n")
+    with device.open("a") as handle:
+        handle.write("6,4,5000000,-;" + SIGILL_LINES[0][0].split("] ", 1)[1] + "\n")
+    parsed, _ = _collect(collector, root)
+    assert parsed[f'{LAST}{{binary="ud_probe"}}'] == pytest.approx(1700000005.0)
+    assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 3
 
 
 def test_missing_sources_are_unavailable_not_errors(collector, tmp_path):

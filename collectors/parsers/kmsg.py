@@ -28,6 +28,20 @@ Formats, from the kernel source:
   memory. So the file named there holds the faulting instruction: the executable or a
   shared library. The task name (comm) is cut to 15 characters.
 
+Where the faulting instruction is, by kernel:
+- 6.x print_vma_addr() `in fs_isa_probe[1134,563a66a30000+1000]`: 0x1134 is the file offset
+  of ip in the mapped file (vm_pgoff + ip - vm_start); decode the file there.
+- older kernels `in libc.so.6[7fa7c7c26000+178000]`: ip minus the mapping base is the offset
+  inside the executable segment's mapping (ip 7fa7c7ca33b4 above: +0x7d3b4).
+- arm64 up to 4.18 dumps the words around pc after its line, the faulting one in brackets
+  (dump_instr()), e.g. from a Xilinx ZynqMP 4.14 kernel:
+      [  104.514173] init[1]: undefined instruction: pc=0000000000401bd0
+      [  104.520513] Code: 3e0ffadc 0749bf19 3e4db43a b0d3e231 (56ade825)
+  arm64 4.19+ prints the register dump instead (`pc : 0000aaaab1c40754` for a user task).
+
+Timestamps are seconds since boot (local_clock(), as /dev/kmsg's microseconds); boot time
+(/proc/stat btime) plus them is the wall-clock time of the crash (`wall_clock()`).
+
 Both lines are rate limited (x86: the global printk_ratelimit(); arm64: its own limit, 10 per
 5 s) and printed only when debug.exception-trace is 1 and the process has no SIGILL handler.
 Dropped reports show up later as `show_signal: N callbacks suppressed` (x86: the global
@@ -38,7 +52,7 @@ limit is shared, so N also counts other callers' messages) or
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import ParseError
 
@@ -77,6 +91,11 @@ _ARM64_OLD = re.compile(
     r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: undefined instruction: pc=(?P<ip>\S{1,20})",
     re.ASCII,
 )
+_CODE = re.compile(r"Code:(?: [0-9a-f]{8}){0,8} \((?P<word>[0-9a-f]{8})\)(?: [0-9a-f]{8}){0,8}",
+                   re.ASCII)
+_PC = re.compile(r"pc : (?P<pc>[0-9a-f]{16})", re.ASCII)  # arm64 __show_regs, user task
+_VMA = re.compile(r"\[(?:(?P<offset>[0-9a-f]{1,16}),)?(?P<start>[0-9a-f]{1,16})\+"
+                  r"(?P<size>[0-9a-f]{1,16})\]$", re.ASCII)
 _SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
 
 MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
@@ -94,6 +113,20 @@ class SigillCrash:
     ip: str  # faulting address in hex as printed ("" when the line has none)
     seconds: float | None  # kernel timestamp, seconds since boot, when the line carries one
     description: str  # "invalid opcode", "undefined instruction", ...
+    offset: int | None = None  # file offset of ip (6.x kernels print it in the mapping)
+    map_start: int | None = None  # start of the mapping holding ip
+    map_size: int | None = None
+    code_word: str = ""  # arm64 <= 4.18: the faulting instruction word from `Code:`
+
+    @property
+    def mapping_delta(self) -> int | None:
+        """ip minus the mapping's start: the offset inside the mapped segment."""
+        if self.map_start is None or not self.ip:
+            return None
+        try:
+            return int(self.ip, 16) - self.map_start
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +154,18 @@ def _message(line: str) -> tuple[str, float | None] | None:
     return (message if found else line), None
 
 
+def _crash(arch, comm, pid, where, ip, seconds, description) -> SigillCrash:
+    binary, mapping = _binary(where, comm)
+    offset = start = size = None
+    vma = _VMA.search(mapping)
+    if vma:
+        start, size = int(vma.group("start"), 16), int(vma.group("size"), 16)
+        if vma.group("offset"):
+            offset = int(vma.group("offset"), 16)
+    return SigillCrash(arch, comm, pid, binary, mapping, ip, seconds, description, offset,
+                       start, size)
+
+
 def _binary(where: str | None, comm: str) -> tuple[str, str]:
     """(binary, mapping) from print_vma_addr's text, e.g. "libc.so.6[7fa7c7c26000+178000]"."""
     if not where:
@@ -145,6 +190,7 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
     suppressed = 0
     lines = 0
     pending: tuple[re.Match, float | None] | None = None  # arm64 head waiting for its tail
+    last_crash: int | None = None
     for line in text.splitlines():
         lines += 1
         parsed = _message(line)
@@ -152,32 +198,44 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
             continue
         message, seconds = parsed
         message = message.rstrip()
+        follows, last_crash = last_crash, None  # the crash printed just before, if any
+        if follows is not None and crashes[follows].arch == "arm64":
+            if message.startswith("Code:") and not crashes[follows].code_word:
+                code = _CODE.fullmatch(message)
+                if code:
+                    crashes[follows] = replace(crashes[follows], code_word=code.group("word"))
+                continue
+            if message.startswith("pc : ") and not crashes[follows].ip:
+                pc = _PC.fullmatch(message)
+                if pc:
+                    crashes[follows] = replace(crashes[follows], ip=pc.group("pc").lstrip("0"))
+                continue
+            if not message.startswith(("CPU: ", "Hardware name", "pstate: ")):
+                follows = None
+            last_crash = follows  # the register dump's header lines come between
         if pending is not None:
             head, head_seconds = pending
             pending = None
             tail = _ARM64_TAIL.fullmatch(message)
             if tail:
-                comm = head.group("comm")
-                binary, mapping = _binary(tail.group("where"), comm)
-                crashes.append(SigillCrash("arm64", comm, int(head.group("pid")), binary,
-                                           mapping, "", head_seconds, tail.group("desc")))
+                crashes.append(_crash("arm64", head.group("comm"), int(head.group("pid")),
+                                      tail.group("where"), "", head_seconds, tail.group("desc")))
+                last_crash = len(crashes) - 1
                 continue
         if "invalid opcode" in message:
             match = _X86.fullmatch(message)
             if match:
-                comm = match.group("comm")
-                binary, mapping = _binary(match.group("where"), comm)
-                crashes.append(SigillCrash("x86", comm, int(match.group("pid")), binary,
-                                           mapping, match.group("ip"), seconds,
-                                           "invalid opcode"))
+                crashes.append(_crash("x86", match.group("comm"), int(match.group("pid")),
+                                      match.group("where"), match.group("ip"), seconds,
+                                      "invalid opcode"))
+                last_crash = len(crashes) - 1
             continue
         if "]: unhandled exception:" in message:
             match = _ARM64.fullmatch(message)
             if match:
-                comm = match.group("comm")
-                binary, mapping = _binary(match.group("where"), comm)
-                crashes.append(SigillCrash("arm64", comm, int(match.group("pid")), binary,
-                                           mapping, "", seconds, match.group("desc")))
+                crashes.append(_crash("arm64", match.group("comm"), int(match.group("pid")),
+                                      match.group("where"), "", seconds, match.group("desc")))
+                last_crash = len(crashes) - 1
                 continue
             head = _ARM64_HEAD.fullmatch(message)
             if head:
@@ -186,10 +244,10 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
         if "]: undefined instruction: pc=" in message:
             match = _ARM64_OLD.fullmatch(message)
             if match:
-                comm = match.group("comm")
-                crashes.append(SigillCrash("arm64", comm, int(match.group("pid")), comm[:MAX_NAME],
-                                           "", match.group("ip"), seconds,
-                                           "undefined instruction"))
+                crashes.append(_crash("arm64", match.group("comm"), int(match.group("pid")),
+                                      None, match.group("ip"), seconds,
+                                      "undefined instruction"))
+                last_crash = len(crashes) - 1
             continue
         if "callbacks suppressed" in message:
             match = _SUPPRESSED.fullmatch(message)
@@ -203,3 +261,19 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
 def parse_sigill(text: str, what: str = "kernel log") -> list[SigillCrash]:
     """Just the SIGILL crashes of `scan_kernel_log`."""
     return list(scan_kernel_log(text, what).crashes)
+
+
+def boot_time(stat_text: str) -> float | None:
+    """`btime` of /proc/stat: the boot time in Unix seconds, or None when absent."""
+    for line in stat_text.splitlines():
+        if line.startswith("btime "):
+            value = line[6:].strip()
+            return float(value) if value.isdigit() else None
+    return None
+
+
+def wall_clock(crash: SigillCrash, boot: float | None) -> float | None:
+    """Unix time of a crash: boot time plus the kernel timestamp (seconds since boot)."""
+    if boot is None or crash.seconds is None:
+        return None
+    return boot + crash.seconds

@@ -1,0 +1,359 @@
+"""The faulting instruction of a SIGILL (fleetscope/isa_fault.py) and `isa check` on real
+binaries of this machine.
+
+Kernel line formats come from real public logs (origins beside each); the live tests build
+binaries with gcc, crash them for real and read this machine's kernel log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log, wall_clock
+from fleetscope.isa import run_isa_check
+from fleetscope.isa_fault import _Segment as Segment
+from fleetscope.isa_fault import (
+    capture,
+    crashed_binaries,
+    file_offset,
+    from_capture,
+    from_code_word,
+    in_binary,
+)
+from tests.conftest import FIXTURES, require_tool
+from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, make_elf
+
+KMSG = FIXTURES / "kmsg"  # real public kernel logs; origins in its README.md
+ARM64_414 = (KMSG / "arm64-4.14-undefinstr.txt").read_text()
+X86_OLD = (KMSG / "x86-traps-before-6.1.txt").read_text()
+
+
+def test_arm64_code_word_belongs_to_the_line_just_before():
+    crashes = scan_kernel_log(ARM64_414).crashes
+    words = {(c.comm, c.pid): c.code_word for c in crashes}
+    # klogd and syslogd got no Code: line right after theirs (another CPU printed between);
+    # the stray Code: at 121.614182 belongs to nobody for sure, so to nobody.
+    assert words == {("init", 1): "56ade825", ("klogd", 2051): "",
+                     ("testspeed.sh", 2175): "00000000", ("syslogd", 2126): "",
+                     ("login", 2137): "00000000"}
+    assert crashes[0].ip == "0000000000401bd0"
+
+
+def test_arm64_code_word_is_decoded():
+    crashes = scan_kernel_log(ARM64_414).crashes
+    zero = from_code_word(crashes[2])
+    assert zero.text == "udf #0" and zero.extensions == []
+    assert "not a missing extension" in zero.note and zero.source == "Code: word"
+    assert from_code_word(crashes[1]) is None  # no Code: line of its own
+    # The same format with an SVE word (ptrue p0.s) names the extension.
+    sve = scan_kernel_log("[ 5.0] agent[7]: undefined instruction: pc=0000000000400544\n"
+                          "[ 5.0] Code: d503201f d503201f d503201f d503201f (2598e3e0)\n")
+    fault = from_code_word(sve.crashes[0])
+    assert fault.text == "ptrue p0.s" and fault.extensions == ["SVE"]
+    assert fault.address == 0x400544 and fault.confidence == 0.9
+
+
+def test_arm64_register_dump_gives_pc_on_newer_kernels():
+    # 4.19+: arm64_show_signal() then __show_regs(): "pc : <16 hex digits>" for a user task.
+    text = ("[  812.331702] agent[4242]: unhandled exception: undefined instruction in "
+            "agent[aaaab1c40000+1000]\n"
+            "[  812.331710] CPU: 3 PID: 4242 Comm: agent Not tainted 5.10.0 #1\n"
+            "[  812.331715] pstate: 60000000 (nZCv daif -PAN -UAO -TCO BTYPE=--)\n"
+            "[  812.331719] pc : 0000aaaab1c40754\n")
+    crash = scan_kernel_log(text).crashes[0]
+    assert crash.ip == "aaaab1c40754" and crash.mapping_delta == 0x754
+
+
+def test_older_x86_lines_give_the_offset_inside_the_mapping():
+    crashes = scan_kernel_log(X86_OLD).crashes
+    assert [(c.binary, c.offset, c.mapping_delta) for c in crashes] == [
+        ("dmesg", None, 0xF688), ("libc.so.6", None, 0x7D3B4),
+        ("libctranslate2-e7e12a4c.so", None, 0x7913C)]
+    # dmesg -T dates are not seconds since boot: no wall clock from them.
+    assert crashes[1].seconds is None and crashes[0].seconds == pytest.approx(192.409689)
+    # Non-PIE dmesg of 2019: one R+X segment from file offset 0 mapped at 0x400000.
+    text_only = [Segment(0x400000, 0, 0x1C8F0, 5), Segment(0x61CDF0, 0x1CDF0, 0x1100, 6)]
+    assert file_offset(crashes[0], text_only) == (0xF688, "ip minus mapping base")
+    # glibc 2.35's layout: the executable segment starts at file offset 0x28000.
+    libc = [Segment(0, 0, 0x27FF8, 4), Segment(0x28000, 0x28000, 0x177F3C, 5),
+            Segment(0x1A0000, 0x1A0000, 0x5D0F8, 4)]
+    assert file_offset(crashes[1], libc) == (0x28000 + 0x7D3B4, "ip minus mapping base")
+    assert file_offset(replace(crashes[1], map_start=None), libc) is None
+
+
+def test_aarch64_binary_decoded_at_the_kernel_offset(tmp_path):
+    words = (0xD503201F, 0xD503201F, 0x2598E3E0, 0xD65F03C0)  # nop, nop, ptrue p0.s, ret
+    binary = tmp_path / "agent"
+    binary.write_bytes(make_elf(EM_AARCH64, b"".join(struct.pack("<I", w) for w in words),
+                                sections=False))
+    text_offset = 64 + 56  # header, one program header
+    line = (f"[ 9.0] agent[4242]: unhandled exception: undefined instruction in "
+            f"agent[{text_offset + 8:x},ffffa1e20000+1000]\n")
+    crash = scan_kernel_log(line).crashes[0]
+    fault = in_binary(str(binary), crash)
+    assert (fault.text, fault.extensions, fault.source) == ("ptrue p0.s", ["SVE"],
+                                                            "kernel offset")
+    assert fault.address == TEXT_ADDRESS + 8
+    # What a bundle keeps decodes the same without the file.
+    entry = capture(str(binary), crash)
+    binary.unlink()
+    assert len(bytes.fromhex(entry["bytes"])) <= 48
+    again = from_capture(json.loads(json.dumps(entry)))
+    assert (again.text, again.extensions) == ("ptrue p0.s", ["SVE"])
+
+
+def test_isa_check_at_one_offset(tmp_path, capsys):
+    words = (0xD503201F, 0x2598E3E0, 0xD65F03C0)  # nop, ptrue p0.s (SVE), ret
+    binary = tmp_path / "agent"
+    binary.write_bytes(make_elf(EM_AARCH64, b"".join(struct.pack("<I", w) for w in words),
+                                sections=False))
+    at = 64 + 56 + 4  # the kernel prints hex without 0x
+    kunpeng = str(KUNPENG_CPUINFO)
+    capsys.readouterr()
+    assert run_isa_check([str(binary), "--at", f"{at:x}", "--features-from", kunpeng]) == 1
+    out = capsys.readouterr().out
+    assert f"at file offset {at:#x}" in out and "ptrue p0.s: SVE (ABSENT on this CPU)" in out
+    assert run_isa_check([str(binary), "--at", f"{at - 4:#x}", "--features-from", kunpeng,
+                          "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mnemonic"] == "nop"
+    assert run_isa_check([str(binary), "--at", "0x99999", "--features-from", kunpeng]) == 3
+    assert "not in a loaded segment" in capsys.readouterr().err
+    assert run_isa_check([str(binary), "--at", "zz"]) == 2
+
+
+def test_bad_captures_are_ignored():
+    assert from_capture({}) is None
+    assert from_capture({"bytes": "zz", "file_offset": 0, "bytes_start": 0,
+                         "arch": "x86_64"}) is None
+    assert from_capture({"bytes": "90", "file_offset": 5, "bytes_start": 0,
+                         "arch": "x86_64"}) is None
+
+
+def test_crashed_binaries_splits_recent_from_earlier():
+    log = ("[  100.000000] traps: old_tool[10] trap invalid opcode ip:1 sp:2 error:0\n"
+           "[ 5000.000000] traps: new_tool[20] trap invalid opcode ip:1 sp:2 error:0\n"
+           "[ 5001.000000] traps: new_tool[21] trap invalid opcode ip:1 sp:2 error:0\n")
+    boot = 1_700_000_000.0
+    found = crashed_binaries(scan_kernel_log(log).crashes, boot, boot + 5100, 900)
+    assert [(b.binary, b.crashes, b.pids, b.recent) for b in found] == [
+        ("new_tool", 2, [21, 20], True), ("old_tool", 1, [10], False)]
+    assert found[0].last_time == boot + 5001
+    # Without a boot time nothing is known to be recent.
+    assert not any(b.recent for b in crashed_binaries(scan_kernel_log(log).crashes, None,
+                                                       boot + 5100, 900))
+
+
+# --- live: gcc binaries, this machine's libraries, real SIGILLs ----------------------------
+
+FP16_C = """\
+typedef _Float16 v32h __attribute__((vector_size(64)));
+v32h a, b, c;
+%s
+int main(void) { %s return (int)c[0]; }
+"""
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _gcc(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
+    gcc = require_tool("gcc")
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    binary = tmp_path / name
+    result = subprocess.run([gcc, "-O2", *flags, "-o", str(binary), str(src)],
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        pytest.skip(f"gcc cannot build it: {result.stderr.strip().splitlines()[-1:]}")
+    return binary
+
+
+@pytest.fixture
+def fp16_binary(tmp_path):
+    if os.uname().machine != "x86_64":
+        pytest.skip("builds x86-64 code")
+    if "avx512_fp16" in _cpu_flags():
+        pytest.skip("this CPU has AVX-512FP16: the binary would not fault")
+    # At most 15 characters (the task name the kernel prints) and unique per run.
+    name = f"fs_fp16_{os.getpid() % 10**6}"
+    return _gcc(tmp_path, name, FP16_C % ("", "c = a + b;"), "-mavx512fp16")
+
+
+def _check(capsys, path) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = run_isa_check([str(path), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("library, dispatched", [
+    ("libc.so.6", {"RTM", "AVX-512F", "AVX2"}),  # lock elision; string function variants
+    ("libm.so.6", {"FMA4", "FMA"}),  # IFUNC variants of sin, exp, ...
+    ("libcrypto.so.3", {"XOP", "SHA"}),  # OpenSSL's OPENSSL_ia32cap_P tests
+])
+def test_system_libraries_pass_with_their_dispatched_extensions(capsys, library, dispatched):
+    path = next((p for p in (f"/lib/x86_64-linux-gnu/{library}",
+                             f"/usr/lib/x86_64-linux-gnu/{library}") if os.path.exists(p)),
+                None)
+    if path is None or os.uname().machine != "x86_64":
+        pytest.skip(f"no x86-64 {library} here")
+    code, report = _check(capsys, path)
+    assert code == 0, report["missing"]
+    uses = {e["name"]: e for e in report["extensions"]}
+    assert dispatched <= set(report["dispatched"])
+    for name in dispatched & set(report["dispatched"]):
+        first = uses[name]["first_dispatched_use"]
+        assert first and first["dispatch"], name
+    flags = _cpu_flags()
+    absent = {name for name, e in uses.items() if e["use"] == "dispatched"
+              and not set(e["cpuinfo_flags"]) <= flags}
+    assert set(report["dispatched_missing"]) == absent  # listed, yet not failing
+    assert report["missing"] == []
+
+
+@pytest.mark.live
+def test_a_binary_that_needs_fp16_fails_and_a_guarded_one_passes(tmp_path, capsys,
+                                                                  fp16_binary):
+    code, report = _check(capsys, fp16_binary)
+    assert code == 1 and "AVX-512FP16" in report["missing"]
+    fp16 = next(e for e in report["extensions"] if e["name"] == "AVX-512FP16")
+    assert fp16["use"] == "needed" and fp16["first_use"]["where"] == ".text main"
+    assert fp16["first_use"]["instruction"].startswith("vaddph")
+    run_isa_check([str(fp16_binary)])
+    assert "AVX-512FP16 (avx512_fp16)" in capsys.readouterr().out
+    # The same operation behind __builtin_cpu_supports, and as a target_clones IFUNC.
+    guarded = _gcc(tmp_path, "fs_fp16_guard", FP16_C % (
+        '__attribute__((target("avx512fp16"))) static void add(void) { c = a + b; }',
+        'if (__builtin_cpu_supports("avx512fp16")) add();'))
+    clones = _gcc(tmp_path, "fs_fp16_clones", FP16_C % (
+        '__attribute__((target_clones("arch=sapphirerapids", "default"))) '
+        'void add(void) { c = a + b; }', "add();"))
+    for binary, reason in ((guarded, "after a CPU feature test in main"),
+                           (clones, "IFUNC target")):
+        code, report = _check(capsys, binary)
+        assert code == 0, report["missing"]
+        assert "AVX-512FP16" in report["dispatched_missing"]
+        fp16 = next(e for e in report["extensions"] if e["name"] == "AVX-512FP16")
+        assert fp16["first_dispatched_use"]["dispatch"] == reason
+
+
+def _kernel_log() -> str:
+    dmesg = shutil.which("dmesg")
+    result = subprocess.run([dmesg], capture_output=True, text=True, timeout=30) \
+        if dmesg else None
+    if result is None or result.returncode != 0:
+        pytest.skip("the kernel log is not readable here (dmesg needs CAP_SYSLOG)")
+    return result.stdout
+
+
+def _crash(binary: Path) -> tuple[int, float, float]:
+    """Run the binary until the kernel logs its SIGILL; (pid, before, after)."""
+    trace = Path("/proc/sys/debug/exception-trace")
+    if trace.exists() and trace.read_text().strip() == "0":
+        pytest.skip("debug.exception-trace is 0: the kernel logs no SIGILL")
+    for _attempt in range(3):
+        before = time.time()
+        process = subprocess.Popen([str(binary)], stderr=subprocess.DEVNULL)
+        assert process.wait(timeout=60) == -4  # killed by SIGILL
+        after = time.time()
+        time.sleep(0.2)
+        pattern = re.compile(rf"\b{re.escape(binary.name)}\[{process.pid}\] trap invalid opcode")
+        if pattern.search(_kernel_log()):
+            return process.pid, before, after
+        time.sleep(5.5)  # printk_ratelimit(): 10 lines per 5 s for the whole machine
+    pytest.fail(f"the kernel never logged the SIGILL of {binary.name}")
+
+
+def _diagnose(*args: str, env=None) -> dict:
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", *args, "--json"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode in (0, 1, 2), result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.live
+def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_path,
+                                                                           fp16_binary):
+    log_before = _kernel_log()
+    pid, before, after = _crash(fp16_binary)
+    text = _kernel_log()
+    ours = [c for c in scan_kernel_log(text).crashes
+            if c.binary == fp16_binary.name and c.pid == pid]
+    assert len(ours) == 1
+    crash = ours[0]
+    assert crash.offset is not None or crash.mapping_delta is not None
+    fault = in_binary(str(fp16_binary), crash)
+    assert fault.mnemonic == "vaddph" and fault.extensions == ["AVX-512FP16"]
+    assert fault.source == ("kernel offset" if crash.offset is not None
+                            else "ip minus mapping base")
+    # `isa check --at` the offset of the line says the same.
+    at = crash.offset if crash.offset is not None else fault.file_offset
+    check = subprocess.run([sys.executable, "-m", "fleetscope", "isa", "check",
+                            str(fp16_binary), "--at", f"{at:x}"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1 and "vaddph" in check.stdout
+    assert "AVX-512FP16 (ABSENT on this CPU)" in check.stdout
+    # Its time: boot time + the log's seconds lands between the launch and the exit
+    # (btime has whole seconds; the kernel clock and wall clock drift apart a little).
+    boot = boot_time(Path("/proc/stat").read_text())
+    assert before - 2 <= wall_clock(crash, boot) <= after + 2
+    # Crashes already in the log before this test happened before it.
+    for old in scan_kernel_log(log_before).crashes:
+        when = wall_clock(old, boot)
+        assert when is None or when <= before + 2
+
+    # Live diagnose finds the binary on PATH (the kernel prints base names only).
+    env = {**os.environ, "PATH": f"{fp16_binary.parent}{os.pathsep}{os.environ['PATH']}"}
+    live = _diagnose("--seconds", "2", env=env)
+    finding = next(f for f in live["findings"] if f["rule"] == "isa-mismatch")
+    assert fp16_binary.name in finding["subjects"]["binaries"]
+    assert pid in finding["subjects"]["pids"]
+    assert "vaddph" in finding["summary"] and "AVX-512FP16 absent on this CPU" in \
+        finding["summary"]
+    signals = " ".join(e["signal"] for e in finding["evidence"])
+    assert "verdict from the kernel offset" in signals or \
+        "verdict from the ip minus mapping base" in signals
+
+    # A bundle recorded here, diagnosed after the binary is gone.
+    bundle = tmp_path / "node.tar.gz"
+    record = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
+                             "--seconds", "1", "--interval", "1", "-o", str(bundle)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert record.returncode == 0, record.stderr
+    fp16_binary.unlink()
+    moved = tmp_path / "elsewhere" / "node.tar.gz"
+    moved.parent.mkdir()
+    bundle.rename(moved)
+    replayed = _diagnose("--bundle", str(moved))
+    finding = next(f for f in replayed["findings"] if f["rule"] == "isa-mismatch")
+    assert fp16_binary.name in finding["subjects"]["binaries"]
+    assert pid in finding["subjects"]["pids"]
+    assert "vaddph" in finding["summary"] and "AVX-512FP16" in finding["summary"]
+    assert "recorded bytes" in finding["summary"]
+
+
+def test_scenario_bundle_names_the_faulting_instruction_without_the_binary():
+    # The isa-mismatch scenario: a Kunpeng 920 node (no SVE), arm64 5.10 lines without the
+    # file offset, and the bytes `bundle record` kept; the library itself is not in the bundle.
+    document = _diagnose("--bundle", str(FIXTURES / "scenarios" / "isa-mismatch"))
+    finding = document["findings"][0]
+    assert finding["rule"] == "isa-mismatch"
+    assert finding["subjects"]["binaries"] == ["libagentcore.so"]
+    assert len(finding["subjects"]["pids"]) == 4
+    assert "faulted on ptrue p0.s: SVE absent on this CPU" in finding["summary"]
+    assert "ip minus mapping base" in finding["summary"]
