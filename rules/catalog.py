@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .promql import Delta, Expr, Max, Rate, Selector, SetOp, Sum
+from .promql import Delta, Expr, Max, Rate, Recent, Selector, SetOp, Sum, Time
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
 NODE = NODE_LABELS
@@ -24,15 +24,15 @@ WINDOW = 60  # seconds: rate windows (short bundles are rated over their own spa
 # number it is cited; the rest are our policy, tuned on the scenario bundles in tests/.
 CORE_IMBALANCE_SPREAD = 0.5  # busiest core minus the median core
 CORE_WAIT = 0.2  # s/s runnable tasks wait on the most contended CPU's run queue
-PSI_CPU_SOME = 0.5  # share of time some task waited for a CPU (PSI cpu some)
+PSI_CPU_SOME = 0.6  # share of time some task waited for a CPU (PSI cpu some)
 SATURATED_MEDIAN_CORE = 0.9  # the median core this busy: every core, not a few
-RUNNABLE_PER_CPU = 1.0  # runnable tasks (procs_running) per online CPU
+RUNNABLE_PER_CPU = 1.0  # runnable tasks (procs_running, less the reader) per online CPU
 NUMA_REMOTE_RATIO = 0.3  # share of a pool's resident memory on nodes its CPUs are not on
 ONLINE_RUN_DELAY = 0.05  # s/s an online process's main thread waits for a CPU (50 ms a second)
 OFFLINE_CPU = 0.25  # CPUs offline pools use on the node while online ones wait
 STEAL_P90 = 0.1  # a tenth of the CPU time stolen on most cores
 THREADS_PER_CORE = 2.0  # "more than ~2x as many runnable threads as physical cores"
-NONVOLUNTARY_SWITCHES = 50.0  # per second, main threads of the pool: preempted, not waiting
+NONVOLUNTARY_SWITCHES = 50.0  # per second, all threads of the pool: preempted, not waiting
 FD_RATIO = 0.9  # open fds over RLIMIT_NOFILE (default 1024: "Too many open files")
 IRQ_RATE_ON_ONLINE_CPUS = 500.0  # device interrupts per second on the online pool's CPUs
 IRQ_TIME_SHARE = 0.05  # of the online CPUs' time in irq + softirq (a NIC-heavy core: 10-30 %)
@@ -45,7 +45,7 @@ HEARTBEAT_AGE = 120.0  # seconds: "a task whose heartbeat is older than 120 s is
 MIGRATIONS = 0.05  # session migrations per second in a pool (3 a minute)
 BAD_ARGUMENTS_RATIO = 0.05  # tool calls with malformed arguments, per model
 MODEL_LOAD_SECONDS = 5.0  # average model-load stage time
-SIGILL_WINDOW = 900  # seconds: crashes this recent, or first seen in the kernel log
+SIGILL_WINDOW = 900  # seconds: crashes this recent are news (in-process: the window)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,9 @@ CORE_IMBALANCE = Rule(
 
 _PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
                              {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
-_RUNNABLE_PER_CPU = (Max(Selector("fleetscope_procs_running"), by=NODE)
+# procs_running counts the task reading /proc/stat (the exporter itself): one less is the
+# node's own work.
+_RUNNABLE_PER_CPU = ((Max(Selector("fleetscope_procs_running"), by=NODE) - 1)
                      / Sum(Selector("fleetscope_cpu_numa_node_cpus"), by=NODE))
 CPU_SATURATION = Rule(
     id="cpu-saturation",
@@ -263,22 +265,33 @@ OFFLINE_PREEMPTION = Rule(
 )
 
 _THREADS_PER_CORE = Max(Selector("fleetscope_pool_threads_per_core"), by=_POOL)
+# Runnable threads per physical core, estimated from the threads read: their runnable
+# share times the pool's threads per core. Exact when every thread was read (a live node,
+# a bundle with task/ directories); from the main threads alone in a bundle without them.
+_RUNNABLE_PER_CORE = (Max(Selector("fleetscope_pool_runnable_threads"), by=_POOL)
+                      / Max(Selector("fleetscope_pool_threads_read"), by=_POOL)
+                      * _THREADS_PER_CORE)
 _NONVOLUNTARY = Sum(Rate(Selector("fleetscope_pool_context_switches_total",
                                   {"kind": "nonvoluntary"}), WINDOW), by=_POOL)
 THREAD_OVERSUBSCRIPTION = Rule(
     id="thread-oversubscription",
     severity="warning",
     symptom="throughput drops as threads are added",
-    cause="more than ~2x as many threads as physical cores: context-switch cost eats the CPU",
+    cause="more than ~2x as many runnable threads as physical cores: context-switch cost eats "
+          "the CPU",
     action="size thread pools to the physical cores (e.g. OMP_NUM_THREADS, worker counts); "
            "use async I/O instead of a thread per request",
-    summary="pool {pool}: {value:.1f} threads per physical core, preempted often",
-    condition=(_THREADS_PER_CORE > THREADS_PER_CORE).and_on(
+    summary="pool {pool}: {value:.1f} runnable threads per physical core, preempted often",
+    # Every thread of the pool (/proc/<pid>/task/*): runnable ones over the cores, and their
+    # nonvoluntary switches, which rise as the problem worsens.
+    condition=(_RUNNABLE_PER_CORE > THREADS_PER_CORE).and_on(
         _NONVOLUNTARY > NONVOLUNTARY_SWITCHES, (*NODE, "pool")),
     evidence=(
-        Evidence("threads per physical core", _THREADS_PER_CORE, THREADS_PER_CORE, "threads"),
-        Evidence("nonvoluntary context switches (main threads)", _NONVOLUNTARY,
+        Evidence("runnable threads per physical core", _RUNNABLE_PER_CORE, THREADS_PER_CORE,
+                 "threads"),
+        Evidence("nonvoluntary context switches (all threads)", _NONVOLUNTARY,
                  NONVOLUNTARY_SWITCHES, "1/s"),
+        Evidence("threads per physical core", _THREADS_PER_CORE, THREADS_PER_CORE, "threads"),
     ),
     confidence=0.65,
 )
@@ -341,6 +354,7 @@ IRQ_CORE_OVERLAP = Rule(
 )
 
 _SIGILL = Selector("fleetscope_sigill_crashes_total")
+_SIGILL_AGE = Time() - Max(Selector("fleetscope_sigill_last_crash_timestamp_seconds"), by=NODE)
 ISA_MISMATCH = Rule(
     id="isa-mismatch",
     severity="critical",
@@ -350,19 +364,22 @@ ISA_MISMATCH = Rule(
     action="rebuild for the fleet's common baseline (no -march=native; x86-64-v2/v3 or "
            "armv8.2-a as the oldest stepping allows) and redeploy; fleetscope isa check BINARY "
            "names the missing extension",
-    summary="{binary} crashed with SIGILL (illegal instruction)",
-    # New crashes in the window, or crashes already in the kernel log when first seen (an
-    # exporter that just started, a bundle): both say this node cannot run that binary.
-    condition=(Max(Rate(_SIGILL, SIGILL_WINDOW, increase=True), by=(*NODE, "binary")) > 0)
-    | (Max(_SIGILL, by=(*NODE, "binary")) > 0).unless(
-        Max(Selector("fleetscope_sigill_crashes_total", offset_seconds=SIGILL_WINDOW),
-            by=(*NODE, "binary"))),
+    summary="SIGILL (illegal instruction) crashes, the last {value:.0f} s before the window's "
+            "end",
+    # Crashes inside the look-back (Prometheus: the last 15 minutes; in-process: inside the
+    # window, see Recent), one finding per node naming every crashing binary (enrichment).
+    # Older crashes are only information: a node that once ran a bad build is not sick now.
+    condition=Recent(_SIGILL_AGE, SIGILL_WINDOW),
+    tiers=(Tier("info", _SIGILL_AGE >= 0,
+                "earlier SIGILL crashes, the last {value:.0f} s before the window's end"),),
     evidence=(
-        Evidence("SIGILL crashes in the kernel log", Max(_SIGILL, by=(*NODE, "binary")), 0,
-                 "crashes"),
+        Evidence("SIGILL crashes in the kernel log", Sum(Max(_SIGILL, by=(*NODE, "binary")),
+                                                         by=NODE), 0, "crashes"),
+        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, SIGILL_WINDOW, "s",
+                 pick="min"),
     ),
     confidence=0.9,
-    subject_labels={"binaries": "binary"},
+    for_seconds=0,  # an event: one crash in the window is the finding
     present_if=("fleetscope_sigill_reports_suppressed_total",),
 )
 
@@ -437,6 +454,9 @@ QUEUE_BACKLOG = Rule(
 _HEARTBEAT = Max(Selector("agent_task_heartbeat_age_seconds"), by=(*NODE, "pool"))
 _TIMEOUTS = Sum(Rate(Selector("agent_tool_calls_total", {"outcome": "timeout"}), WINDOW),
                 by=(*NODE, "pool"))
+_BLOCKED = Max(Selector("fleetscope_pool_blocked_network_threads"), by=(*NODE, "pool"))
+_LONGEST_WAIT = Max(Selector("fleetscope_pool_network_wait_longest_seconds"),
+                    by=(*NODE, "pool"))
 WORKER_BLOCKED = Rule(
     id="worker-blocked-external-call",
     severity="critical",
@@ -447,8 +467,14 @@ WORKER_BLOCKED = Rule(
            "pool size; fleetscope stacks PID shows the blocking call",
     summary="pool {pool}: oldest in-flight task silent for {value:.0f} s",
     condition=_HEARTBEAT > HEARTBEAT_AGE,
+    # Earlier, from the kernel: a worker thread parked in a network call longer than the
+    # node config's blocked_call_seconds (default 30 s) - before the heartbeat goes stale.
+    tiers=(Tier("warning", _BLOCKED > 0,
+                "pool {pool}: {value:.0f} worker thread(s) parked in a network call"),),
     evidence=(
         Evidence("oldest in-flight task heartbeat age", _HEARTBEAT, HEARTBEAT_AGE, "s"),
+        Evidence("worker threads parked in a network call", _BLOCKED, 0, "threads"),
+        Evidence("longest network wait of a worker thread", _LONGEST_WAIT, 30, "s"),
         Evidence("tool calls timing out", _TIMEOUTS, 0, "1/s"),
     ),
     confidence=0.8,

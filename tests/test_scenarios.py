@@ -42,11 +42,12 @@ SUMMARY = {
     "worker-blocked-external-call": r"pool chat-online: .* silent for 18\d s",
     "numa-remote-access": r"pool chat-online: 9\d% of resident memory on remote NUMA nodes",
     "memory-bandwidth-saturation": r"memory bandwidth at 9\d% of the platform peak",
-    "isa-mismatch": r"libagentcore\.so crashed with SIGILL",
+    "isa-mismatch": r"SIGILL \(illegal instruction\) crashes, the last \d+ s before the window's "
+                    r"end; libagentcore\.so \(pid .*\) faulted on ptrue p0\.s: SVE absent",
     "offline-preemption": r"online pool chat-online waits 0\.\d+ s/s for CPU",
     "roce-congestion": r"RoCE congestion signals at \d+(\.\d+)?/s",
     "queue-backlog": r"queue tasks:chat of pool chat-online holds 198 tasks and grows",
-    "thread-oversubscription": r"pool chat-online: 24\.0 threads per physical core",
+    "thread-oversubscription": r"pool chat-online: 6\.0 runnable threads per physical core",
     "fd-exhaustion": r"pool chat-online: a process uses 99% of its open-file limit",
     "core-imbalance": r"busiest core \d+% busier than the median core",
     "irq-core-overlap": r"online pool chat-online: its CPUs handle \d+ device interrupts per "

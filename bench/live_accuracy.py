@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Live diagnosis accuracy, repeated: runs tests/test_live_accuracy.py N times (default 5)
+and prints, per scenario, how often the primary finding was right, how many false alarms
+(warning-or-worse findings the scenario does not explain) were raised, and the diagnosis
+wall time (median and max).
+
+    python bench/live_accuracy.py            # 5 repetitions, about 6 minutes each
+    python bench/live_accuracy.py -n 2 -k "healthy or preemption"
+
+Each repetition produces every fault for real on this machine (CPU hogs, hundreds of
+threads, a silent socket, a real Redis backlog, real SIGILLs), with background noise beside
+it; see the test module's docstring. The target: every primary correct and zero false
+alarms in every repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--repetitions", type=int, default=5)
+    parser.add_argument("-k", metavar="EXPR", help="pytest -k: a subset of the scenarios")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "accuracy.jsonl"
+        for repetition in range(1, args.repetitions + 1):
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       "tests/test_live_accuracy.py"] + (["-k", args.k] if args.k else [])
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                    env={**__import__("os").environ,
+                                         "FLEETSCOPE_ACCURACY_LOG": str(log)})
+            last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+            print(f"repetition {repetition}/{args.repetitions}: {last}", flush=True)
+        entries = [json.loads(line) for line in log.read_text().splitlines()] \
+            if log.exists() else []
+    if not entries:
+        print("no scenario ran", file=sys.stderr)
+        return 1
+    by_scenario: dict[str, list[dict]] = {}
+    for entry in entries:
+        by_scenario.setdefault(entry["scenario"], []).append(entry)
+    print()
+    print(f"{'scenario':<26} {'expected primary':<30} {'correct':>8} {'false alarms':>13} "
+          f"{'wall median':>12} {'wall max':>9}  slipped")
+    all_right = True
+    for name, runs in by_scenario.items():
+        correct = sum(1 for r in runs if r["correct"])
+        alarms = sum(len(r["false_alarms"]) for r in runs)
+        walls = [r["wall_seconds"] for r in runs]
+        slipped = sum(1 for r in runs if r.get("slipped"))
+        all_right &= correct == len(runs) and alarms == 0
+        print(f"{name:<26} {runs[0]['expected'] or '(none: healthy)':<30} "
+              f"{correct:>4}/{len(runs):<3} {alarms:>13} {statistics.median(walls):>11.1f}s "
+              f"{max(walls):>8.1f}s  {slipped}")
+        for run in runs:
+            if not run["correct"] or run["false_alarms"]:
+                print(f"    wrong: primary {run['primary']}, false alarms "
+                      f"{run['false_alarms']}, findings {run['findings']}")
+    print()
+    print("every primary correct, no false alarm" if all_right
+          else "NOT all correct: see the rows marked wrong")
+    return 0 if all_right else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
