@@ -479,8 +479,10 @@ class Enricher:
         finding.subjects["pids"] = list(dict.fromkeys(
             pid for b in binaries for pid in b.pids))[:MAX_SUBJECTS * 4]
         parts, earlier = [], []
+        scans = 3  # a whole-binary check of a big library costs seconds: the latest few only
         for crashed in binaries:
-            if crashed.fault is None:
+            if crashed.fault is None and scans and (crashed.recent or crashed.last_time is None):
+                scans -= 1
                 crashed.scan_missing = self._isa_check_missing(crashed.binary)
             finding.evidence.extend(_crash_evidence(crashed, now))
             (parts if crashed.recent or crashed.last_time is None else earlier).append(crashed)

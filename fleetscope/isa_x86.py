@@ -18,6 +18,7 @@ assembly functions are not read as instructions; a file with neither is swept wh
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -94,6 +95,7 @@ CAPABILITY_FUNCTIONS = frozenset((
 ))
 CAPABILITY_SPAN = 64  # bytes of a capability object counted from its start (struct fields)
 
+ENDBR64 = b"\xf3\x0f\x1e\xfa"
 R_X86_64_64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 1, 6, 7
 R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
 
@@ -297,6 +299,10 @@ class _Function:
     stores: list[tuple[int, bool]] = field(default_factory=list)  # (address, capability value)
     calls: set[str] = field(default_factory=set)  # named callees (PLT or symbols)
     has_cpuid: bool = False
+    branches: set[int] = field(default_factory=set)  # call / jmp / jcc targets elsewhere
+    conditional: bool = False  # has a conditional branch
+    pointers: set[int] = field(default_factory=set)  # code addresses stored to memory
+    addresses: set[int] = field(default_factory=set)  # code addresses taken (lea)
     guard: str = ""  # why guarded blocks are guarded
     refs_only: bool = False  # bytes between known functions: read for references only
 
@@ -392,6 +398,7 @@ class _Analyser:
         decoder = sweep(self.iced, code[start - base:end - base], start)
         refs_only = function.refs_only
         last = None  # the last instruction that is not alignment padding
+        pointer = None  # (register, code address) of the lea just before
         padding = self.padding
         for ins in decoder:
             if ins.mnemonic not in padding:
@@ -414,10 +421,13 @@ class _Analyser:
                         entry[0] += 1
             flow = ins.flow_control
             if flow != FC_NEXT:
+                if flow == FC_COND:
+                    function.conditional = True
                 if flow in (FC_CALL, FC_JMP, FC_COND) and not ins.is_jmp_near_indirect:
                     target = ins.near_branch_target
                     if target and not (start <= target < end):
                         function.refs.append((target, False))
+                        function.branches.add(target)
                         if flow == FC_CALL:
                             name = self.callee_name(target)
                             if name:
@@ -432,12 +442,21 @@ class _Analyser:
                     function.leas.add(address)
                     if self.image.code_at(address):
                         function.refs.append((address, False))
+                        function.addresses.add(address)
+                        pointer = (ins.op0_register, address)
+                        continue
                 elif ins.op0_kind == OPK_MEM and ins.mnemonic not in self.no_write:
                     function.stores.append((address, False))
                 else:
                     function.reads.add(address)
             elif (ins.mnemonic == self.CPUID or ins.mnemonic == self.XGETBV) and not refs_only:
                 function.has_cpuid = True
+            if pointer is not None:
+                # `lea rax, [rip+f]; mov [rbx+8], rax`: a function pointer stored, not a table
+                if ins.op_count == 2 and ins.op0_kind == OPK_MEM and \
+                        ins.op1_kind == self.OPK_REG and ins.op1_register == pointer[0]:
+                    function.pointers.add(pointer[1])
+                pointer = None
         if last is not None and not refs_only and last.flow_control not in self.FC_ENDS \
                 and last.code != INVALID:
             function.refs.append((end, False))  # runs on into the next function
@@ -649,13 +668,20 @@ def analyse(image: Image, hwcaps_level: int = 0) -> X86Scan:
     image.read_plt(iced)
     scan = X86Scan()
     functions = _functions(image)
-    scan.functions = sum(1 for f in functions if not f.refs_only)
     code_of: dict[str, tuple[int, bytes]] = {name: (base, data)
                                              for name, _, base, data in image.regions}
     for function in functions:
-        base, data = code_of[function.section]
-        analyser.light(function, data, base, scan)
+        if not function.refs_only:
+            base, data = code_of[function.section]
+            analyser.light(function, data, base, scan)
+    functions = _discover(functions, analyser, code_of, scan)
+    _table_fillers(functions)
+    scan.functions = sum(1 for f in functions if not f.refs_only)
+    starts = {f.start for f in functions if not f.refs_only}
+    for function in functions:
         if function.refs_only:
+            base, data = code_of[function.section]
+            function.refs = _raw_refs(data, base, function.start, function.end, starts)
             scan.skipped_bytes += function.end - function.start
     by_start = {f.start: f for f in functions}
     analyser.cpuid_functions = {f.start for f in functions if f.has_cpuid}
@@ -721,6 +747,96 @@ PROBE_FIRST = {
     "PKU": "protection keys: reached only after pkey_alloc() succeeds, which the kernel "
            "refuses on CPUs without PKU",
 }
+
+
+TABLE_CHOICES = 4  # function addresses taken by one function with branches: a dispatch table
+
+
+def _table_fillers(functions: list[_Function]) -> None:
+    """A function that takes the addresses of several functions under conditions fills a
+    table of implementations chosen at run time (x265's setupAssemblyPrimitives(p, cpuMask),
+    FFmpeg's *_init_x86): what it points at runs only when chosen."""
+    starts = {f.start for f in functions if not f.refs_only}
+    for function in functions:
+        if function.refs_only or not function.conditional or function.guard:
+            continue
+        chosen = function.addresses & starts
+        if len(chosen) >= TABLE_CHOICES:
+            function.refs = [(target, guarded or (target in chosen
+                                                   and target not in function.branches))
+                             for target, guarded in function.refs]
+            name = function.name or hex(function.start)
+            function.guard = f"picked at run time from the table {name} fills"
+
+
+def _discover(functions: list[_Function], analyser: _Analyser, code_of, scan: X86Scan,
+              rounds: int = 8) -> list[_Function]:
+    """Code without unwind info or symbols (hand-written assembly) between known functions:
+    a place a decoded function calls, jumps to or takes the address of starts a function
+    there, up to the next known start."""
+    for _round in range(rounds):
+        gaps = sorted((f for f in functions if f.refs_only), key=lambda f: f.start)
+        if not gaps:
+            break
+        gap_starts = [g.start for g in gaps]
+        known = {f.start for f in functions}
+        targets: dict[int, set[int]] = {}
+        for function in functions:
+            if function.refs_only:
+                continue
+            for target in function.branches | function.addresses:
+                if target in known:
+                    continue
+                at = bisect.bisect_right(gap_starts, target) - 1
+                if at < 0 or target >= gaps[at].end:
+                    continue
+                # An address taken (lea) may be a table in .text; a function entry that can
+                # be called through a pointer starts with endbr64 in CET builds.
+                if target in function.branches or target in function.pointers or \
+                        analyser.image.read(target, 4) == ENDBR64:
+                    targets.setdefault(at, set()).add(target)
+        if not targets:
+            break
+        replaced = {}
+        for at, inside in targets.items():
+            gap = gaps[at]
+            pieces, cursor = [], gap.start
+            for start in sorted(inside):
+                if start > cursor:
+                    pieces.append(_Function(cursor, start, gap.section, "", refs_only=True))
+                pieces.append(_Function(start, 0, gap.section, ""))
+                cursor = start
+            for i, piece in enumerate(pieces):
+                if not piece.refs_only:
+                    piece.end = pieces[i + 1].start if i + 1 < len(pieces) else gap.end
+            replaced[id(gap)] = pieces
+            for piece in pieces:
+                if not piece.refs_only:
+                    base, data = code_of[piece.section]
+                    analyser.light(piece, data, base, scan)
+        functions = [piece for f in functions for piece in replaced.get(id(f), [f])]
+    return functions
+
+
+# rel32 call / jmp / jcc and RIP-relative lea, as bytes: in a table or a string they are
+# mostly noise, but noise can only add references (keep code "needed"), never remove one.
+_RAW_REF = re.compile(
+    rb"[\xe8\xe9]|\x0f[\x80-\x8f]|[\x48\x4c]\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]")
+
+
+def _raw_refs(code: bytes, base: int, start: int, end: int, starts: set[int]
+              ) -> list[tuple[int, bool]]:
+    """Known function starts that the bytes of a gap could refer to."""
+    chunk = code[start - base:end - base]
+    refs = []
+    for match in _RAW_REF.finditer(chunk):
+        at = match.end()
+        if at + 4 > len(chunk):
+            break
+        target = start + at + 4 + int.from_bytes(chunk[at:at + 4], "little", signed=True)
+        if target in starts:
+            refs.append((target, False))
+    return refs
 
 
 def _tally(target: dict[str, Use], name: str, count: int, address: int, where: str,

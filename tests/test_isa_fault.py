@@ -357,3 +357,25 @@ def test_scenario_bundle_names_the_faulting_instruction_without_the_binary():
     assert len(finding["subjects"]["pids"]) == 4
     assert "faulted on ptrue p0.s: SVE absent on this CPU" in finding["summary"]
     assert "ip minus mapping base" in finding["summary"]
+
+
+@pytest.mark.live
+def test_glibc_hwcaps_variant_is_dispatched_up_to_its_level(tmp_path, capsys):
+    if os.uname().machine != "x86_64":
+        pytest.skip("builds x86-64 code")
+    source = ("float x[256], y[256];\n"
+              "void axpy(float a) { for (int i = 0; i < 256; i++) y[i] += a * x[i]; }\n")
+    library = _gcc(tmp_path, "libaxpy.so", source, "-march=x86-64-v3", "-shared", "-fPIC")
+    _code, plain = _check(capsys, library)
+    needed = {e["name"] for e in plain["extensions"] if e["use"] == "needed"}
+    assert {"AVX", "FMA"} & needed  # vectorised with AVX2/FMA, unconditionally
+    # The same file where the loader looks for x86-64-v3 variants (glibc >= 2.33).
+    variant = tmp_path / "glibc-hwcaps" / "x86-64-v3" / "libaxpy.so"
+    variant.parent.mkdir(parents=True)
+    shutil.copy(library, variant)
+    code, report = _check(capsys, variant)
+    assert code == 0 and report["binary"]["glibc_hwcaps"] == "x86-64-v3"
+    assert not {e["name"] for e in report["extensions"] if e["use"] == "needed"} & needed
+    reasons = {e["first_dispatched_use"]["dispatch"] for e in report["extensions"]
+               if e["name"] in needed}
+    assert reasons == {"glibc-hwcaps x86-64-v3 variant: loaded only on CPUs of that level"}

@@ -40,7 +40,9 @@ Where the faulting instruction is, by kernel:
   arm64 4.19+ prints the register dump instead (`pc : 0000aaaab1c40754` for a user task).
 
 Timestamps are seconds since boot (local_clock(), as /dev/kmsg's microseconds); boot time
-(/proc/stat btime) plus them is the wall-clock time of the crash (`wall_clock()`).
+(/proc/stat btime, whole seconds) plus them is the wall-clock time of the crash
+(`wall_clock()`): right to a second or two on a server, off by the time spent suspended on a
+machine that sleeps (local_clock() stops, btime does not move).
 
 Both lines are rate limited (x86: the global printk_ratelimit(); arm64: its own limit, 10 per
 5 s) and printed only when debug.exception-trace is 1 and the process has no SIGILL handler.
