@@ -47,7 +47,11 @@ def main() -> int:
         print("no scenario ran", file=sys.stderr)
         return 1
     by_scenario: dict[str, list[dict]] = {}
+    skipped: dict[str, list[str]] = {}
     for entry in entries:
+        if "skipped" in entry:
+            skipped.setdefault(entry["scenario"], []).append(entry["skipped"])
+            continue
         by_scenario.setdefault(entry["scenario"], []).append(entry)
     print()
     print(f"{'scenario':<26} {'expected primary':<30} {'correct':>8} {'false alarms':>13} "
@@ -66,6 +70,9 @@ def main() -> int:
             if not run["correct"] or run["false_alarms"]:
                 print(f"    wrong: primary {run['primary']}, false alarms "
                       f"{run['false_alarms']}, findings {run['findings']}")
+    for name, reasons in skipped.items():
+        print(f"{name:<26} skipped {len(reasons)}x: {reasons[0]} (needs the CPUs free)")
+        all_right = False
     print()
     print("every primary correct, no false alarm" if all_right
           else "NOT all correct: see the rows marked wrong")
