@@ -113,6 +113,10 @@ class TaskReading(NamedTuple):
     nonvoluntary: int
     runtime_ns: int | None  # None: schedstat unreadable
     run_delay_ns: int | None
+    schedstat: tuple[int, int, int] | None = None  # as read: unchanged = it has not run
+
+
+TASK_STATUS_KEYS = ("State", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
 
 
 def task_ids(scrape: Scrape, pid: int) -> list[int]:
@@ -125,16 +129,29 @@ def task_ids(scrape: Scrape, pid: int) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def read_task(scrape: Scrape, pid: int, tid: int) -> TaskReading:
-    """status and schedstat of one non-leader thread; NotAvailable if it exited."""
+def read_task(scrape: Scrape, pid: int, tid: int,
+              previous: TaskReading | None = None) -> TaskReading:
+    """schedstat, then status, of one non-leader thread; NotAvailable if it exited.
+
+    A thread whose schedstat (CPU time, wait time, times run) is the same as at the
+    `previous` reading has not run since: its context switches cannot have moved and it is
+    still in the state it was (or, woken and not yet run, runnable: then it is counted at
+    its next reading), so its status is not read again. That halves the cost of a pool of
+    parked threads.
+    """
     base = f"proc/{pid}/task/{tid}"
-    status = status_values(read_proc(scrape, f"{base}/status", True))
     try:
-        runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat", True))
+        schedstat: tuple[int, int, int] | None = parse_pid_schedstat(
+            read_proc(scrape, f"{base}/schedstat", True))
     except (NotAvailable, ParseError):
-        runtime = delay = None
+        schedstat = None
+    if schedstat is not None and previous is not None and previous.schedstat == schedstat:
+        return previous
+    status = status_values(read_proc(scrape, f"{base}/status", True), TASK_STATUS_KEYS)
+    runtime, delay = (schedstat[0], schedstat[1]) if schedstat is not None else (None, None)
     return TaskReading(tid, status_state(status), status_int(status, "voluntary_ctxt_switches"),
-                       status_int(status, "nonvoluntary_ctxt_switches"), runtime, delay)
+                       status_int(status, "nonvoluntary_ctxt_switches"), runtime, delay,
+                       schedstat)
 
 
 def task_dir(pid: int, tid: int) -> str:

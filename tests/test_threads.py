@@ -228,14 +228,18 @@ def test_counters_sum_every_thread_and_never_fall_when_one_exits(tmp_path):
     assert got[switches.format("voluntary")] == 10 + 5 + 7 + 90
     assert got[f"fleetscope_pool_thread_run_delay_seconds_total{{{AGENTS}}}"] == 6.0
     assert got[f"fleetscope_pool_run_delay_seconds_total{{{AGENTS}}}"] == 1.0  # main thread
-    # thread 502 exits; 501 switches 100 more times: the total keeps 502's count
+    # thread 502 exits; 501 runs on and is preempted 100 more times: the total keeps 502's
     for name in ("status", "schedstat"):
         (root / f"proc/500/task/502/{name}").unlink()
     (root / "proc/500/task/502").rmdir()
-    write_task(root, 500, 501, "R", 5, 500, 10**9, 2 * 10**9)
+    write_task(root, 500, 501, "R", 5, 500, 2 * 10**9, 2 * 10**9)
+    # 503 has not run (the same schedstat): its status is not read again
+    (root / "proc/500/task/503/status").write_text("not read\n")
     got = samples(render(exporter.collect(now=1015.0)))
     assert got[switches.format("nonvoluntary")] == 3 + 500 + 600 + 1
+    assert got[switches.format("voluntary")] == 10 + 5 + 7 + 90
     assert got[f"fleetscope_pool_runnable_threads{{{AGENTS}}}"] == 1
+    assert got[f"fleetscope_pool_threads_read{{{AGENTS}}}"] == 3
 
 
 def test_threads_read_per_pool_are_bounded_and_say_so(tmp_path, monkeypatch):
