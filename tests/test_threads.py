@@ -529,3 +529,30 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     assert "tool_call" in finding.extra_summary  # the py-spy frame it waits in
     waits = [e for e in finding.evidence if e["unit"] == "seconds"]
     assert len(waits) == 2 and all(e["value"] >= 1.0 for e in waits)
+
+
+# ---- config and subjects ------------------------------------------------------------------
+
+def test_blocked_call_seconds_is_a_config_key_with_a_default():
+    from fleetscope.config import ConfigError
+
+    assert parse_config({}).blocked_call_seconds == 30.0
+    assert parse_config({"blocked_call_seconds": 2}).blocked_call_seconds == 2.0
+    for bad in (-1, "30", True):
+        with pytest.raises(ConfigError, match="blocked_call_seconds"):
+            parse_config({"blocked_call_seconds": bad})
+
+
+def test_thread_oversubscription_names_the_pids_with_the_most_threads(tmp_path):
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.rules.catalog import by_id
+
+    root = tmp_path / "root"
+    for pid, threads in ((500, 8), (501, 400), (502, 1), (503, 64)):
+        write_process(root, pid, "python3\0-m\0agent.worker\0", threads=threads)
+    write_process(root, 600, "python3\0other.py\0", threads=900)  # not in the pool
+    finding = Finding(by_id("thread-oversubscription"), "node", {"pool": "agents"}, 3.0, 0.8)
+    Enricher(parse_config({"pools": POOL}), (str(root),), (str(root),))(finding)
+    assert finding.subjects["pids"] == [501, 503, 500]  # single-threaded 502 is no suspect
+    assert finding.extra_summary.startswith("most threads: pid 501 (400)")
