@@ -517,6 +517,11 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     assert threads["tool_call_with_timeout"]["peer"] == f"127.0.0.1:{port}"
     for local in ("local_pipe", "accept_loop", "MainThread"):  # no TCP peer behind these
         assert threads[local]["syscall"] == "" and threads[local]["peer"] == "", local
+    # The frames say network (a.recv(1), self._accept()); the kernel says waiting for work.
+    assert threads["local_pipe"]["state"] == "idle"
+    assert "local socket" in threads["local_pipe"]["blocking_call"]
+    assert threads["accept_loop"]["state"] == "idle"
+    assert "accept" in threads["accept_loop"]["blocking_call"]
 
     enricher = Enricher(parse_config(_config(marker)), ("/",), ("/",), live=True)
     enricher.snapshot()
