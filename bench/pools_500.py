@@ -8,7 +8,12 @@ as on a node whose config mixes both), then runs each collector over this machin
 /proc in this process and reports the CPU time (time.process_time: user + system, the
 kernel's /proc formatting included) per scrape. The budget for `pools` is 50 ms.
 
-    python bench/pools_500.py [--processes 500] [--scrapes 20]
+Then, for what counting every thread costs on top (/proc/<pid>/task/<tid>/status and
+schedstat of each thread; the syscall file only of threads that ran since the last scrape),
+it adds `--threaded` Python processes of `--threads` sleeping threads each to the first pool
+and measures again.
+
+    python bench/pools_500.py [--processes 500] [--scrapes 20] [--threaded 10 --threads 100]
 
 The children exit by themselves after 120 s and are killed when the bench ends. Prints the
 medians; exit 0 whatever they are (benchmarks report, tests assert behaviour).
@@ -44,10 +49,67 @@ def start_children(count: int) -> list[subprocess.Popen]:
     return children
 
 
+THREADED = """
+import sys, threading, time
+never = threading.Event()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=never.wait, daemon=True).start()
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def start_threaded(count: int, threads: int) -> list[subprocess.Popen]:
+    children = []
+    for _ in range(count):
+        # argv[0] is the pool's marker, as for the sleeping children
+        children.append(subprocess.Popen(
+            [f"fleetscope-bench-{POOLS[0]}", "-c", THREADED, str(threads),
+             str(LIFETIME_SECONDS)], executable=sys.executable, stdout=subprocess.PIPE,
+            text=True))
+    for child in children:
+        child.stdout.readline()
+    return children
+
+
+def measure(config, scrapes: int) -> tuple[dict[str, list[float]], float, float]:
+    """CPU seconds per scrape of each collector; the pool processes and threads matched."""
+    collectors = [COLLECTORS[name](config) for name in ("pools", "irq", "tuning")]
+    for collector in collectors:  # warm-up: imports, regex compilation, first totals
+        list(collector.collect(Scrape(("/",))))
+    times: dict[str, list[float]] = {c.name: [] for c in collectors}
+    times["pools+irq+tuning"] = []
+    matched = threads = 0.0
+    for _ in range(scrapes):
+        scrape = Scrape(("/",))  # one scrape: the process list is shared, as in the exporter
+        total = 0.0
+        for collector in collectors:
+            start = time.process_time()
+            families = list(collector.collect(scrape))
+            spent = time.process_time() - start
+            times[collector.name].append(spent)
+            total += spent
+            if collector.name == "pools":
+                found = {f.name: sum(v for _, v in f.samples) for f in families}
+                matched = found.get("fleetscope_pool_processes", 0)
+                threads = found.get("fleetscope_pool_threads_read", 0)
+        times["pools+irq+tuning"].append(total)
+    return times, matched, threads
+
+
+def report(times: dict[str, list[float]]) -> None:
+    for name, values in times.items():
+        print(f"{name:18s} CPU per scrape: median {statistics.median(values) * 1000:.1f} ms, "
+              f"max {max(values) * 1000:.1f} ms over {len(values)} scrapes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--processes", type=int, default=500)
     parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--threaded", type=int, default=10,
+                        help="multi-threaded processes added for the second measure (0: none)")
+    parser.add_argument("--threads", type=int, default=100)
     args = parser.parse_args()
     pools = [
         {"name": name, "class": name.rsplit("-", 1)[1],
@@ -59,29 +121,21 @@ def main() -> None:
     children = start_children(args.processes)
     try:
         time.sleep(1.0)  # let every child exec
-        collectors = [COLLECTORS[name](config) for name in ("pools", "irq", "tuning")]
-        for collector in collectors:  # warm-up: imports, regex compilation, first totals
-            list(collector.collect(Scrape(("/",))))
-        times: dict[str, list[float]] = {c.name: [] for c in collectors}
-        times["pools+irq+tuning"] = []
-        matched = 0
-        for _ in range(args.scrapes):
-            scrape = Scrape(("/",))  # one scrape: the process list is shared, as in the exporter
-            total = 0.0
-            for collector in collectors:
-                start = time.process_time()
-                families = list(collector.collect(scrape))
-                spent = time.process_time() - start
-                times[collector.name].append(spent)
-                total += spent
-                if collector.name == "pools":
-                    matched = sum(v for f in families if f.name == "fleetscope_pool_processes"
-                                  for _, v in f.samples)
-            times["pools+irq+tuning"].append(total)
-        print(f"pool processes matched: {matched} (of {args.processes} started)")
-        for name, values in times.items():
-            print(f"{name:18s} CPU per scrape: median {statistics.median(values) * 1000:.1f} ms, "
-                  f"max {max(values) * 1000:.1f} ms over {len(values)} scrapes")
+        times, matched, threads = measure(config, args.scrapes)
+        print(f"pool processes matched: {matched:.0f} (of {args.processes} started), "
+              f"threads read: {threads:.0f}")
+        report(times)
+        if args.threaded and args.threads:
+            children += start_threaded(args.threaded, args.threads)
+            with_threads, matched, threads = measure(config, args.scrapes)
+            print(f"\nwith {args.threaded} more processes of {args.threads} threads: "
+                  f"{matched:.0f} processes, threads read: {threads:.0f}")
+            report(with_threads)
+            extra = (statistics.median(with_threads["pools"])
+                     - statistics.median(times["pools"])) * 1000
+            print(f"every thread's accounting adds {extra:.1f} ms a scrape for "
+                  f"{args.threaded * args.threads} threads "
+                  f"({extra * 1000 / (args.threaded * args.threads):.1f} us a thread)")
     finally:
         for child in children:
             child.kill()

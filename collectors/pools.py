@@ -318,6 +318,9 @@ class PoolsCollector(Collector):
         # thread key -> (CPU ns, its network wait or None) as of the last scrape
         self._parked: dict[Hashable, tuple[int | None, object]] = {}
         self._parked_next: dict[Hashable, tuple[int | None, object]] = {}
+        # thread key -> its last TaskReading (a thread that has not run is not re-read)
+        self._tasks: dict[Hashable, object] = {}
+        self._tasks_next: dict[Hashable, object] = {}
         self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
         self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
@@ -412,6 +415,7 @@ class PoolsCollector(Collector):
             if _usable_cgroup(cgroup):
                 acc.cgroups.add(cgroup)
         self._parked, self._parked_next = self._parked_next, {}
+        self._tasks, self._tasks_next = self._tasks_next, {}
         waited = self._waits.observe(waits, scrape.time)
         for thread, seconds in waited.items():
             acc = state[wait_pool[thread]]
@@ -508,13 +512,14 @@ class PoolsCollector(Collector):
             if acc.task_budget <= 0:
                 break
             acc.task_budget -= 1
+            thread = key + (tid,)
             try:
-                task = read_task(scrape, pid, tid)
+                task = read_task(scrape, pid, tid, self._tasks.get(thread))
             except (NotAvailable, ParseError) as err:
                 t_task.fail(err)
                 continue  # exited since the listing
             t_task.ok += 1
-            thread = key + (tid,)
+            self._tasks_next[thread] = task
             acc.threads_read += 1
             acc.runnable += task.state == "R"
             voluntary[thread] = (pool, task.voluntary)

@@ -59,15 +59,18 @@ SLEEPING = ("S", "D")
 RESTART = "restart_syscall"
 
 # The calls a thread waits in on one socket fd (arg 0), or in poll/ppoll (arg 0 the pollfd
-# array, arg 1 its length). x86-64: arch/x86/entry/syscalls/syscall_64.tbl; arm64 uses the
-# generic table, include/uapi/asm-generic/unistd.h.
+# array, arg 1 its length); accept only ever waits on a listener (a server, not a call out).
+# x86-64: arch/x86/entry/syscalls/syscall_64.tbl; arm64 uses the generic table,
+# include/uapi/asm-generic/unistd.h.
 SYSCALLS = {
     "x86_64": {0: "read", 1: "write", 7: "poll", 19: "readv", 20: "writev", 42: "connect",
-               44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 219: RESTART,
-               271: "ppoll", 299: "recvmmsg", 307: "sendmmsg"},
+               43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg",
+               219: RESTART, 271: "ppoll", 288: "accept4", 299: "recvmmsg",
+               307: "sendmmsg"},
     "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 73: "ppoll",
-                128: RESTART, 203: "connect", 206: "sendto", 207: "recvfrom",
-                211: "sendmsg", 212: "recvmsg", 243: "recvmmsg", 269: "sendmmsg"},
+                128: RESTART, 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom",
+                211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg",
+                269: "sendmmsg"},
 }
 POLL_CALLS = ("poll", "ppoll")
 POLL_NR = {"x86_64": 7, "aarch64": 73}
@@ -113,6 +116,10 @@ class TaskReading(NamedTuple):
     nonvoluntary: int
     runtime_ns: int | None  # None: schedstat unreadable
     run_delay_ns: int | None
+    schedstat: tuple[int, int, int] | None = None  # as read: unchanged = it has not run
+
+
+TASK_STATUS_KEYS = ("State", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
 
 
 def task_ids(scrape: Scrape, pid: int) -> list[int]:
@@ -125,16 +132,29 @@ def task_ids(scrape: Scrape, pid: int) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def read_task(scrape: Scrape, pid: int, tid: int) -> TaskReading:
-    """status and schedstat of one non-leader thread; NotAvailable if it exited."""
+def read_task(scrape: Scrape, pid: int, tid: int,
+              previous: TaskReading | None = None) -> TaskReading:
+    """schedstat, then status, of one non-leader thread; NotAvailable if it exited.
+
+    A thread whose schedstat (CPU time, wait time, times run) is the same as at the
+    `previous` reading has not run since: its context switches cannot have moved and it is
+    still in the state it was (or, woken and not yet run, runnable: then it is counted at
+    its next reading), so its status is not read again. That halves the cost of a pool of
+    parked threads.
+    """
     base = f"proc/{pid}/task/{tid}"
-    status = status_values(read_proc(scrape, f"{base}/status", True))
     try:
-        runtime, delay, _ = parse_pid_schedstat(read_proc(scrape, f"{base}/schedstat", True))
+        schedstat: tuple[int, int, int] | None = parse_pid_schedstat(
+            read_proc(scrape, f"{base}/schedstat", True))
     except (NotAvailable, ParseError):
-        runtime = delay = None
+        schedstat = None
+    if schedstat is not None and previous is not None and previous.schedstat == schedstat:
+        return previous
+    status = status_values(read_proc(scrape, f"{base}/status", True), TASK_STATUS_KEYS)
+    runtime, delay = (schedstat[0], schedstat[1]) if schedstat is not None else (None, None)
     return TaskReading(tid, status_state(status), status_int(status, "voluntary_ctxt_switches"),
-                       status_int(status, "nonvoluntary_ctxt_switches"), runtime, delay)
+                       status_int(status, "nonvoluntary_ctxt_switches"), runtime, delay,
+                       schedstat)
 
 
 def task_dir(pid: int, tid: int) -> str:
@@ -257,6 +277,15 @@ def _wchan(scrape: Scrape, pid: int, tid: int) -> str:
 def network_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | None:
     """The network call a sleeping thread waits in, or None (another call, or not a
     connected TCP socket). NotAvailable/ParseError: its syscall file cannot be read."""
+    wait = socket_wait(scrape, pid, tid)
+    return wait if isinstance(wait, NetworkWait) else None
+
+
+def socket_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | str | None:
+    """What a sleeping thread's socket call waits on: a NetworkWait (a connected TCP
+    socket), a description when it is a local wait ("accept() on a listening socket",
+    "recvfrom() on a local socket": a server or a worker waiting for work), or None (not a
+    socket call, or unknown)."""
     syscall = parse_task_syscall(read_proc(scrape, f"{task_dir(pid, tid)}/syscall", True))
     if syscall is None:
         return None
@@ -274,18 +303,21 @@ def network_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | None:
     polled = tuple(polled_fds(scrape, pid, tid, syscall)) if call in POLL_CALLS else ()
     if call in POLL_CALLS and not polled:
         return None  # too many fds to be one call's socket, or the memory is unreadable
+    local = None
     for fd in polled or (syscall.args[0],):
         inode = _fd_link_inode(scrape, pid, fd)
         if inode is None:
             continue
         socket = _tcp_table(scrape, pid).get(inode)
         if socket is None or socket.state == "LISTEN":
+            kind = "a listening" if socket is not None else "a local"
+            local = local or f"{call}() on {kind} socket (fd {fd})"
             continue
         if wchan is None:
             wchan = _wchan(scrape, pid, tid)
         return NetworkWait(pid, tid, call, fd, inode, socket.peer, wchan, syscall.signature,
                            polled)
-    return None
+    return local
 
 
 def process_network_waits(scrape: Scrape, pid: int, limit: int = TASKS_READ_PER_POOL,

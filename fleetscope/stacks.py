@@ -14,7 +14,9 @@ in the worker's own function, a C extension's call, source lines that cannot be 
 thread is also classified from the kernel side, by the native thread id py-spy reports:
 /proc/<pid>/task/<tid>/syscall and wchan, the fd's socket and its TCP peer
 (collectors/tasks.py). A thread the frames call idle but the kernel finds parked in a
-recv/poll/connect on a connected TCP socket is `network`, with the call and the peer.
+recv/poll/connect on a connected TCP socket is `network`, with the call and the peer; one
+the frames call network but the kernel finds waiting on a listening socket (a server's
+accept loop) or a local socket (a socketpair, a unix socket) is `idle`: waiting for work.
 
 py-spy needs ptrace rights on the target: root, CAP_SYS_PTRACE, or the same user with
 kernel.yama.ptrace_scope=0. Without them the error says so and how to get them.
@@ -146,14 +148,20 @@ def _kernel_side(stack: ThreadStack) -> None:
     call becomes `network`."""
     from fleetscope.collectors.base import NotAvailable, Scrape
     from fleetscope.collectors.parsers import ParseError
-    from fleetscope.collectors.tasks import network_wait
+    from fleetscope.collectors.tasks import socket_wait
 
     if not stack.native_id or stack.state == "cpu":
         return
     try:
-        wait = network_wait(Scrape(("/",)), stack.pid, stack.native_id)
+        wait = socket_wait(Scrape(("/",)), stack.pid, stack.native_id)
     except (NotAvailable, ParseError):
         return  # exited, or no rights on its syscall file: the frames' verdict stands
+    if isinstance(wait, str):  # a server's accept, a socketpair: waiting for work, not out
+        if stack.state == "network":
+            stack.state = "idle"
+            stack.blocking_call = (f"{stack.blocking_call}  [{wait}]" if stack.blocking_call
+                                   else wait)
+        return
     if wait is None:
         return
     stack.syscall, stack.wchan, stack.peer = wait.call, wait.wchan, wait.peer

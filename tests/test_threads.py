@@ -228,14 +228,18 @@ def test_counters_sum_every_thread_and_never_fall_when_one_exits(tmp_path):
     assert got[switches.format("voluntary")] == 10 + 5 + 7 + 90
     assert got[f"fleetscope_pool_thread_run_delay_seconds_total{{{AGENTS}}}"] == 6.0
     assert got[f"fleetscope_pool_run_delay_seconds_total{{{AGENTS}}}"] == 1.0  # main thread
-    # thread 502 exits; 501 switches 100 more times: the total keeps 502's count
+    # thread 502 exits; 501 runs on and is preempted 100 more times: the total keeps 502's
     for name in ("status", "schedstat"):
         (root / f"proc/500/task/502/{name}").unlink()
     (root / "proc/500/task/502").rmdir()
-    write_task(root, 500, 501, "R", 5, 500, 10**9, 2 * 10**9)
+    write_task(root, 500, 501, "R", 5, 500, 2 * 10**9, 2 * 10**9)
+    # 503 has not run (the same schedstat): its status is not read again
+    (root / "proc/500/task/503/status").write_text("not read\n")
     got = samples(render(exporter.collect(now=1015.0)))
     assert got[switches.format("nonvoluntary")] == 3 + 500 + 600 + 1
+    assert got[switches.format("voluntary")] == 10 + 5 + 7 + 90
     assert got[f"fleetscope_pool_runnable_threads{{{AGENTS}}}"] == 1
+    assert got[f"fleetscope_pool_threads_read{{{AGENTS}}}"] == 3
 
 
 def test_threads_read_per_pool_are_bounded_and_say_so(tmp_path, monkeypatch):
@@ -513,6 +517,11 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     assert threads["tool_call_with_timeout"]["peer"] == f"127.0.0.1:{port}"
     for local in ("local_pipe", "accept_loop", "MainThread"):  # no TCP peer behind these
         assert threads[local]["syscall"] == "" and threads[local]["peer"] == "", local
+    # The frames say network (a.recv(1), self._accept()); the kernel says waiting for work.
+    assert threads["local_pipe"]["state"] == "idle"
+    assert "local socket" in threads["local_pipe"]["blocking_call"]
+    assert threads["accept_loop"]["state"] == "idle"
+    assert "accept" in threads["accept_loop"]["blocking_call"]
 
     enricher = Enricher(parse_config(_config(marker)), ("/",), ("/",), live=True)
     enricher.snapshot()
@@ -525,3 +534,30 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     assert "tool_call" in finding.extra_summary  # the py-spy frame it waits in
     waits = [e for e in finding.evidence if e["unit"] == "seconds"]
     assert len(waits) == 2 and all(e["value"] >= 1.0 for e in waits)
+
+
+# ---- config and subjects ------------------------------------------------------------------
+
+def test_blocked_call_seconds_is_a_config_key_with_a_default():
+    from fleetscope.config import ConfigError
+
+    assert parse_config({}).blocked_call_seconds == 30.0
+    assert parse_config({"blocked_call_seconds": 2}).blocked_call_seconds == 2.0
+    for bad in (-1, "30", True):
+        with pytest.raises(ConfigError, match="blocked_call_seconds"):
+            parse_config({"blocked_call_seconds": bad})
+
+
+def test_thread_oversubscription_names_the_pids_with_the_most_threads(tmp_path):
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.diagnose.enrich import Enricher
+    from fleetscope.rules.catalog import by_id
+
+    root = tmp_path / "root"
+    for pid, threads in ((500, 8), (501, 400), (502, 1), (503, 64)):
+        write_process(root, pid, "python3\0-m\0agent.worker\0", threads=threads)
+    write_process(root, 600, "python3\0other.py\0", threads=900)  # not in the pool
+    finding = Finding(by_id("thread-oversubscription"), "node", {"pool": "agents"}, 3.0, 0.8)
+    Enricher(parse_config({"pools": POOL}), (str(root),), (str(root),))(finding)
+    assert finding.subjects["pids"] == [501, 503, 500]  # single-threaded 502 is no suspect
+    assert finding.extra_summary.startswith("most threads: pid 501 (400)")
