@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, metavar="N",
                         help="live: how long to sample (default 5); Prometheus: how far back "
                         "(default 5, at least two steps)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="with --prometheus: one deadline for all its queries together "
+                        "(default 30)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
     parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
                         "overrides the recorded one; live default: $FLEETSCOPE_CONFIG or "
@@ -78,6 +81,18 @@ def run(args: argparse.Namespace) -> int:
         print("fleetscope diagnose: error: --seconds must be between 0 and 86400",
               file=sys.stderr)
         return 2
+    args.timeout = getattr(args, "timeout", 30.0)
+    if not 0 < args.timeout <= 3600:
+        print("fleetscope diagnose: error: --timeout must be between 0 and 3600",
+              file=sys.stderr)
+        return 2
+    # The bundle's scratch copy is removed on every path out: errors, crashes, Ctrl-C and
+    # SIGTERM (the CLI turns it into SystemExit).
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # Sources a node lacks are reported as not_evaluated, not as log lines mid-report.
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
     try:
@@ -91,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         return _fail(str(err))
     progress = _Progress(not args.json, "sampling")
-    stack = contextlib.ExitStack()
     try:
         enricher = None
         if args.bundle:
@@ -114,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             metrics = set().union(*(rule.requires() for rule in CATALOG))
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
-                                                  None if args.fleet else args.node)
+                                                  None if args.fleet else args.node,
+                                                  timeout=args.timeout)
             except PrometheusError as err:
                 return _fail(str(err))
             if args.node and not nodes:
@@ -135,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
             source = "live"
     finally:
         progress.close()
-    with stack:
-        stamps = series.timestamps()
-        series.max_window_ms = (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
-        findings, not_evaluated = engine.evaluate(
-            series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+    stamps = series.timestamps()
+    series.max_window_ms = (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
+    findings, not_evaluated = engine.evaluate(
+        series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+    stack.close()
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
     from .report import print_json, print_report  # rich, only when a report is printed
 

@@ -103,8 +103,15 @@ class Enricher:
             if cpu not in finding.subjects["cpus"]:
                 finding.subjects["cpus"].append(cpu)
         if usage and usage[0][0] > 0:
-            names = ", ".join(f"{p.cmdline[:40] or p.pid}" for _, p, _ in usage[:2])
-            finding.extra_summary = f"antagonists: {names}"
+            finding.extra_summary = f"antagonists: {self._antagonist_names(usage[:2])}"
+
+    def _antagonist_names(self, usage) -> str:
+        """The antagonists' command lines for the summary, secrets redacted (an agent
+        started with --api-key=... must not print it in a ticket)."""
+        from fleetscope.redact import redact_command_line
+
+        return ", ".join(f"{redact_command_line(p.cmdline, self.config.redact)[:40] or p.pid}"
+                         for _, p, _ in usage)
 
     def _numa_remote_access(self, finding: Finding) -> None:
         nodes = numa_node_cpus(self.last)
