@@ -86,7 +86,7 @@ def _member_path(name: str) -> str | None:
     return os.path.join(*parts) if parts else ""
 
 
-def _copy_member(source, destination: str, size: int, name: str, path: str) -> int:
+def _copy_member(source, destination: str, size: int) -> int:
     """Copy at most `size` bytes (the size the header declares); returns bytes written."""
     written = 0
     with open(destination, "wb") as out:
@@ -135,7 +135,7 @@ def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
-        _copy_member(archive.extractfile(member), destination, member.size, member.name, path)
+        _copy_member(archive.extractfile(member), destination, member.size)
 
 
 def _scratch_dir() -> str | None:
@@ -300,6 +300,11 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
     processes = [n for n in os.listdir(os.path.join(last.directory, "proc"))
                  if n.isdigit()] if os.path.isdir(os.path.join(last.directory, "proc")) else []
     rows.append(("processes in last sample", str(len(processes))))
+    try:
+        bundle.config()
+        rows.append(("recorded config", "valid"))
+    except BundleError as err:
+        rows.append(("recorded config", _one_line(str(err), 200)))
     static = os.path.join(bundle.root, "static")
     for relative, what in SOURCES:
         present = os.path.exists(os.path.join(last.directory, relative)) or \

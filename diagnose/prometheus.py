@@ -151,6 +151,11 @@ def _get(base: str, path: str, params: dict, timeout: float | Deadline) -> dict:
     except TimeoutError:
         raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
                               f"{deadline.seconds:g} s (--timeout)") from None
+    return parse_answer(base, body)
+
+
+def parse_answer(base: str, body: bytes) -> dict:
+    """The `data` object of an API answer's body, or PrometheusError saying what is wrong."""
     try:
         document = json.loads(body)
     except RecursionError:

@@ -29,6 +29,10 @@ import yaml
 class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message is one line for the user."""
 
+    def __init__(self, message: str):
+        # Keys and values quoted from a hostile file must not break the one line.
+        super().__init__("".join(c if c.isprintable() else "?" for c in message)[:500])
+
 
 @dataclass(frozen=True)
 class Pool:
