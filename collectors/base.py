@@ -88,6 +88,20 @@ def load_meta(path: str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def _read_bounded(fd: int, most: int) -> bytes:
+    """Up to `most` bytes of fd, in page-sized reads: /proc/sys handlers allocate a buffer
+    of the size asked for, and fail a 16 MiB read with ENOMEM."""
+    chunks = []
+    size = 0
+    while size < most:
+        chunk = os.read(fd, min(65536, most - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 class Collector:
     """Base class: subclasses set `name` and implement `collect`."""
 
@@ -184,10 +198,11 @@ class Scrape:
                 raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
             limit = read_limit(relative)
             try:
-                with open(fd, "rb") as handle:
-                    data = handle.read(limit + 1)
+                data = _read_bounded(fd, limit + 1)
             except OSError as err:
                 raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+            finally:
+                os.close(fd)
             if len(data) > limit:
                 raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
                                  "writes there: refused")
