@@ -303,12 +303,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prog(argv: list[str]) -> str:
+    """'fleetscope diagnose', 'fleetscope bundle record'...: the prefix of error lines."""
+    words: list[str] = []
+    arguments = iter(argv)
+    for arg in arguments:
+        if arg == "--log-level":
+            next(arguments, None)
+        elif not arg.startswith("-"):
+            words.append(arg)
+            if len(words) == 2 or words[0] not in ("bundle", "rules", "isa"):
+                break
+    return " ".join(["fleetscope", *words])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # --debug is accepted anywhere on the line, so it can be added to the failing command.
     debug = "--debug" in argv or os.environ.get("FLEETSCOPE_DEBUG") == "1"
     argv = [arg for arg in argv if arg != "--debug"]
-    prog = " ".join(["fleetscope", *[a for a in argv[:2] if not a.startswith("-")]][:3])
+    prog = _prog(argv)
     try:
         signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread (tests calling main())

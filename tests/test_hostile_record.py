@@ -203,3 +203,38 @@ def test_record_sigterm_leaves_no_work_directory(tmp_path):
     assert "Traceback" not in stderr
     assert [n for n in os.listdir(work) if n.startswith("fleetscope-")] == []
     assert os.listdir(tmp_path) == ["tmp"]  # neither the archive nor its partial file
+
+
+# -- the last-resort handler (fleetscope/cli.py) --------------------------------------------
+@pytest.mark.parametrize(("error", "says"), [
+    (ZeroDivisionError("division by zero"), "unexpected ZeroDivisionError: division by zero"),
+    (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+    (OSError("multi\nline"), "unexpected OSError: multi line"),
+])
+def test_unexpected_errors_are_one_line_exit_3(monkeypatch, capsys, error, says):
+    from fleetscope import cli
+
+    def broken(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_cmd_rules_list", broken)
+    monkeypatch.setattr(cli.signal, "signal", lambda *_: None)  # keep pytest's handlers
+    assert cli.main(["rules", "list"]) == 3
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetscope rules list: error: ")
+    assert says in lines[0] and "--debug" in lines[0]
+    assert cli.main(["rules", "list", "--debug"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in broken" in err
+
+
+def test_ctrl_c_is_one_line_exit_130(monkeypatch, capsys):
+    from fleetscope import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_rules_list", interrupted)
+    monkeypatch.setattr(cli.signal, "signal", lambda *_: None)
+    assert cli.main(["rules", "list"]) == 130
+    assert capsys.readouterr().err.strip() == "fleetscope rules list: interrupted"
