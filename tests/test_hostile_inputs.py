@@ -287,3 +287,38 @@ def test_drip_fed_headers_are_dropped(tmp_path):
         assert exporter.text().startswith("# HELP")
     finally:
         exporter.stop()
+
+
+def test_connections_are_capped(tmp_path):
+    """Idle connections past MAX_CONNECTIONS get 503 instead of one more thread each."""
+    import socket
+    from urllib.error import HTTPError
+    from urllib.parse import urlsplit
+
+    from fleetscope.exporter import MAX_CONNECTIONS
+
+    exporter = ExporterProcess(FIXTURE / "samples" / "s0000", None, tmp_path)
+    idle = []
+    try:
+        parts = urlsplit(exporter.url)
+        idle = [socket.create_connection((parts.hostname, parts.port), timeout=10)
+                for _ in range(MAX_CONNECTIONS)]
+        with pytest.raises(HTTPError) as refused:
+            for _ in range(50):  # until the server has accepted all idle ones (bounded)
+                exporter.scrape()
+                time.sleep(0.1)
+        assert refused.value.code == 503
+        for sock in idle:
+            sock.close()
+        for _ in range(100):  # the slots come back as the idle connections close
+            try:
+                assert exporter.scrape()[0] == 200
+                break
+            except HTTPError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("slots never came back")
+    finally:
+        for sock in idle:
+            sock.close()
+        exporter.stop()
