@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,12 +24,82 @@ T = TypeVar("T")
 
 BUNDLE_FORMAT = "fleetscope-bundle/1"
 
+# The most the kernel (or the tool) writes in a file a collector reads: a bundle file above
+# its limit is refused, not parsed, so a small archive cannot cost gigabytes of RAM. Looked
+# up by relative path, then by the directory, then by file name; everything else gets
+# DEFAULT_READ_LIMIT (large enough for /proc/interrupts or cpuinfo of a 4,096-CPU machine,
+# and for numa_maps as `bundle record` caps it).
+KIB, MIB = 1024, 1024 * 1024
+DEFAULT_READ_LIMIT = 16 * MIB
+READ_LIMITS = {
+    "proc/stat": 8 * MIB, "proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
+    "stat": 64 * KIB, "status": 64 * KIB, "schedstat": 16 * MIB, "cgroup": 64 * KIB,
+    "limits": 64 * KIB, "cmdline": 4 * MIB, "fd_count": 4 * KIB, "cpulist": 64 * KIB,
+    "numastat": 64 * KIB, "distance": 64 * KIB, "meminfo": 64 * KIB, "cpu.stat": 64 * KIB,
+    "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
+}
+MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
+
+
+def read_limit(relative: str) -> int:
+    """The most bytes read from `relative` (see READ_LIMITS)."""
+    directory, _, name = relative.rpartition("/")
+    for key in (relative, directory, name):
+        if key in READ_LIMITS:
+            return READ_LIMITS[key]
+    return DEFAULT_READ_LIMIT
+
 
 class NotAvailable(Exception):
     """The source does not exist on this machine (no such file, feature off in the kernel).
 
     The message says what is missing and, where known, how to enable it.
     """
+
+
+class RefusedPath(NotAvailable):
+    """A path that would leave the root (`..`, absolute, a link out) or is not a regular file.
+
+    Such paths come from hostile or broken input (a label joined onto a file name, a link in
+    a bundle): they are treated as absent, and their target is never read or quoted.
+    """
+
+
+def check_relative(relative: str) -> str:
+    """`relative` itself, or RefusedPath when it could lead outside the root."""
+    if relative.startswith("/") or "\0" in relative or ".." in relative.split("/"):
+        raise RefusedPath(f"refused path {relative[:80]!r}: it would leave the root")
+    return relative
+
+
+def load_meta(path: str) -> Any:
+    """A bundle's meta.json, size-capped; ValueError for anything that is not sane JSON
+    (RecursionError from a document nested thousands deep included)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(MAX_META_BYTES + 1)
+    if len(data) > MAX_META_BYTES:
+        raise ValueError(f"larger than {MAX_META_BYTES // MIB} MiB")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _read_bounded(fd: int, most: int) -> bytes:
+    """Up to `most` bytes of fd, in page-sized reads: /proc/sys handlers allocate a buffer
+    of the size asked for, and fail a 16 MiB read with ENOMEM."""
+    chunks = []
+    size = 0
+    while size < most:
+        chunk = os.read(fd, min(65536, most - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 class Collector:
@@ -53,8 +124,7 @@ def bundle_roots(root: str) -> tuple[str, ...]:
     root = os.path.abspath(root)
     bundle = os.path.dirname(os.path.dirname(root))
     try:
-        with open(os.path.join(bundle, "meta.json"), encoding="utf-8") as meta_file:
-            meta = json.load(meta_file)
+        meta = load_meta(os.path.join(bundle, "meta.json"))
     except (OSError, ValueError):
         return (root,)
     if isinstance(meta, dict) and meta.get("format") == BUNDLE_FORMAT:
@@ -71,6 +141,10 @@ class Scrape:
 
     def __init__(self, roots: tuple[str, ...], now: float | None = None):
         self.roots = roots
+        # Resolved roots: a file read must resolve inside the root it was found under (no
+        # links out of a bundle). "/" contains everything, so a live node pays nothing.
+        self._real_roots = {root: (None if os.path.abspath(root) == os.sep
+                                   else os.path.realpath(root)) for root in roots}
         self.time = time.time() if now is None else now
         self._memo: dict[str, Any] = {}
         # (collector, source) -> (available, reason); reported as fleetscope_scrape_source_*
@@ -79,34 +153,78 @@ class Scrape:
 
     def path(self, relative: str) -> str:
         """The first existing path for `relative` under the roots (for listings and stat)."""
+        check_relative(relative)
         for root in self.roots:
             candidate = os.path.join(root, relative)
             if os.path.exists(candidate):
                 return candidate
         return os.path.join(self.roots[0], relative)
 
+    def _inside(self, root: str, resolved: str) -> bool:
+        real = self._real_roots.get(root)
+        return real is None or resolved == real or resolved.startswith(real + os.sep)
+
+    def _open_regular(self, root: str, relative: str) -> int:
+        """An fd of root/relative when it is a regular file resolving inside root.
+        O_NONBLOCK: a FIFO planted in a bundle opens at once instead of waiting for a writer."""
+        fd = os.open(os.path.join(root, relative), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RefusedPath(f"/{relative}: not a regular file: refused")
+            if self._real_roots.get(root) is not None:
+                try:
+                    resolved = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    resolved = os.path.realpath(os.path.join(root, relative))
+                if not self._inside(root, resolved):
+                    raise RefusedPath(f"/{relative}: a link out of {root}: refused")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def read_text(self, relative: str) -> str:
-        """The text of a file under the root, e.g. read_text("proc/stat")."""
+        """The text of a file under the root, e.g. read_text("proc/stat").
+
+        Only regular files that resolve inside the root are read, and at most
+        `read_limit(relative)` bytes: past it the file is refused as corrupt (ParseError)."""
+        check_relative(relative)
         for root in self.roots:
             try:
-                with open(os.path.join(root, relative), "rb") as handle:
-                    return handle.read().decode("utf-8", "replace")
+                fd = self._open_regular(root, relative)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            except OSError as err:  # EACCES, EOPNOTSUPP (PSI disabled), EIO
+            except OSError as err:  # EACCES, EOPNOTSUPP (PSI disabled), EIO, ELOOP
                 raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+            limit = read_limit(relative)
+            try:
+                data = _read_bounded(fd, limit + 1)
+            except OSError as err:
+                raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+            finally:
+                os.close(fd)
+            if len(data) > limit:
+                raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
+                                 "writes there: refused")
+            return data.decode("utf-8", "replace")
         raise NotAvailable(f"/{relative} does not exist")
 
     def listdir(self, relative: str) -> list[str]:
         """Entry names of a directory under the roots (merged across them), sorted."""
+        check_relative(relative)
         names: set[str] = set()
         for root in self.roots:
+            directory = os.path.join(root, relative)
             try:
-                names.update(os.listdir(os.path.join(root, relative)))
+                entries = os.listdir(directory)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError as err:
                 raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+            if self._real_roots.get(root) is not None and \
+                    not self._inside(root, os.path.realpath(directory)):
+                continue  # a link out of the bundle: its entries are not the bundle's
+            names.update(entries)
         return sorted(names)
 
     def memo(self, key: str, compute: Callable[[], T]) -> T:

@@ -85,8 +85,12 @@ class CpuCollector(Collector):
         hz = self.ticks_per_second
         if self.full:
             yield from self._per_core(stat.cpus, hz)
+        node_of = None
         with scrape.source(self.name, NODE_DIR):
-            yield from self._per_numa_node(numa_node_of_cpus(scrape, stat.cpus), stat.cpus, hz)
+            node_of = numa_node_of_cpus(scrape, stat.cpus)
+        # Without the topology the summary still carries the CPU time, on numa_node="unknown".
+        yield from self._per_numa_node(node_of if node_of is not None else
+                                       dict.fromkeys(stat.cpus, "unknown"), stat.cpus, hz)
         interval = self._advance(scrape.time, stat.cpus)
         if interval is not None:
             yield from self._distribution(interval)

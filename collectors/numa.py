@@ -42,9 +42,13 @@ class NumaCollector(Collector):
         self._pool_memory: tuple[float, dict] | None = None  # (time read, per-pool bytes)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        nodes = numa_node_cpus(scrape)
-        if not nodes:
-            raise NotAvailable(f"/{NODE_DIR} has no node directories (kernel without NUMA)")
+        try:
+            nodes = numa_node_cpus(scrape)
+            if not nodes:
+                raise NotAvailable(f"/{NODE_DIR} has no node directories (kernel without NUMA)")
+        except NotAvailable as err:  # absence, not a collector error
+            scrape.sources[(self.name, NODE_DIR)] = (False, str(err))
+            return
         yield from self._numastat(scrape, nodes)
         with scrape.source(self.name, f"{NODE_DIR}/node*/distance"):
             yield from self._distances(scrape, nodes)

@@ -242,9 +242,13 @@ class SourceTally:
     def report(self, scrape: Scrape, collector: str, source: str, hint: str = "") -> None:
         if not self.ok and self.error is None:
             return  # nothing to read (no process, no cgroup): no verdict
-        with scrape.source(collector, source, hint):
-            if not self.ok and self.error is not None:
-                raise self.error
+        if not self.ok:
+            # Per-process records: a bad one costs its own metrics (the source says why),
+            # never the collector's, even when it is the only one.
+            hint = f": {hint}" if hint and not isinstance(self.error, ParseError) else ""
+            scrape.sources[(collector, source)] = (False, f"{self.error}{hint}")
+            return
+        scrape.sources[(collector, source)] = (True, "")
 
 
 class _PoolState:

@@ -7,7 +7,7 @@ series of both into per-node ones.
 
 from __future__ import annotations
 
-from .base import Scrape
+from .base import NotAvailable, Scrape
 from .parsers.procfs import ProcStat, parse_proc_stat
 from .parsers.sysfs import parse_cpulist
 
@@ -20,10 +20,17 @@ def proc_stat(scrape: Scrape) -> ProcStat:
 
 def _read_numa_nodes(scrape: Scrape) -> dict[int, list[int]]:
     nodes: dict[int, list[int]] = {}
+    missing = None
     for name in scrape.listdir(NODE_DIR):
         if name.startswith("node") and name[4:].isdigit():
-            text = scrape.read_text(f"{NODE_DIR}/{name}/cpulist")
+            try:
+                text = scrape.read_text(f"{NODE_DIR}/{name}/cpulist")
+            except NotAvailable as err:  # that node's CPUs are "unknown", the rest still known
+                missing = err
+                continue
             nodes[int(name[4:])] = parse_cpulist(text, f"/{NODE_DIR}/{name}/cpulist")
+    if missing is not None and not nodes:
+        raise missing
     return nodes
 
 

@@ -6,25 +6,33 @@
 
 A bundle is a directory or the same tree in a .tar.gz. Archives are unpacked into a
 temporary directory as regular files and directories only: absolute paths, `..`, links and
-device files are refused, and so are archives over the size and member limits.
+device files are refused, and so are archives over the limits below (counted in unpacked
+bytes, never in compressed ones: a 58 KB archive can hold a 2 GB sparse file). The scratch
+directory is removed on every exit path, including Ctrl-C and SIGTERM (the CLI turns SIGTERM
+into SystemExit so cleanups run). Inside a directory bundle only regular files resolving
+inside it are read (collectors.base.Scrape).
 Replaying runs the exporter's collectors over each sample directory through `--root`, so a
 bundle yields exactly the series a live node would have exported.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from fleetscope.collectors.base import BUNDLE_FORMAT
+from fleetscope.collectors.base import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, load_meta
 from fleetscope.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
-MAX_UNPACKED_BYTES = 8 * 1024**3
+# A 128-core node recorded for 10 minutes is ~100 MB unpacked; numa_maps, the largest file,
+# is capped at 16 MiB by `bundle record`.
+MAX_UNPACKED_BYTES = 1024**3
+MAX_MEMBER_BYTES = 4 * DEFAULT_READ_LIMIT
+SCRATCH_ENV = "FLEETSCOPE_SCRATCH_DIR"  # where archives unpack (default /dev/shm if roomy)
 
 
 class BundleError(Exception):
@@ -45,6 +53,7 @@ class Bundle:
     samples: list[Sample]
     config_raw: dict
     _tempdir: str | None = None
+    redacted: dict = field(default_factory=dict)  # what `bundle record` redacted, by kind
 
     def config(self, override: Config | None = None) -> Config:
         """The recorded config (CONTRACT: diagnosis uses it unless --config overrides)."""
@@ -77,18 +86,31 @@ def _member_path(name: str) -> str | None:
     return os.path.join(*parts) if parts else ""
 
 
+def _copy_member(source, destination: str, size: int) -> int:
+    """Copy at most `size` bytes (the size the header declares); returns bytes written."""
+    written = 0
+    with open(destination, "wb") as out:
+        while written < size:
+            chunk = source.read(min(1024 * 1024, size - written))
+            if not chunk:
+                break
+            out.write(chunk)
+            written += len(chunk)
+    return written
+
+
 def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
     """Regular files and directories only: links, devices and paths leaving the target are
     refused (what tarfile's `data` filter refuses, at a fraction of its per-member cost on
-    bundles of thousands of small files)."""
+    bundles of thousands of small files). Sizes are the unpacked ones."""
     members = 0
     total = 0
     made: set[str] = set()
     for member in archive:
         members += 1
-        total += max(member.size, 0)
-        if members > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
-            raise BundleError(f"{path}: archive too large to be a bundle")
+        if members > MAX_MEMBERS:
+            raise BundleError(f"{path}: refused: more than {MAX_MEMBERS} archive members "
+                              "(the member limit of a bundle)")
         relative = _member_path(member.name)
         if relative is None:
             raise BundleError(f"{path}: refused archive member {member.name!r}: "
@@ -100,49 +122,63 @@ def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
         if not member.isfile():
             raise BundleError(f"{path}: refused archive member {member.name!r}: "
                               "links and special files have no place in a bundle")
+        if member.size > MAX_MEMBER_BYTES:
+            raise BundleError(f"{path}: refused archive member {member.name[:80]!r}: "
+                              f"{member.size} bytes unpacked, over the "
+                              f"{MAX_MEMBER_BYTES // 1024**2} MiB limit for one bundle file")
+        total += max(member.size, 0)
+        if total > MAX_UNPACKED_BYTES:
+            raise BundleError(f"{path}: refused: over {MAX_UNPACKED_BYTES // 1024**2} MiB "
+                              "unpacked (the size limit of a bundle)")
         destination = os.path.join(target, relative)
         parent = os.path.dirname(destination)
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
-        source = archive.extractfile(member)
-        with open(destination, "wb") as out:
-            shutil.copyfileobj(source, out)
+        _copy_member(archive.extractfile(member), destination, member.size)
 
 
-def _scratch_dir(archive_bytes: int) -> str | None:
-    """Where to unpack: memory-backed /dev/shm when it has ample room. A bundle is tens of
-    thousands of small files; on a disk-backed /tmp creating them costs seconds."""
+def _scratch_dir() -> str | None:
+    """Where to unpack: $FLEETSCOPE_SCRATCH_DIR, else memory-backed /dev/shm when it has
+    room for the largest bundle accepted. A bundle is tens of thousands of small files; on a
+    disk-backed /tmp creating them costs seconds."""
+    if os.environ.get(SCRATCH_ENV):
+        return os.environ[SCRATCH_ENV]
     try:
         stats = os.statvfs("/dev/shm")
     except OSError:
         return None
     free = stats.f_bavail * stats.f_frsize
-    return "/dev/shm" if free > 40 * archive_bytes + 256 * 1024**2 else None
+    return "/dev/shm" if free > MAX_UNPACKED_BYTES + 256 * 1024**2 else None
 
 
 def _unpack(path: str) -> tuple[str, str]:
     """Unpack a .tar.gz safely; returns (bundle root inside it, temp dir to remove)."""
-    tempdir = tempfile.mkdtemp(prefix="fleetscope-bundle-",
-                               dir=_scratch_dir(os.path.getsize(path)))
+    try:
+        tempdir = tempfile.mkdtemp(prefix="fleetscope-bundle-", dir=_scratch_dir())
+    except OSError as err:
+        raise BundleError(f"cannot create a scratch directory to unpack {path}: "
+                          f"{err.strerror or err}") from None
     try:
         with tarfile.open(path, "r:*") as archive:
             _extract(archive, tempdir, path)
+        # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
+        if os.path.isfile(os.path.join(tempdir, "meta.json")):
+            return tempdir, tempdir
+        entries = os.listdir(tempdir)
+        if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], "meta.json")):
+            return os.path.join(tempdir, entries[0]), tempdir
+        raise BundleError(f"{path}: archive has no meta.json (not a fleetscope bundle)")
     except BundleError:
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
-    except (tarfile.TarError, EOFError, OSError, ValueError) as err:
+    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError) as err:
         shutil.rmtree(tempdir, ignore_errors=True)
         detail = str(err).splitlines()[0].rstrip(":") if str(err) else type(err).__name__
-        raise BundleError(f"{path}: not a readable .tar.gz bundle ({detail})") from None
-    # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
-    if os.path.isfile(os.path.join(tempdir, "meta.json")):
-        return tempdir, tempdir
-    entries = os.listdir(tempdir)
-    if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], "meta.json")):
-        return os.path.join(tempdir, entries[0]), tempdir
-    shutil.rmtree(tempdir, ignore_errors=True)
-    raise BundleError(f"{path}: archive has no meta.json (not a fleetscope bundle)")
+        raise BundleError(f"{path}: not a readable .tar.gz bundle ({detail[:200]})") from None
+    except BaseException:  # Ctrl-C, SIGTERM (SystemExit), a bug: the scratch copy goes too
+        shutil.rmtree(tempdir, ignore_errors=True)
+        raise
 
 
 def open_bundle(path: str) -> Bundle:
@@ -153,25 +189,44 @@ def open_bundle(path: str) -> Bundle:
     root = path
     if os.path.isfile(path):
         root, tempdir = _unpack(path)
+    elif not os.path.isdir(path):
+        raise BundleError(f"{path}: neither a bundle directory nor a .tar.gz file")
     try:
         return _read_meta(os.path.abspath(root), tempdir)
-    except BundleError:
+    except BaseException:
         if tempdir:
             shutil.rmtree(tempdir, ignore_errors=True)
         raise
 
 
+def _one_line(text: str, limit: int = 120) -> str:
+    """Text from a bundle made safe to print on one line of a report."""
+    cleaned = "".join(c if c.isprintable() else "?" for c in text)
+    return cleaned[:limit]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
 def _read_meta(root: str, tempdir: str | None) -> Bundle:
     meta_path = os.path.join(root, "meta.json")
+    real_root = os.path.realpath(root)
+    if os.path.islink(meta_path) and \
+            not os.path.realpath(meta_path).startswith(real_root + os.sep):
+        raise BundleError(f"{meta_path}: a link out of the bundle: refused")
     try:
-        with open(meta_path, encoding="utf-8") as handle:
-            meta = json.load(handle)
+        meta = load_meta(meta_path)
     except FileNotFoundError:
         raise BundleError(f"{root}: no meta.json (not a fleetscope bundle)") from None
     except (OSError, ValueError) as err:
-        raise BundleError(f"{meta_path}: unreadable ({err})") from None
+        detail = getattr(err, "strerror", None) or str(err)
+        raise BundleError(f"{meta_path}: unreadable ({_one_line(detail, 200)})") from None
     if not isinstance(meta, dict) or meta.get("format") != BUNDLE_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
+        found = _one_line(found) if isinstance(found, str) else found \
+            if isinstance(found, (int, float, type(None))) else type(found).__name__
         raise BundleError(f"{meta_path}: format is {found!r}, expected {BUNDLE_FORMAT!r}")
     raw_samples = meta.get("samples")
     if not isinstance(raw_samples, list) or not raw_samples:
@@ -179,14 +234,15 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     samples = []
     for index, raw in enumerate(raw_samples):
         if not isinstance(raw, dict) or not isinstance(raw.get("dir"), str) \
-                or isinstance(raw.get("time"), bool) \
-                or not isinstance(raw.get("time"), (int, float)):
-            raise BundleError(f"{meta_path}: samples[{index}] needs dir and time")
+                or "\0" in raw["dir"] or not _finite(raw.get("time")):
+            raise BundleError(f"{meta_path}: samples[{index}] needs dir and a finite time "
+                              "(unix seconds)")
         directory = os.path.realpath(os.path.join(root, raw["dir"]))
-        if not directory.startswith(os.path.realpath(root) + os.sep):
+        if not directory.startswith(real_root + os.sep):
             raise BundleError(f"{meta_path}: samples[{index}] points outside the bundle")
         if not os.path.isdir(directory):
-            raise BundleError(f"{meta_path}: sample directory {raw['dir']} is missing")
+            raise BundleError(f"{meta_path}: sample directory {_one_line(raw['dir'])} is "
+                              "missing")
         samples.append(Sample(directory, float(raw["time"])))
     if any(b.time <= a.time for a, b in zip(samples, samples[1:], strict=False)):
         raise BundleError(f"{meta_path}: sample times are not ascending")
@@ -196,10 +252,13 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     if not isinstance(config, dict):
         raise BundleError(f"{meta_path}: config must be an object")
     interval = meta.get("interval_s", 0)
-    interval = float(interval) if isinstance(interval, (int, float)) else 0.0
+    interval = float(interval) if _finite(interval) and interval >= 0 else 0.0
     hostname = meta.get("hostname")
-    return Bundle(root, hostname if isinstance(hostname, str) else "unknown", interval, samples,
-                  config, tempdir)
+    redacted = meta.get("redacted")
+    redacted = {str(k)[:40]: v for k, v in redacted.items() if _finite(v)} \
+        if isinstance(redacted, dict) else {}
+    return Bundle(root, _one_line(hostname, 255) if isinstance(hostname, str) else "unknown",
+                  interval, samples, config, tempdir, redacted)
 
 
 def replay_config(config: Config) -> Config:
@@ -234,11 +293,18 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
         ("window", f"{first.time:.3f} .. {last.time:.3f}"),
     ]
     pools = bundle.config_raw.get("pools") or []
-    rows.append(("pools", ", ".join(f"{p.get('name')} ({p.get('class')})" for p in pools
-                                    if isinstance(p, dict)) or "none configured"))
+    pools = pools if isinstance(pools, list) else []
+    rows.append(("pools", _one_line(", ".join(
+        f"{p.get('name')} ({p.get('class')})" for p in pools[:50] if isinstance(p, dict)),
+        400) or "none configured"))
     processes = [n for n in os.listdir(os.path.join(last.directory, "proc"))
                  if n.isdigit()] if os.path.isdir(os.path.join(last.directory, "proc")) else []
     rows.append(("processes in last sample", str(len(processes))))
+    try:
+        bundle.config()
+        rows.append(("recorded config", "valid"))
+    except BundleError as err:
+        rows.append(("recorded config", _one_line(str(err), 200)))
     static = os.path.join(bundle.root, "static")
     for relative, what in SOURCES:
         present = os.path.exists(os.path.join(last.directory, relative)) or \
@@ -246,4 +312,13 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
         rows.append((what, "yes" if present else "absent"))
     rows.append(("kernel log (dmesg.txt)",
                  "yes" if os.path.isfile(os.path.join(static, "dmesg.txt")) else "absent"))
+    rows.append(("redacted", describe_redactions(bundle.redacted)))
     return rows
+
+
+def describe_redactions(redacted: dict) -> str:
+    """`bundle show`'s line on what `bundle record` redacted (older bundles: not recorded)."""
+    if not redacted:
+        return "not recorded (bundle made before redaction, or by another tool)"
+    counts = [f"{int(n)} {kind.replace('_', ' ')}" for kind, n in sorted(redacted.items())]
+    return ", ".join(counts) if any(redacted.values()) else "nothing (no secret found)"

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"live: how long to sample, once a second (default "
                         f"{LIVE_SECONDS:g}: a condition must hold across most of the window); "
                         f"Prometheus: how far back (default {PROMETHEUS_SECONDS:g})")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="with --prometheus: one deadline for all its queries together "
+                        "(default 30)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
     parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
                         "overrides the recorded one; live default: $FLEETSCOPE_CONFIG or "
@@ -92,6 +95,18 @@ def run(args: argparse.Namespace) -> int:
         print("fleetscope diagnose: error: --seconds must be between 0 and 86400",
               file=sys.stderr)
         return 2
+    args.timeout = getattr(args, "timeout", 30.0)
+    if not 0 < args.timeout <= 3600:
+        print("fleetscope diagnose: error: --timeout must be between 0 and 3600",
+              file=sys.stderr)
+        return 2
+    # The bundle's scratch copy is removed on every path out: errors, crashes, Ctrl-C and
+    # SIGTERM (the CLI turns it into SystemExit).
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # Sources a node lacks are reported as not_evaluated, not as log lines mid-report.
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
     try:
@@ -106,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     progress = _Progress(not args.json, "sampling")
     health: SamplingHealth | None = None
-    stack = contextlib.ExitStack()
     try:
         enricher = None
         if args.bundle:
@@ -129,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             metrics = set().union(*(rule.requires() for rule in CATALOG))
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
-                                                  None if args.fleet else args.node)
+                                                  None if args.fleet else args.node,
+                                                  timeout=args.timeout)
             except PrometheusError as err:
                 return _fail(str(err))
             if args.node and not nodes:
@@ -153,9 +168,9 @@ def run(args: argparse.Namespace) -> int:
             source = "live"
     finally:
         progress.close()
-    with stack:
-        findings, not_evaluated = engine.evaluate(
-            series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+    findings, not_evaluated = engine.evaluate(
+        series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+    stack.close()
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
     if health is not None:
         document["sampling"] = health.to_json()

@@ -2,47 +2,231 @@
 
     GET /api/v1/query_range?query={__name__="fleetscope_cpu_core_busy_ratio",instance="n1"}
         &start=...&end=...&step=15s
+    {"status": "success", "data": {"resultType": "matrix",
+     "result": [{"metric": {"instance": "n1", "cpu": "3"}, "values": [[1764660000, "0.93"]]}]}}
 
 Results land in the same `Series` a bundle replay fills, keeping their `instance` label, so
 the same rules evaluate per node (`--node`) or across the fleet (`--fleet`).
+
+Answers come over the network, so nothing in them is trusted: one deadline covers every
+query of a command (a server trickling a byte every few seconds cannot hold it), each answer
+is capped at MAX_ANSWER_BYTES, and an answer of the wrong shape is one clear error. Single
+bad points (a non-numeric value, a row without `metric`) are skipped; "NaN" values, which
+Prometheus itself writes, are skipped too (the rules read numbers).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
+import socket
+import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from fleetscope.rules.promql import Series
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+MAX_ERROR_CHARS = 200
 
 
 class PrometheusError(Exception):
     """Prometheus unreachable or answering garbage: one line for the user."""
 
 
-def _get(base: str, path: str, params: dict, timeout: float) -> dict:
-    url = f"{base.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
+def _one_line(text: object) -> str:
+    cleaned = " ".join(str(text).split())
+    cleaned = "".join(c if c.isprintable() else "?" for c in cleaned)
+    return cleaned[:MAX_ERROR_CHARS]
+
+
+class Deadline:
+    """One deadline for a whole command: every query gets only the time left."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urllib.parse.urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PrometheusError(f"Prometheus URL {_one_line(base)} must be http:// or https://"
+                              "HOST[:PORT][/prefix]")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            document = json.load(response)
-    except urllib.error.HTTPError as err:
-        raise PrometheusError(f"Prometheus at {base} answered HTTP {err.code}") from None
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise PrometheusError(f"Prometheus at {base} is unreachable: {reason}") from None
+        port = parts.port
     except ValueError:
-        raise PrometheusError(f"Prometheus at {base} did not answer JSON") from None
-    if not isinstance(document, dict) or document.get("status") != "success":
-        error = document.get("error") if isinstance(document, dict) else None
-        raise PrometheusError(f"Prometheus query failed: {error or 'unexpected answer'}")
-    return document["data"]
+        raise PrometheusError(f"Prometheus URL {_one_line(base)} has a bad port") from None
+    if parts.scheme == "https":
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    return connection, parts.path.rstrip("/")
+
+
+def _fetch(base: str, path: str, params: dict, deadline: Deadline) -> bytes:
+    """The body of one GET, within the deadline and MAX_ANSWER_BYTES."""
+    left = deadline.left()
+    if left <= 0:
+        raise TimeoutError
+    connection, prefix = _connection(base, left)
+    # A watchdog closes the socket at the deadline: socket timeouts bound each read, not a
+    # server that answers one byte at a time (headers included).
+    watchdog = threading.Timer(left, _abort, (connection,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.request("GET", f"{prefix}{path}?{urllib.parse.urlencode(params)}",
+                           headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            detail = ""
+            body = response.read(4096)
+            try:
+                detail = json.loads(body).get("error") or ""
+            except (ValueError, AttributeError, RecursionError):
+                pass
+            raise PrometheusError(f"Prometheus at {_one_line(base)} answered HTTP "
+                                  f"{response.status}" + (f": {_one_line(detail)}"
+                                                          if detail else ""))
+        declared = response.getheader("Content-Length")
+        if declared and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+            raise PrometheusError(_too_large(base))
+        chunks, size = [], 0
+        while True:
+            chunk = response.read1(1024 * 1024) if hasattr(response, "read1") else \
+                response.read(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise PrometheusError(_too_large(base))
+            chunks.append(chunk)
+        if deadline.left() <= 0:
+            raise TimeoutError
+        return b"".join(chunks)
+    except (http.client.HTTPException, OSError, ValueError) as err:
+        if deadline.left() <= 0:
+            raise TimeoutError from None
+        if isinstance(err, (socket.timeout, TimeoutError)):
+            raise
+        if isinstance(err, (http.client.HTTPException, ValueError)):
+            raise PrometheusError(f"Prometheus at {_one_line(base)} sent a broken HTTP "
+                                  f"answer ({_one_line(type(err).__name__)}: "
+                                  f"{_one_line(err)[:80]})") from None
+        reason = getattr(err, "strerror", None) or err
+        raise PrometheusError(f"Prometheus at {_one_line(base)} is unreachable: "
+                              f"{_one_line(reason)}") from None
+    finally:
+        watchdog.cancel()
+        connection.close()
+
+
+def _abort(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _too_large(base: str) -> str:
+    return (f"Prometheus at {_one_line(base)} sent an answer over "
+            f"{MAX_ANSWER_BYTES // 1024**2} MiB: refused (narrow --seconds or use --node)")
+
+
+def _get(base: str, path: str, params: dict, timeout: float | Deadline) -> dict:
+    """The `data` object of a successful API answer; `timeout` is seconds or a Deadline
+    shared with the command's other queries."""
+    deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
+    try:
+        body = _fetch(base, path, params, deadline)
+    except TimeoutError:
+        raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
+                              f"{deadline.seconds:g} s (--timeout)") from None
+    return parse_answer(base, body)
+
+
+def parse_answer(base: str, body: bytes) -> dict:
+    """The `data` object of an API answer's body, or PrometheusError saying what is wrong."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise PrometheusError(f"Prometheus at {_one_line(base)} answered JSON nested too "
+                              "deeply: refused") from None
+    except ValueError:
+        raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer JSON "
+                              "(is the URL a Prometheus server?)") from None
+    if not isinstance(document, dict):
+        raise PrometheusError(f"Prometheus at {_one_line(base)} answered "
+                              f"{type(document).__name__}, not an API object")
+    status = document.get("status")
+    if status != "success":
+        error = document.get("error")
+        detail = _one_line(error) if isinstance(error, str) and error else \
+            f"status {_one_line(status)!r}"
+        raise PrometheusError(f"Prometheus query failed: {detail}")
+    data = document.get("data")
+    if not isinstance(data, dict):
+        raise PrometheusError(f"Prometheus at {_one_line(base)} answered success without a "
+                              f"data object (got {type(data).__name__})")
+    return data
+
+
+def _number(value) -> float | None:
+    """A finite float from Prometheus's string-encoded sample value, else None."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
+    """Add a range query's matrix to `series`; returns the rows or points skipped as
+    malformed."""
+    result = data.get("result", [])
+    if not isinstance(result, list):
+        raise PrometheusError(f"Prometheus answered {name} with a result that is not a list")
+    skipped = 0
+    for row in result:
+        metric = row.get("metric") if isinstance(row, dict) else None
+        values = row.get("values") if isinstance(row, dict) else None
+        if not isinstance(metric, dict) or not isinstance(values, list):
+            skipped += 1
+            continue
+        labels = {str(k): str(v) for k, v in metric.items()
+                  if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+        labels.pop("__name__", None)
+        labels.pop("job", None)
+        if "instance" in labels:
+            nodes.add(labels["instance"])
+        for point in values:
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                skipped += 1
+                continue
+            timestamp, value = _number(point[0]), _number(point[1])
+            if timestamp is None or value is None or not 0 <= timestamp < 1e11:
+                skipped += 1
+                continue
+            series.add(name, labels, int(round(timestamp * 1000)), value)
+    return skipped
 
 
 def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | None,
-                      step: float = 15.0, timeout: float = 10.0) -> tuple[Series, list[str]]:
-    """Range-query each metric over the last `seconds`; returns the series and the nodes."""
+                      step: float = 15.0, timeout: float = 30.0) -> tuple[Series, list[str]]:
+    """Range-query each metric over the last `seconds`, all within `timeout` seconds in
+    all; returns the series and the nodes."""
+    deadline = Deadline(timeout)
     end = time.time()
     start = end - max(seconds, step * 2)
     series = Series()
@@ -50,17 +234,15 @@ def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | 
     for name in sorted(metrics):
         selector = f'{{__name__="{name}"'
         if node:
-            selector += f',instance="{node}"'
+            selector += f',instance="{_escape(node)}"'
         selector += "}"
         data = _get(base, "/api/v1/query_range",
                     {"query": selector, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                     "step": f"{step:g}s"}, timeout)
-        for result in data.get("result", []):
-            labels = dict(result.get("metric", {}))
-            labels.pop("__name__", None)
-            labels.pop("job", None)
-            if "instance" in labels:
-                nodes.add(labels["instance"])
-            for timestamp, value in result.get("values", []):
-                series.add(name, labels, int(round(float(timestamp) * 1000)), float(value))
+                     "step": f"{step:g}s"}, deadline)
+        add_matrix(series, name, data, nodes)
     return series, sorted(nodes)
+
+
+def _escape(value: str) -> str:
+    """A PromQL string literal's content (a node name with a quote cannot break out)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -34,6 +34,12 @@ NETWORK_GLOBS = (
 )
 
 
+def _safe_file_part(name: str) -> bool:
+    """A kernel-log label used in a file name must stay one path component (a task can
+    name itself `../../x`)."""
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 class CommandOutputs:
     """Adds cmd/ and agent.prom to each sample; call `sample(dir, interval)` per sample and
     `close()` at the end."""
@@ -120,6 +126,10 @@ class CommandOutputs:
             return
         latest_first = list(dict.fromkeys(crash.binary for crash in reversed(crashes)))
         for binary in latest_first[:20]:  # the most recent crashes are the incident's
+            if not _safe_file_part(binary):
+                log.warning("bundle: not checking binary %r: the name cannot be a file name",
+                            binary[:60])
+                continue
             path = locate_binary(binary)
             if path is None:
                 continue

@@ -8,11 +8,18 @@ reads through a root reads a sample exactly as it read the live node. What chang
 `dmesg`) and the agent runtime's metrics are stored as those tools print them. A file the
 node lacks is simply absent: the rules that need it are then "not evaluated".
 
+Secrets stay behind (fleetscope.redact): command lines and the recorded config are redacted,
+what was redacted is counted in meta.json (`redacted`) for `bundle show`, and
+/proc/<pid>/environ is never read. Files are 0600 in 0700 directories. The output path is
+never clobbered (`--force` replaces an archive by rename, never writing through a symlink),
+and it is checked writable before the window is recorded.
+
 Node side: standard library, plus the collectors' own helpers for commands.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -27,6 +34,7 @@ from collections.abc import Callable
 from fleetscope.collectors.base import BUNDLE_FORMAT, Scrape
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.config import Config
+from fleetscope.redact import Redactor
 
 STATIC_GLOBS = (
     "proc/cpuinfo", "proc/cmdline",
@@ -46,9 +54,11 @@ SAMPLE_GLOBS = (
     "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
     "sys/fs/cgroup/cgroup.controllers",
 )
+# Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
 CGROUP_FILES = ("cpu.stat", "cpu.pressure", "cpu.max")
 MAX_FILE_BYTES = 16 * 1024 * 1024  # numa_maps of a huge process can be big; bound it
+MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in meta.json
 
 
 class RecordError(Exception):
@@ -99,7 +109,22 @@ def _cpu_ticks(stat_text: bytes) -> int:
         return 0
 
 
-def _capture_processes(root: str, destination: str, config: Config, now: float) -> None:
+def _copy_cmdline(root: str, relative: str, destination: str, redactor: Redactor) -> bool:
+    """Copy a /proc/<pid>/cmdline with credential-looking arguments redacted."""
+    try:
+        with open(os.path.join(root, relative), "rb") as source:
+            data = source.read(MAX_FILE_BYTES)
+    except OSError:
+        return False
+    target = os.path.join(destination, relative)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as out:
+        out.write(redactor.cmdline(data))
+    return True
+
+
+def _capture_processes(root: str, destination: str, config: Config, now: float,
+                       redactor: Redactor | None = None) -> None:
     """Per-process files for pool members and for the heaviest CPU users (a node's thousands
     of idle processes would only cost tens of thousands of files), numa_maps and fd counts for
     pool members, and the pool cgroups' CPU files."""
@@ -122,7 +147,11 @@ def _capture_processes(root: str, destination: str, config: Config, now: float) 
         if not _copy(root, f"{base}/stat", destination):
             continue  # exited
         for file_name in PID_FILES[1:]:
-            _copy(root, f"{base}/{file_name}", destination)
+            if file_name == "cmdline":
+                _copy_cmdline(root, f"{base}/cmdline", destination,
+                              redactor or Redactor(config.redact))
+            else:
+                _copy(root, f"{base}/{file_name}", destination)
         try:
             fd_count = len(os.listdir(os.path.join(root, base, "fd")))
         except OSError:
@@ -231,21 +260,84 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
 
 
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
-           progress: Callable[[int, int], None] | None = None) -> str:
+           progress: Callable[[int, int], None] | None = None, force: bool = False) -> str:
     """Record a bundle; returns the path written."""
     from fleetscope.bundle_commands import CommandOutputs
 
+    as_tar = output.endswith((".tar.gz", ".tgz"))
+    # Checked before the window is recorded: a typo must not cost a 30 s capture.
+    partial = _open_archive(output, force) if as_tar else _prepare_directory(output)
+    # Everything recorded is private to its owner: files 0600, directories 0700.
+    umask = os.umask(0o077)
     commands = CommandOutputs(config, root)
     try:
-        return _record(output, seconds, interval, config, root, progress, commands)
+        _record(output, seconds, interval, config, root, progress, commands, partial, force)
+        partial = None
+        return output
     finally:
         commands.close()
+        os.umask(umask)
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
 
 
-def _record(output, seconds, interval, config, root, progress, commands) -> str:
-    as_tar = output.endswith((".tar.gz", ".tgz"))
-    if not as_tar and os.path.exists(output) and os.listdir(output):
-        raise RecordError(f"{output} exists and is not empty")
+def _open_archive(output: str, force: bool) -> str:
+    """A new private file beside `output` (its path), renamed over it once complete: the
+    output is not clobbered without --force, and a symlink there is replaced, never followed."""
+    if os.path.isdir(output) and not os.path.islink(output):
+        raise RecordError(f"{output} is a directory; give a .tar.gz file name")
+    if os.path.lexists(output) and not force:
+        raise RecordError(f"{output} already exists: not overwriting it (--force replaces it)")
+    directory = os.path.dirname(os.path.abspath(output))
+    partial = os.path.join(directory, f".{os.path.basename(output)}.partial-{os.getpid()}")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as err:
+        raise RecordError(f"cannot write {output}: {err.strerror or err}") from None
+    os.close(fd)
+    return partial
+
+
+def _prepare_directory(output: str) -> None:
+    """A directory bundle goes into a new (or empty) real directory, made 0700."""
+    if os.path.islink(output):
+        raise RecordError(f"{output} is a symlink: not writing a bundle through it")
+    if os.path.exists(output):
+        if not os.path.isdir(output):
+            raise RecordError(f"{output} already exists and is not a directory: not "
+                              "overwriting it (name a new directory, or a .tar.gz file)")
+        if os.listdir(output):
+            raise RecordError(f"{output} exists and is not empty")
+    try:
+        os.makedirs(output, mode=0o700, exist_ok=True)
+        os.chmod(output, 0o700)
+        probe = tempfile.NamedTemporaryFile(dir=output)  # noqa: SIM115 (closed at once)
+        probe.close()
+    except OSError as err:
+        raise RecordError(f"cannot write {output}: {err.strerror or err}") from None
+
+
+def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
+                 redactor: Redactor) -> None:
+    """meta.json: the config redacted and size-bounded, and what redaction removed."""
+    recorded_config = redactor.config(config.raw)
+    config_json = json.dumps(recorded_config)
+    if len(config_json) > MAX_CONFIG_JSON_BYTES:
+        raise RecordError(f"the config is over {MAX_CONFIG_JSON_BYTES // 1024} KiB as JSON: "
+                          "too large to record in meta.json")
+    counts = {kind: redactor.counts.get(kind, 0) for kind in ("cmdline_args", "config_values")}
+    meta = {"format": BUNDLE_FORMAT, "hostname": socket.gethostname(),
+            "interval_s": interval, "samples": samples, "config": recorded_config,
+            "redacted": counts}
+    with open(os.path.join(bundle_dir, "meta.json"), "w", encoding="utf-8") as out:
+        json.dump(meta, out, indent=2)
+
+
+def _record(output, seconds, interval, config, root, progress, commands, partial, force):
+    as_tar = partial is not None
+    redactor = Redactor(config.redact)
     workdir = tempfile.mkdtemp(prefix="fleetscope-record-") if as_tar else output
     bundle_dir = os.path.join(workdir, "bundle") if as_tar else output
     os.makedirs(bundle_dir, exist_ok=True)
@@ -275,21 +367,36 @@ def _record(output, seconds, interval, config, root, progress, commands) -> str:
             os.makedirs(sample_dir, exist_ok=True)
             copy_globs(root, SAMPLE_GLOBS, sample_dir)
             if os.path.isdir(os.path.join(root, "proc")):
-                _capture_processes(root, sample_dir, config, now)
+                _capture_processes(root, sample_dir, config, now, redactor)
             commands.sample(sample_dir, interval)
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
                 progress(index + 1, count)
-        meta = {"format": BUNDLE_FORMAT, "hostname": socket.gethostname(),
-                "interval_s": interval, "samples": samples, "config": config.raw}
-        with open(os.path.join(bundle_dir, "meta.json"), "w", encoding="utf-8") as out:
-            json.dump(meta, out, indent=2)
+        _record_meta(bundle_dir, interval, samples, config, redactor)
         if as_tar:
-            with tarfile.open(output, "w:gz") as archive:
-                archive.add(bundle_dir, arcname=".")
-        return output
+            _write_archive(bundle_dir, output, partial, force)
     except OSError as err:
         raise RecordError(f"cannot write the bundle: {err}") from None
     finally:
         if as_tar:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _write_archive(bundle_dir: str, output: str, partial_path: str, force: bool) -> None:
+    # O_NOFOLLOW and no O_CREAT: the file made at the start, not a link planted since.
+    fd = os.open(partial_path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as archive:
+        archive.add(bundle_dir, arcname=".")
+    if force:
+        os.replace(partial_path, output)  # replaces a symlink itself, not its target
+        return
+    try:
+        os.link(partial_path, output)  # fails if anything appeared there meanwhile
+    except FileExistsError:
+        raise RecordError(f"{output} appeared while recording: not overwriting it") from None
+    except OSError:  # a filesystem without hard links
+        if os.path.lexists(output):
+            raise RecordError(f"{output} appeared while recording: not overwriting it") from None
+        os.replace(partial_path, output)
+        return
+    os.unlink(partial_path)

@@ -1,20 +1,26 @@
 """The `fleetscope` command and its sub-commands (CONTRACT section 2).
 
 Exit codes for commands other than diagnose: 0 success, 2 usage error, 3 input or runtime
-error. Errors are one line on stderr, never a traceback.
+error. Errors are one line on stderr, never a traceback: every command runs under one
+last-resort handler that turns an unexpected error into exit 3 and one line (`--debug`, or
+FLEETSCOPE_DEBUG=1, prints the traceback too). SIGTERM ends a command like Ctrl-C does, so
+its temporary directories are removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import traceback
 
 from fleetscope import __version__
 
 EXIT_USAGE = 2
 EXIT_INPUT = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _fail(message: str) -> int:
@@ -84,6 +90,31 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _unexpected(prog: str, err: BaseException, debug: bool) -> int:
+    """The last-resort handler: one line (and the traceback with --debug), exit 3."""
+    if isinstance(err, RecursionError):
+        message = "input nested too deeply to read (corrupt or hostile file?)"
+    elif isinstance(err, MemoryError):
+        message = "out of memory while reading the input"
+    else:
+        detail = _one_line(str(err))
+        message = f"unexpected {type(err).__name__}" + (f": {detail}" if detail else "")
+    if debug:
+        traceback.print_exception(err, file=sys.stderr)
+    hint = "" if debug else " (run with --debug for the traceback)"
+    print(f"{prog}: error: {message}{hint}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def _terminate(signum, frame) -> None:
+    # SystemExit unwinds through every finally and context manager: scratch dirs go.
+    raise SystemExit(128 + signum)
+
+
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
     from fleetscope.bundle_record import RecordError, record
     from fleetscope.config import ConfigError, default_config_path, load_config
@@ -103,7 +134,8 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
         try:
             path = record(args.output, args.seconds, args.interval, config, root=args.root,
                           progress=lambda done, total: bar.update(task, completed=done,
-                                                                  total=total))
+                                                                  total=total),
+                          force=args.force)
         except RecordError as err:
             return _fail(str(err))
     print(f"bundle written to {path}")
@@ -150,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observability and diagnosis for CPU clusters running AI-agent workloads.",
     )
     parser.add_argument("--version", action="version", version=f"fleetscope {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error, print the traceback (any position)")
     parser.add_argument(
         "--log-level",
         default="info",
@@ -205,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between samples (default 5)")
     record.add_argument("-o", "--output", required=True, metavar="PATH",
                         help="bundle directory, or a .tar.gz file")
+    record.add_argument("--force", action="store_true",
+                        help="replace an existing .tar.gz at PATH (never through a symlink)")
     record.add_argument("--config", metavar="FILE", help="node config YAML (pools...; default "
                         "$FLEETSCOPE_CONFIG or /etc/fleetscope/config.yaml if present)")
     record.add_argument("--root", default="/", metavar="DIR", help=argparse.SUPPRESS)
@@ -267,14 +303,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prog(argv: list[str]) -> str:
+    """'fleetscope diagnose', 'fleetscope bundle record'...: the prefix of error lines."""
+    words: list[str] = []
+    arguments = iter(argv)
+    for arg in arguments:
+        if arg == "--log-level":
+            next(arguments, None)
+        elif not arg.startswith("-"):
+            words.append(arg)
+            if len(words) == 2 or words[0] not in ("bundle", "rules", "isa"):
+                break
+    return " ".join(["fleetscope", *words])
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # --debug is accepted anywhere on the line, so it can be added to the failing command.
+    debug = "--debug" in argv or os.environ.get("FLEETSCOPE_DEBUG") == "1"
+    argv = [arg for arg in argv if arg != "--debug"]
+    prog = _prog(argv)
+    try:
+        signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (tests calling main())
+        pass
+    try:
+        return _main(argv, debug)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (SystemExit, BrokenPipeError):
+        raise
+    except Exception as err:
+        return _unexpected(prog, err, debug)
+
+
+def _main(argv: list[str], debug: bool) -> int:
     if argv[:2] == ["isa", "check"]:  # its own parser: options may come first (--help)
         from fleetscope.isa import run_isa_check
 
         return run_isa_check(argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug = debug
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -7,9 +7,13 @@
     busy_interval_min_seconds: 5 # shortest interval the per-core busy distribution covers
     numa_maps_min_interval_seconds: 30  # pool NUMA locality: numa_maps is costly to read
     ethtool_interfaces: [eth0, "ens*"]  # ethtool -S these, besides the RDMA netdevs
+    redact: ["tenant-[0-9]+", "sk-[A-Za-z0-9]{20,}"]  # regexes `bundle record` also redacts
 
 Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
 section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
+Unknown keys are errors at every level (a typo, or an alias bomb parked under a key nobody
+reads), and a document over MAX_CONFIG_NODES values or MAX_CONFIG_DEPTH levels is refused
+before anything walks or serialises it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ import yaml
 
 class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message is one line for the user."""
+
+    def __init__(self, message: str):
+        # Keys and values quoted from a hostile file must not break the one line.
+        super().__init__("".join(c if c.isprintable() else "?" for c in message)[:500])
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Config:
     # A worker thread parked in one network call longer than this is blocked (the warning
     # tier of worker-blocked-external-call; the heartbeat's 120 s stays critical).
     blocked_call_seconds: float = 30.0
+    redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.redact)
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 
@@ -80,7 +89,31 @@ _KNOWN_KEYS = {
     "saturated_core_busy_ratio",
     "collectors",
     "blocked_call_seconds",
+    "redact",
 }
+MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
+MAX_CONFIG_DEPTH = 32
+
+
+def check_bounded(raw: Any, what: str = "the config") -> None:
+    """ConfigError when a loaded document is deeper or larger than any real config. YAML
+    aliases count every time they are used, so a billion-laughs document stops here after
+    MAX_CONFIG_NODES steps instead of filling memory when serialised."""
+    stack = [(raw, 0)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:
+            raise ConfigError(f"{what} has more than {MAX_CONFIG_NODES} values "
+                              "(a YAML alias bomb?): refused")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{what} is nested more than {MAX_CONFIG_DEPTH} levels deep: "
+                              "refused")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, depth + 1) for item in value)
 
 
 def _number(raw: dict, key: str, default: float, low: float, high: float) -> float:
@@ -94,6 +127,10 @@ def _pool(index: int, raw: Any) -> Pool:
     where = f"pools[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping with name, class and match")
+    unknown = set(raw) - {"name", "class", "match"}
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys: {', '.join(sorted(map(str, unknown)))} "
+                          "(known: name, class, match)")
     name, workload_class, match = raw.get("name"), raw.get("class"), raw.get("match")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.name must be a non-empty string")
@@ -103,7 +140,8 @@ def _pool(index: int, raw: Any) -> Pool:
         raise ConfigError(f"{where}.match needs a 'cgroup' glob or a 'cmdline' regex")
     unknown = set(match) - {"cgroup", "cmdline"}
     if unknown:
-        raise ConfigError(f"{where}.match has unknown keys: {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{where}.match has unknown keys: "
+                          f"{', '.join(sorted(map(str, unknown)))}")
     for key in ("cgroup", "cmdline"):
         if key in match and not isinstance(match[key], str):
             raise ConfigError(f"{where}.match.{key} must be a string")
@@ -140,6 +178,19 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         for q in queues_raw
     ):
         raise ConfigError("redis_queues must be a list of {key: str, pool: str}")
+    for index, queue in enumerate(queues_raw):
+        if set(queue) - {"key", "pool"}:
+            extra = ", ".join(sorted(map(str, set(queue) - {"key", "pool"})))
+            raise ConfigError(f"redis_queues[{index}] has unknown keys: {extra} "
+                              "(known: key, pool)")
+    redact = raw.get("redact") or []
+    if not isinstance(redact, list) or not all(isinstance(p, str) and p for p in redact):
+        raise ConfigError("redact must be a list of regexes")
+    for pattern in redact:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(f"redact: {pattern[:60]!r} is not a valid regex: {err}") from None
     for key in ("agent_metrics_url", "redis_url"):
         if key in raw and not isinstance(raw[key], str):
             raise ConfigError(f"{key} must be a string URL")
@@ -169,6 +220,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
                 f"(known: {', '.join(known_collectors)})"
             )
         collectors = tuple(collectors)
+    check_bounded(raw)  # after the key checks: an unknown key is the clearer message
     return Config(
         per_core=per_core,
         busy_interval_min_seconds=_number(raw, "busy_interval_min_seconds", 5.0, 0.0, 3600.0),
@@ -187,6 +239,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         blocked_call_seconds=_number(raw, "blocked_call_seconds", 30.0, 0.0, 86400.0),
+        redact=tuple(redact),
         raw=raw,
     )
 
@@ -219,4 +272,6 @@ def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Con
         raise ConfigError(f"config {path} is not valid YAML{where}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config {path} is not UTF-8 text") from None
+    except RecursionError:
+        raise ConfigError(f"config {path} is nested too deeply to be a config: refused") from None
     return parse_config(raw, known_collectors)

@@ -4,7 +4,10 @@ Runs every enabled collector per scrape, each isolated: a collector that fails c
 metrics only and shows as `fleetscope_scrape_collector_success{collector="..."} 0`; a source
 a machine lacks (no PSI, no schedstat) shows as `fleetscope_scrape_source_available 0` and is
 logged once with how to enable it. Serves the text format, or OpenMetrics when the scraper
-asks for it, gzip-compressed when accepted.
+asks for it, gzip-compressed when accepted. HEAD /metrics answers like GET without the body
+(node_exporter does). A client gets HEADER_DEADLINE_SECONDS from its first byte to finish
+its request line and headers, and at most MAX_CONNECTIONS are served at once (more get 503):
+a slow or hostile client cannot hold threads without bound.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from fleetscope.exposition import (
 from fleetscope.webconfig import WebConfig
 
 log = logging.getLogger("fleetscope.exporter")
+HEADER_DEADLINE_SECONDS = 10.0
+MAX_CONNECTIONS = 64
 
 
 class Exporter:
@@ -134,6 +139,49 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 30  # a client that stops talking must not hold a thread forever
     server: ExporterServer
 
+    _head = False
+    _headers_read = False
+
+    def handle_one_request(self) -> None:
+        # Wait for the request's first byte under the idle timeout (keep-alive connections
+        # sit idle between scrapes); from then on the headers have a deadline.
+        try:
+            if not self.rfile.peek(1):
+                self.close_connection = True
+                return
+        except OSError:  # idle timeout, reset
+            self.close_connection = True
+            return
+        self._headers_read = False
+        watchdog = threading.Timer(HEADER_DEADLINE_SECONDS, self._drop_slow_client)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            super().handle_one_request()
+        finally:
+            watchdog.cancel()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self._headers_read = True
+        return ok
+
+    def _drop_slow_client(self) -> None:
+        if not self._headers_read:
+            log.debug("%s sent no complete request within %gs: dropped",
+                      self.client_address[0], HEADER_DEADLINE_SECONDS)
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._head = True
+        try:
+            self.do_GET()
+        finally:
+            self._head = False
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         web = self.server.web
         if web.auth is not None and not web.auth.check(self.headers.get("Authorization")):
@@ -173,7 +221,8 @@ class _Handler(BaseHTTPRequestHandler):
         # Headers and body leave in one write: written apart, Nagle's algorithm holds the
         # body until the client ACKs the headers, and delayed ACKs make that 40 ms a scrape.
         self._headers_buffer.append(b"\r\n")
-        self._headers_buffer.append(body)
+        if not self._head:
+            self._headers_buffer.append(body)
         self.flush_headers()
 
     def log_message(self, format: str, *args) -> None:
@@ -189,7 +238,32 @@ class ExporterServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.exporter = exporter
         self.web = web
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("%d connections already open: refusing %s", MAX_CONNECTIONS,
+                        client_address[0])
+            if self.web.tls is None:
+                try:
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\n"
+                                    b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def get_request(self):
         request, client_address = super().get_request()

@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -50,6 +51,10 @@ _TLS_KEYS = {
 # A well-formed bcrypt hash checked when the user is unknown, so unknown and known users take
 # the same time (exporter-toolkit does the same).
 _DUMMY_HASH = b"$2b$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+# Modular crypt format of bcrypt: $2a$/$2b$/$2y$, cost 04-31, 22 salt + 31 hash characters.
+_BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+_HTTP_SERVER_KEYS = {"headers", "http2"}  # exporter-toolkit's http_server_config
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
 
 
 class BasicAuth:
@@ -154,6 +159,8 @@ def load_web_config(path: str) -> WebConfig:
         raise ConfigError(f"cannot read web config {path}: {err.strerror or err}") from None
     except (yaml.YAMLError, UnicodeDecodeError):
         raise ConfigError(f"web config {path} is not valid YAML") from None
+    except RecursionError:
+        raise ConfigError(f"web config {path} is nested too deeply: refused") from None
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"web config {path} must be a YAML mapping")
@@ -167,19 +174,33 @@ def load_web_config(path: str) -> WebConfig:
             raise ConfigError("tls_server_config must be a mapping")
         web.tls = _tls_context(raw["tls_server_config"], base_dir)
     users = raw.get("basic_auth_users") or {}
-    if not isinstance(users, dict) or not all(
-        isinstance(u, str) and isinstance(h, str) and h.startswith(("$2a$", "$2b$", "$2y$"))
-        for u, h in users.items()
-    ):
+    if not isinstance(users, dict) or not all(isinstance(u, str) for u in users):
         raise ConfigError("basic_auth_users must map user names to bcrypt hashes ($2b$...)")
+    for user, hashed in users.items():
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            raise ConfigError("basic_auth_users must map user names to bcrypt hashes: the "
+                              f"hash of {user[:40]!r} is malformed ($2b$NN$ and 53 characters; "
+                              "htpasswd -nBC 10 USER makes one)")
     if users:
         # bcrypt (pyca) verifies $2b$; $2a$ and $2y$ hashes (htpasswd -B) are the same scheme.
         web.auth = BasicAuth({u: b"$2b$" + h[4:].encode() for u, h in users.items()})
     server_config = raw.get("http_server_config") or {}
     if not isinstance(server_config, dict):
         raise ConfigError("http_server_config must be a mapping")
+    unknown = set(server_config) - _HTTP_SERVER_KEYS
+    if unknown:
+        raise ConfigError("http_server_config: unknown keys "
+                          f"{', '.join(sorted(map(str, unknown)))} (known: headers, http2)")
     headers = server_config.get("headers") or {}
     if not isinstance(headers, dict):
         raise ConfigError("http_server_config.headers must be a mapping")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(f"http_server_config.headers: {str(name)[:40]!r} is not a "
+                              "header name")
+        if not isinstance(value, (str, int, float)) or any(
+                c in str(value) for c in "\r\n\0"):
+            raise ConfigError(f"http_server_config.headers.{name}: the value must be one line "
+                              "of text (CR, LF and NUL would split the response)")
     web.headers = {str(k): str(v) for k, v in headers.items()}
     return web

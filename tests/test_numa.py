@@ -117,4 +117,7 @@ def test_machine_without_numa_reports_not_available(tmp_path):
     (tmp_path / "proc").mkdir()
     exporter = Exporter(str(tmp_path), parse_config({"collectors": ["numa"]}, ("numa",)))
     parsed = samples(render(exporter.collect()))
-    assert parsed['fleetscope_scrape_collector_success{collector="numa"}'] == 0
+    # Absence is not an error (the success help says so): the source says what is missing.
+    assert parsed['fleetscope_scrape_collector_success{collector="numa"}'] == 1
+    assert parsed['fleetscope_scrape_source_available{collector="numa",'
+                  'source="sys/devices/system/node"}'] == 0

@@ -201,7 +201,12 @@ def status_values(text: str, keys: tuple[str, ...] = STATUS_KEYS) -> dict[str, s
     {'Cpus_allowed_list': '0-3'}
     """
     if not text.startswith("Name:"):
-        raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
+        # A capture with a leading blank line (one in prometheus/procfs testdata/fixtures.ttar)
+        # is still that process's status.
+        text = text.lstrip()
+        if not text.startswith("Name:"):
+            raise ParseError("/proc/<pid>/status: no Name line (truncated or not a status file)")
+        text = "\n" + text
     values: dict[str, str] = {}
     for key in keys:
         start = text.find(f"\n{key}:")
