@@ -114,3 +114,25 @@ def test_recorded_perf_window_is_parsed_again_when_the_file_changes(tmp_path):
         edited.append(",".join(fields))
     csv.write_text("".join(edited))
     assert samples(render(exporter.collect()))[ipc] == first[ipc] / 2
+
+
+def test_numa_distances_are_read_once_per_root_and_node_set(tmp_path):
+    bundle = tmp_path / "kunpeng-128"
+    shutil.copytree(BUNDLES / "kunpeng-128", bundle)
+    nodes = bundle / "static/sys/devices/system/node"
+    exporter = Exporter(str(bundle / "samples" / "s0000"),
+                        parse_config({"collectors": ["numa"]}, tuple(COLLECTORS)))
+    far = 'fleetscope_numa_node_distance{numa_node="0",to_numa_node="3"}'
+    assert samples(render(exporter.collect()))[far] == 22
+    (nodes / "node0/distance").write_text("10 12 20 99\n")  # firmware tables do not change
+    assert samples(render(exporter.collect()))[far] == 22
+    # A node that appears (memory hotplug) makes a new reading, the edited row included.
+    shutil.copytree(nodes / "node3", nodes / "node4")
+    for node in range(4):
+        path = nodes / f"node{node}/distance"
+        path.write_text(path.read_text().strip() + " 30\n")
+    (nodes / "node4/distance").write_text("30 30 30 30 10\n")
+    (nodes / "node4/cpulist").write_text("\n")
+    got = samples(render(exporter.collect()))
+    assert got[far] == 99
+    assert got['fleetscope_numa_node_distance{numa_node="4",to_numa_node="4"}'] == 10
