@@ -5,7 +5,8 @@ The default deployment: every fleetscope collector in summary mode against node_
 default collectors, side by side on three roots: the 256-core x86 fixture
 (tests/fixtures/bundles/x86-256, sample s0000), the 128-core Kunpeng fixture (kunpeng-128,
 s0000) and this machine's live root (/). The fixtures' recorded config (two pools) is used on
-all three. For each fleetscope server it also prints the three collectors that took longest
+all three, and on the live root once more without pools (the pools' process-table scan
+apart). For each fleetscope server it also prints the three collectors that took longest
 (fleetscope_scrape_collector_duration_seconds, averaged over the measured scrapes' last
 round).
 
@@ -206,6 +207,13 @@ def main() -> int:
         specs.append((ne, node_exporter_args(node_exporter, 0, None, bundle)))
         specs.append((fs, fleetscope_args(0, default_config, bundle)))
         pairs.append((label, ne, fs))
+    # The live root again without pools: what the process-table scan of the pools costs on
+    # this machine's processes, apart from everything else.
+    bare_config = workdir / "config-no-pools.json"
+    bare_config.write_text(json.dumps({"per_core": "summary"}))
+    bare = "fleetscope default without pools, live root /"
+    specs.append((bare, fleetscope_args(0, bare_config, None)))
+    pairs.append(("live root / (no pools configured)", pairs[-1][1], bare))
     if not args.quick:
         for name, collectors in ANCHORS.items():
             specs.append((name, node_exporter_args(node_exporter, 0, collectors, BUNDLE)))
