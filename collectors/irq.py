@@ -28,6 +28,12 @@ here are accumulated from per-row differences between scrapes: a vanished IRQ ke
 counted, a count that fell from the upper half of the 32-bit range wrapped (2^32 is added),
 one that fell from lower was reallocated to a new IRQ (the new count is all new). A CPU that
 comes online adds its counts since boot once. Totals restart with the exporter.
+
+Cost follows what moved, not the table's size (a 256-core node has 256 counts per row): rows
+unchanged since the last scrape are neither parsed again nor summed (parsers/interrupts.py
+InterruptsParser), and affinity masks, which change when a driver allocates vectors or
+irqbalance moves them, are read for new or reassigned IRQs at once and otherwise refreshed
+every AFFINITY_REFRESH_SECONDS.
 """
 
 from __future__ import annotations
@@ -35,13 +41,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from operator import sub
 
 from fleetscope.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
-from .parsers.interrupts import Interrupts, IrqRow, parse_interrupts
+from .parsers.interrupts import Interrupts, InterruptsParser, IrqRow
 from .parsers.procfs import CPU_STAT_FIELDS
 from .parsers.sysfs import parse_cpulist
 from .pools import SourceTally
@@ -51,6 +56,7 @@ from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 KINDS = ("device", "local")
 IRQ, SOFTIRQ = CPU_STAT_FIELDS.index("irq"), CPU_STAT_FIELDS.index("softirq")
 WRAP = 1 << 32  # kstat_irqs are unsigned int per CPU
+AFFINITY_REFRESH_SECONDS = 30.0  # longest a device IRQ's cached affinity mask is served
 
 
 def row_kind(row: IrqRow) -> str:
@@ -71,8 +77,11 @@ class IrqCollector(Collector):
         self.ticks_per_second = os.sysconf("SC_CLK_TCK")
         self._lock = threading.Lock()
         self._cpus: tuple[int, ...] | None = None
-        self._rows: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # name: kind, id, counts
-        self._sums: dict[str, list[int]] = {}  # kind -> column sums at the last scrape
+        # IRQ name -> (kind, its row at the last scrape, counts on the current CPU header)
+        self._rows: dict[str, tuple[str, IrqRow, tuple[int, ...]]] = {}
+        self._parser = InterruptsParser()  # re-parses only the rows that changed
+        # (roots, IRQ name -> (its description, time read, CPU set or why it is unreadable))
+        self._affinity: tuple[tuple[str, ...], dict] = ((), {})
         self._acc: dict[str, dict[int, int]] = {kind: {} for kind in KINDS}  # kind -> cpu
         self._node_of: dict[int, str] = {}  # last known NUMA node of every CPU seen
         self._pool_device: dict[str, int] = {}  # online pool -> device interrupts on its CPUs
@@ -80,7 +89,7 @@ class IrqCollector(Collector):
         self._irq_ticks: dict[int, int] = {}  # cpu -> irq+softirq ticks at the last scrape
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        parsed = parse_interrupts(scrape.read_text("proc/interrupts"))  # the required source
+        parsed = self._parser.parse(scrape.read_text("proc/interrupts"))  # the required source
         pool_cpus = self._online_pool_cpus(scrape, parsed.cpus)
         affinity = self._device_affinity(scrape, parsed)
         with self._lock:  # the running totals advance in reading order
@@ -137,64 +146,59 @@ class IrqCollector(Collector):
         return family
 
     def _advance(self, parsed: Interrupts) -> None:
-        """Add this scrape's increase to the per-(kind, CPU) totals (see the docstring)."""
+        """Add this scrape's increase to the per-(kind, CPU) totals (see the docstring).
+
+        Only rows that changed cost anything: a row the parser handed back unchanged (the
+        same IrqRow object as last scrape) adds nothing, so the work follows the IRQs that
+        fired, not the size of the table.
+        """
         cpus = parsed.cpus
         ncpu = len(cpus)
-        previous, sums_before = self._rows, self._sums
+        previous = self._rows
         if self._cpus is not None and self._cpus != cpus:
-            previous, sums_before = self._realign(cpus)
-        first = self._cpus is None
-        rows: dict[str, tuple[str, str, tuple[int, ...]]] = {}
-        columns: dict[str, list[tuple[int, ...]]] = {kind: [] for kind in KINDS}
-        fix: dict[str, list[int]] = {kind: [0] * ncpu for kind in KINDS}
+            previous = self._realign(cpus)
+        rows: dict[str, tuple[str, IrqRow, tuple[int, ...]]] = {}
+        # kind -> this scrape's increase per CPU column; rows that appeared count whole
+        # (on the first scrape: every row, i.e. the counts since boot).
+        grew: dict[str, list[int]] = {kind: [0] * ncpu for kind in KINDS}
         for row in parsed.rows:
             if not row.per_cpu:
                 continue
+            old = previous.get(row.name)
+            if old is not None and old[1] is row:
+                rows[row.name] = old  # unchanged since the last scrape
+                continue
             kind = row_kind(row)
             counts = row.counts
-            columns[kind].append(counts)
-            rows[row.name] = (kind, row.description, counts)
-            old = previous.get(row.name)
-            if old is None:
+            rows[row.name] = (kind, row, counts)
+            out = grew[kind]
+            if old is None or old[0] != kind or old[1].description != row.description:
+                # New, or another IRQ under the same number: the old one's counts stay
+                # counted, the new one's are all new.
+                grew[kind] = list(map(sum, zip(out, counts, strict=True)))
                 continue
-            old_kind, old_id, old_counts = old
-            if old_kind != kind or old_id != row.description:
-                # Another IRQ under the same number: the old one's counts stay counted.
-                fix[old_kind] = list(map(sum, zip(fix[old_kind], old_counts, strict=True)))
-            elif old_counts != counts and min(map(sub, counts, old_counts)) < 0:
-                out = fix[kind]
-                for i, (now, then) in enumerate(zip(counts, old_counts, strict=True)):
-                    if now < then:
-                        out[i] += WRAP if then >= WRAP // 2 else then
-        for name, (old_kind, _, old_counts) in previous.items():
-            if name not in rows:  # freed: what it counted stays counted
-                fix[old_kind] = list(map(sum, zip(fix[old_kind], old_counts, strict=True)))
-        sums = {
-            kind: [sum(col) for col in zip(*columns[kind], strict=True)] or [0] * ncpu
-            for kind in KINDS
-        }
+            for i, (now, then) in enumerate(zip(counts, old[2], strict=True)):
+                if now >= then:
+                    out[i] += now - then
+                else:  # wrapped past 2^32 from the upper half, else reallocated
+                    out[i] += now + (WRAP - then) if then >= WRAP // 2 else now
+        # A freed IRQ: what it counted stays counted (nothing to add or remove).
         for kind in KINDS:
             acc = self._acc[kind]
-            before = sums_before.get(kind, [0] * ncpu)
-            for i, cpu in enumerate(cpus):
-                if first:
-                    acc[cpu] = sums[kind][i]
-                else:
-                    acc[cpu] = acc.get(cpu, 0) + sums[kind][i] - before[i] + fix[kind][i]
-        self._cpus, self._rows, self._sums = cpus, rows, sums
+            for cpu, increase in zip(cpus, grew[kind], strict=True):
+                acc[cpu] = acc.get(cpu, 0) + increase
+        self._cpus, self._rows = cpus, rows
 
     def _realign(self, cpus: tuple[int, ...]):
-        """The previous rows and sums laid out on a new CPU header (CPU hotplug); a CPU that
-        was not online before starts from 0, so its counts since boot count once."""
+        """The previous rows laid out on a new CPU header (CPU hotplug); a CPU that was not
+        online before starts from 0, so its counts since boot count once."""
         index = {cpu: i for i, cpu in enumerate(self._cpus or ())}
 
         def align(values):
             return tuple(values[index[c]] if c in index else 0 for c in cpus)
 
-        rows = {name: (kind, ident, align(counts))
-                for name, (kind, ident, counts) in self._rows.items()}
-        sums = {kind: list(align(values)) for kind, values in self._sums.items()}
-        return rows, sums
+        return {name: (kind, row, align(counts))
+                for name, (kind, row, counts) in self._rows.items()}
 
     def _per_cpu(self, acc: dict, online: tuple[int, ...]) -> Iterator[Family]:
         if self.full:
@@ -255,28 +259,52 @@ class IrqCollector(Collector):
         return {name: cpus & online_set for name, cpus in allowed.items()}
 
     def _device_affinity(self, scrape: Scrape, parsed: Interrupts) -> list[frozenset[int]]:
-        """The smp_affinity_list of every device IRQ, as CPU sets."""
+        """The smp_affinity_list of every device IRQ, as CPU sets.
+
+        Off the scrape path where it can be: a mask is read again when its IRQ is new or now
+        belongs to another device (a driver allocating vectors sets them), else at most every
+        AFFINITY_REFRESH_SECONDS (irqbalance or an operator moving it); a 256-core node has
+        hundreds of device IRQs, one file each.
+        """
         if not any(p.workload_class == "online" for p in self.config.pools):
             return []
         tally = SourceTally()
         masks: list[frozenset[int]] = []
         parsed_lists: dict[str, frozenset[int]] = {}
+        roots, known = self._affinity
+        if roots != scrape.roots:
+            known = {}
+        now = scrape.time
+        current: dict[str, tuple[str, float, frozenset[int] | Exception]] = {}
         for row in parsed.rows:
             if not row.per_cpu or row_kind(row) != "device":
                 continue
-            path = f"proc/irq/{row.name}/smp_affinity_list"
-            try:
-                text = scrape.read_text(path).strip()
-                cpus = parsed_lists.get(text)
-                if cpus is None:
-                    cpus = parsed_lists[text] = frozenset(parse_cpulist(text, f"/{path}"))
-            except (NotAvailable, ParseError) as err:
-                tally.fail(err)
+            entry = known.get(row.name)
+            if entry is None or entry[0] != row.description \
+                    or not 0 <= now - entry[1] < AFFINITY_REFRESH_SECONDS:
+                entry = (row.description, now, self._read_affinity(scrape, row, parsed_lists))
+            current[row.name] = entry
+            if isinstance(entry[2], Exception):
+                tally.fail(entry[2])
                 continue
             tally.ok += 1
-            masks.append(cpus)
+            masks.append(entry[2])
+        self._affinity = (scrape.roots, current)  # replaced whole: scrapes may run at once
         tally.report(scrape, self.name, "proc/irq/<n>/smp_affinity_list")
         return masks
+
+    @staticmethod
+    def _read_affinity(scrape: Scrape, row: IrqRow, parsed_lists: dict
+                       ) -> frozenset[int] | Exception:
+        path = f"proc/irq/{row.name}/smp_affinity_list"
+        try:
+            text = scrape.read_text(path).strip()
+            cpus = parsed_lists.get(text)
+            if cpus is None:
+                cpus = parsed_lists[text] = frozenset(parse_cpulist(text, f"/{path}"))
+        except (NotAvailable, ParseError) as err:
+            return err
+        return cpus
 
     def _pools(self, pool_cpus: dict, affinity: list, pool_device: dict) -> Iterator[Family]:
         targeted = frozenset().union(*affinity) if affinity else frozenset()

@@ -10,7 +10,8 @@ Inputs:
 numastat counts are pages (Documentation/admin-guide/numastat.rst); `other_node` and
 `numa_miss` rising mean allocations landing on another node. The per-pool share reads
 numa_maps, which makes the kernel walk the process's page tables: it is refreshed at most
-every `numa_maps_min_interval_seconds` and served from the last reading in between.
+every `numa_maps_min_interval_seconds` and served from the last reading in between. Node
+distances (the firmware's SLIT) are read once per root and set of nodes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class NumaCollector(Collector):
         super().__init__(config)
         self._lock = threading.Lock()
         self._pool_memory: tuple[float, dict] | None = None  # (time read, per-pool bytes)
+        self._distance_rows: tuple[tuple, list] | None = None  # ((roots, nodes), samples)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         try:
@@ -79,13 +81,21 @@ class NumaCollector(Collector):
             "SLIT distance from a node to another (10 = local; nodeN/distance).",
         )
         node_ids = sorted(nodes)
-        for node in node_ids:
-            row = parse_distance(scrape.read_text(f"{NODE_DIR}/node{node}/distance"))
-            if len(row) != len(node_ids):
-                raise ParseError(f"node{node}/distance has {len(row)} entries, "
-                                 f"{len(node_ids)} nodes are online")
-            for other, value in zip(node_ids, row, strict=True):
-                distance.add(value, labels(numa_node=node, to_numa_node=other))
+        # The firmware's SLIT table cannot change while the node runs: read once per root
+        # and set of nodes (memory hotplug adds a node, and so a new reading).
+        key = (scrape.roots, tuple(node_ids))
+        cached = self._distance_rows
+        if cached is None or cached[0] != key:
+            rows = []
+            for node in node_ids:
+                row = parse_distance(scrape.read_text(f"{NODE_DIR}/node{node}/distance"))
+                if len(row) != len(node_ids):
+                    raise ParseError(f"node{node}/distance has {len(row)} entries, "
+                                     f"{len(node_ids)} nodes are online")
+                rows += [(labels(numa_node=node, to_numa_node=other), value)
+                         for other, value in zip(node_ids, row, strict=True)]
+            cached = self._distance_rows = (key, rows)
+        distance.samples.extend(cached[1])
         yield distance
 
     def _meminfo(self, scrape: Scrape, nodes: dict) -> Iterator[Family]:

@@ -562,12 +562,21 @@ class PerfCollector(Collector):
         super().__init__(config)
         self._lock = threading.Lock()
         self._live: _Live | None = None
+        # What cannot change while a node runs, kept per root: the derived peak (CPU model
+        # and socket count), and the last recorded perf window (a sample never changes).
+        self._derived: tuple[tuple[str, ...], tuple[float, str] | None] | None = None
+        self._recorded: tuple[tuple, Window] | None = None
 
     def _peak(self, scrape: Scrape) -> tuple[float | None, str]:
-        """The config's peak, else the one the CPU model implies (collectors/platform.py)."""
+        """The config's peak, else the one the CPU model implies (collectors/platform.py),
+        derived once per root: re-reading /proc/cpuinfo and every CPU's topology cost more
+        than the rest of a scrape on a 256-core node."""
         if self.config.memory_peak_bytes_per_second:
             return self.config.memory_peak_bytes_per_second, "config"
-        derived = derived_peak(scrape)
+        cached = self._derived
+        if cached is None or cached[0] != scrape.roots:
+            cached = self._derived = (scrape.roots, derived_peak(scrape))
+        derived = cached[1]
         return (derived[0], derived[1]) if derived else (None, "")
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
@@ -649,11 +658,21 @@ class PerfCollector(Collector):
                                "and no bundle meta.json interval_s")
         return interval
 
+    def _read_recorded(self, scrape: Scrape) -> Window:
+        """The sample's perf window, parsed once: a scrape of the same sample with the same
+        file reuses the parsed counts and their per-group totals."""
+        text = scrape.read_text(RECORDED_CSV)
+        cached = self._recorded
+        if cached is not None and cached[0] == (scrape.roots, text):
+            return cached[1]
+        window = Window(parse_perf_stat_csv(text), self._recorded_window(scrape), None)
+        self._recorded = ((scrape.roots, text), window)
+        return window
+
     def _collect_recorded(self, scrape: Scrape) -> Iterator[Family]:
         window = None
         with scrape.source(self.name, RECORDED_CSV, "recorded without perf"):
-            counts = parse_perf_stat_csv(scrape.read_text(RECORDED_CSV))
-            window = Window(counts, self._recorded_window(scrape), None)
+            window = self._read_recorded(scrape)
         if window is None:
             reason = f"no usable /{RECORDED_CSV} in this sample"
             yield self._available({group: (False, reason) for group in GROUPS})
@@ -697,7 +716,7 @@ class PerfCollector(Collector):
 
     def _window(self, scrape: Scrape, window: Window, age: float,
                 selection: Selection | None) -> Iterator[Family]:
-        if window.results is None:  # computed once per live window
+        if window.results is None:  # computed once per window, live or recorded
             window.results = summarize(window.counts, self.config.ddrc_bytes_per_count,
                                        selection.bytes_per_count if selection else None)
         results = window.results

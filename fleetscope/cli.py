@@ -71,14 +71,15 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_export(args: argparse.Namespace) -> int:
-    from fleetscope.rules.export import export_yaml, parse_duration
+    from fleetscope.rules.export import export_prometheus_rule, export_yaml, parse_duration
 
     try:
         hold = parse_duration(args.hold_for) if args.hold_for else None
     except ValueError as err:
         print(f"fleetscope rules export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    text = export_yaml(args.runbook_url_base, hold)
+    formats = {"rules": export_yaml, "prometheusrule": export_prometheus_rule}
+    text = formats[args.format](args.runbook_url_base, hold)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -299,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix of every alert's runbook_url (default runbooks/)")
     export.add_argument("--for", dest="hold_for", metavar="DURATION",
                         help="one `for:` for every alert, e.g. 5m (default: each rule's own)")
+    export.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+                        help="rules: a Prometheus rule file (default); prometheusrule: the same "
+                             "groups as a prometheus-operator PrometheusRule resource")
     export.set_defaults(run=_cmd_rules_export)
     return parser
 

@@ -47,6 +47,52 @@ def _digits(token: str) -> bool:
     return token.isdigit() and token.isascii()
 
 
+def _header(line: str) -> tuple[int, ...]:
+    header = line.split()
+    if not header:
+        raise ParseError("/proc/interrupts: no CPU header line")
+    cpus: list[int] = []
+    for token in header:
+        if token[:3] != "CPU" or not _digits(token[3:]):
+            raise ParseError(f"/proc/interrupts: header token {token[:40]!r} is not CPU<n>")
+        cpus.append(int(token[3:]))
+    if len(set(cpus)) != len(cpus):
+        raise ParseError("/proc/interrupts: a CPU appears twice in the header")
+    return tuple(cpus)
+
+
+def _row(line: str, ncpu: int) -> IrqRow | None:
+    """One row under a header of `ncpu` CPUs; None for a blank line."""
+    label, colon, rest = line.partition(":")
+    name = label.strip()
+    if not colon or not name or not name.isascii() or " " in name or "\t" in name:
+        if not line.strip():
+            return None
+        raise ParseError(f"/proc/interrupts: malformed line {line[:40]!r}")
+    tokens = rest.split()
+    head = "".join(tokens[:ncpu])
+    if len(tokens) >= ncpu and head.isdigit() and head.isascii():
+        counts = tuple(map(int, tokens[:ncpu]))
+        tail = tokens[ncpu:]
+        # A named row without a description is a single number (ERR on a 1-CPU machine)
+        per_cpu = bool(tail) or _digits(name)
+    elif len(tokens) == 1 and _digits(tokens[0]) and not _digits(name):
+        counts, tail, per_cpu = (int(tokens[0]),), [], False  # ERR, MIS, Err
+    else:
+        raise ParseError(
+            f"/proc/interrupts: row {name[:20]!r} does not have {ncpu} counts"
+        )
+    chip, hwirq = "", None
+    if _digits(name):
+        if not tail:
+            raise ParseError(f"/proc/interrupts: IRQ {name[:20]} has no chip name")
+        chip = tail[0]
+        if len(tail) > 1:
+            number = tail[1].partition("-")[0]
+            hwirq = int(number) if _digits(number) else None
+    return IrqRow(name, counts, per_cpu, chip, hwirq, " ".join(tail))
+
+
 def parse_interrupts(text: str) -> Interrupts:
     """Parse /proc/interrupts.
 
@@ -63,48 +109,44 @@ def parse_interrupts(text: str) -> Interrupts:
     >>> parsed.rows[1].counts, parsed.rows[2].per_cpu
     ((122488, 132036), False)
     """
-    lines = text.splitlines()
-    if not lines:
-        raise ParseError("/proc/interrupts: empty")
-    header = lines[0].split()
-    if not header:
-        raise ParseError("/proc/interrupts: no CPU header line")
-    cpus: list[int] = []
-    for token in header:
-        if token[:3] != "CPU" or not _digits(token[3:]):
-            raise ParseError(f"/proc/interrupts: header token {token[:40]!r} is not CPU<n>")
-        cpus.append(int(token[3:]))
-    if len(set(cpus)) != len(cpus):
-        raise ParseError("/proc/interrupts: a CPU appears twice in the header")
-    ncpu = len(cpus)
-    rows: list[IrqRow] = []
-    for line in lines[1:]:
-        label, colon, rest = line.partition(":")
-        name = label.strip()
-        if not colon or not name or not name.isascii() or " " in name or "\t" in name:
-            if not line.strip():
-                continue
-            raise ParseError(f"/proc/interrupts: malformed line {line[:40]!r}")
-        tokens = rest.split()
-        head = "".join(tokens[:ncpu])
-        if len(tokens) >= ncpu and head.isdigit() and head.isascii():
-            counts = tuple(map(int, tokens[:ncpu]))
-            tail = tokens[ncpu:]
-            # A named row without a description is a single number (ERR on a 1-CPU machine)
-            per_cpu = bool(tail) or _digits(name)
-        elif len(tokens) == 1 and _digits(tokens[0]) and not _digits(name):
-            counts, tail, per_cpu = (int(tokens[0]),), [], False  # ERR, MIS, Err
-        else:
-            raise ParseError(
-                f"/proc/interrupts: row {name[:20]!r} does not have {ncpu} counts"
-            )
-        chip, hwirq = "", None
-        if _digits(name):
-            if not tail:
-                raise ParseError(f"/proc/interrupts: IRQ {name[:20]} has no chip name")
-            chip = tail[0]
-            if len(tail) > 1:
-                number = tail[1].partition("-")[0]
-                hwirq = int(number) if _digits(number) else None
-        rows.append(IrqRow(name, counts, per_cpu, chip, hwirq, " ".join(tail)))
-    return Interrupts(tuple(cpus), rows)
+    return InterruptsParser().parse(text)
+
+
+class InterruptsParser:
+    """parse_interrupts for a file read again and again: a line unchanged since the last
+    parse under the same CPU header gives back the same IrqRow object, unparsed. On a
+    256-core node most of a scrape's cost was turning idle IRQs' 256 counts into integers
+    again; now it is proportional to the rows whose counts moved, and a reader can tell an
+    unchanged row by identity (`row is previous_row`).
+
+    >>> parser = InterruptsParser()
+    >>> text = "   CPU0   CPU1\\n 36:   0   5  PCI-MSIX-0000:00:02.0  1-edge  virtio1\\n"
+    >>> parser.parse(text).rows[0] is parser.parse(text).rows[0]
+    True
+    """
+
+    def __init__(self) -> None:
+        # (CPU header, line -> its row) of the last parse, replaced whole, never mutated:
+        # a concurrent scrape sees the old pair or the new one.
+        self._last: tuple[tuple[int, ...], dict[str, IrqRow]] = ((), {})
+
+    def parse(self, text: str) -> Interrupts:
+        lines = text.splitlines()
+        if not lines:
+            raise ParseError("/proc/interrupts: empty")
+        cpus = _header(lines[0])
+        last_cpus, last_lines = self._last
+        known = last_lines if cpus == last_cpus else {}
+        ncpu = len(cpus)
+        rows: list[IrqRow] = []
+        seen: dict[str, IrqRow] = {}
+        for line in lines[1:]:
+            row = known.get(line)
+            if row is None:
+                row = _row(line, ncpu)
+                if row is None:
+                    continue
+            seen[line] = row
+            rows.append(row)
+        self._last = (cpus, seen)
+        return Interrupts(cpus, rows)
