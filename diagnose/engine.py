@@ -71,6 +71,17 @@ class Finding:
         }
 
 
+def _hint(prefix: str, hint: str, series: Series) -> str:
+    """The usual reason, unless the source shows a narrower one: RDMA ports that exist but
+    export no hw_counters (the ECN/CNP counters) are not 'no RDMA device'."""
+    if prefix == "fleetscope_rdma_" and series.names() & {"fleetscope_rdma_device_info",
+                                                           "fleetscope_rdma_port_state"}:
+        return ("RDMA devices present, but their ports have no hw_counters directory "
+                "(the ECN/CNP counters: mlx5_ib or hns_roce_hw_v2 with a kernel that "
+                "exposes them)")
+    return hint
+
+
 def _matches(finding_labels: dict[str, str], labels: tuple) -> bool:
     """An evidence sample belongs to a finding when their shared labels agree."""
     return all(finding_labels.get(k, v) == v for k, v in labels)
@@ -183,7 +194,7 @@ def evaluate(series: Series, hostname: str, *,
     for rule in rules:
         missing = missing_signals(rule, series)
         if missing:
-            hints = sorted({hint for prefix, hint in MISSING_HINTS
+            hints = sorted({_hint(prefix, hint, series) for prefix, hint in MISSING_HINTS
                             if any(name.startswith(prefix) for name in missing)})
             reason = f"signals absent from this source: {', '.join(missing)}"
             not_evaluated.append({"rule": rule.id,

@@ -111,3 +111,18 @@ def test_rates_in_a_short_live_window_look_back_a_quarter_of_it():
     assert engine.rate_window_ms(stamps) == 5000
     assert engine.evaluation_steps(stamps, 5000)[0] == 5000
     assert engine.rate_window_ms([0]) is None
+
+
+def test_rdma_ports_without_hw_counters_are_not_called_no_device():
+    from fleetscope.rules.catalog import ROCE_CONGESTION
+
+    series = Series()
+    for step in range(3):
+        series.add("fleetscope_rdma_port_state", {"device": "mlx5_0", "port": "1"},
+                   step * STEP_MS, 4.0)
+    _, not_evaluated = engine.evaluate(series, "n", rules=(ROCE_CONGESTION,))
+    (reason,) = [n["reason"] for n in not_evaluated]
+    assert "RDMA devices present" in reason and "no RDMA device" not in reason
+    _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
+                                       rules=(ROCE_CONGESTION,))
+    assert "no RDMA device" in not_evaluated[0]["reason"]
