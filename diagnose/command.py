@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 import time
 
@@ -69,14 +68,6 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
-
-
-def _raise_priority() -> None:
-    """Live sampling on a saturated node competes with the fault it is measuring; a little
-    more priority (root only, nice -5) keeps its samples on the clock. Best effort."""
-    with contextlib.suppress(OSError, AttributeError):
-        if os.geteuid() == 0:
-            os.setpriority(os.PRIO_PROCESS, 0, -5)
 
 
 def _fail(message: str) -> int:
@@ -157,7 +148,6 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
             enricher = Enricher(config or Config(), ("/",), ("/",), live=True)
             enricher.snapshot()
-            _raise_priority()
             health = SamplingHealth(0, args.seconds)
             series = live_series(config or Config(), args.seconds, 1.0, progress=progress,
                                  health=health)

@@ -190,6 +190,7 @@ def evaluate(series: Series, hostname: str, *,
     series.max_window_ms = rate_window_ms(timestamps)
     span_ms = timestamps[-1] - timestamps[0]
     series.max_lookback_ms = span_ms or None
+    series.window_start_ms = timestamps[0]
     steps = evaluation_steps(timestamps, series.max_window_ms)
     for rule in rules:
         missing = missing_signals(rule, series)

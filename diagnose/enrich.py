@@ -205,9 +205,13 @@ class Enricher:
             if cpu not in finding.subjects["cpus"]:
                 finding.subjects["cpus"].append(cpu)
         if usage and usage[0][0] > 0:
-            names = ", ".join(f"{program_name(p.cmdline) or p.pid} (pid {p.pid})"
-                              for _, p, _ in usage[:2])
-            finding.extra_summary = f"antagonists: {names}"
+            finding.extra_summary = f"antagonists: {self._antagonist_names(usage[:2])}"
+
+    def _antagonist_names(self, usage) -> str:
+        """The antagonists by program and pid: never their arguments, where secrets live
+        (an agent started with --api-key=... must not print it in a ticket)."""
+        return ", ".join(f"{program_name(p.cmdline) or p.pid} (pid {p.pid})"
+                         for _, p, _ in usage)
 
     def _numa_remote_access(self, finding: Finding) -> None:
         nodes = numa_node_cpus(self.last)

@@ -344,16 +344,6 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
     try:
         static = os.path.join(bundle_dir, "static")
         copy_globs(root, STATIC_GLOBS, static)
-        dmesg = _run(["dmesg"], config.command_timeout_seconds) if root == "/" else None
-        if dmesg is None and os.path.isfile(os.path.join(root, "dmesg.txt")):
-            with open(os.path.join(root, "dmesg.txt"), encoding="utf-8", errors="replace") as f:
-                dmesg = f.read()
-        if dmesg is not None:
-            with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
-                out.write(dmesg)
-        commands.static(static, dmesg)
-        if dmesg is not None and root == "/":
-            capture_sigill_faults(static, dmesg)
         count = max(1, int(seconds / interval) + 1)
         samples = []
         start = time.monotonic()
@@ -372,6 +362,18 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
                 progress(index + 1, count)
+        # The kernel log last, so it holds what happened during the window (a crash loop's
+        # SIGILLs are the incident, not history).
+        dmesg = _run(["dmesg"], config.command_timeout_seconds) if root == "/" else None
+        if dmesg is None and os.path.isfile(os.path.join(root, "dmesg.txt")):
+            with open(os.path.join(root, "dmesg.txt"), encoding="utf-8", errors="replace") as f:
+                dmesg = f.read()
+        if dmesg is not None:
+            with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
+                out.write(dmesg)
+        commands.static(static, dmesg)
+        if dmesg is not None and root == "/":
+            capture_sigill_faults(static, dmesg)
         _record_meta(bundle_dir, interval, samples, config, redactor)
         if as_tar:
             _write_archive(bundle_dir, output, partial, force)

@@ -27,6 +27,9 @@ LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
 # Range windows up to this are rates of what is happening now; longer ones look back over
 # events (model loads in the last 5 minutes, crashes in the last 15).
 RATE_SECONDS = 60
+# Kernel-log event times are boot time (whole seconds in /proc/stat btime) plus the log's
+# seconds since boot: up to a second early. An event that early is still inside the window.
+EVENT_CLOCK_SLACK_S = 1.0
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs; may hold __name__
 Vector = dict[Labels, float]
@@ -48,6 +51,9 @@ class Series:
         # max_lookback_ms (the whole span). None: the rule's own windows, as Prometheus.
         self.max_window_ms: int | None = None
         self.max_lookback_ms: int | None = None
+        # With max_lookback_ms: the window's first sample. An event counts when it happened
+        # inside the window, so at every step its age is bounded by the time since then.
+        self.window_start_ms: int | None = None
 
     def window_ms(self, window_seconds: int) -> int:
         window_ms = window_seconds * 1000
@@ -507,6 +513,8 @@ class Recent(Expr):
 
     def evaluate(self, series, at_ms):
         limit = series.window_ms(self.seconds) / 1000
+        if series.max_lookback_ms and series.window_start_ms is not None:
+            limit = min(limit, (at_ms - series.window_start_ms) / 1000 + EVENT_CLOCK_SLACK_S)
         return {labels: value for labels, value in self.age.evaluate(series, at_ms).items()
                 if value < limit}
 

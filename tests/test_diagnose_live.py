@@ -17,7 +17,7 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_cpu_features import CANDIDATES, _build, _cpu_flags
-from tests.test_live_accuracy import HOG, ONLINE_WORKER
+from tests.test_live_accuracy import CRASH_LOOP, HOG, ONLINE_WORKER
 
 FD_HOLDER = """
 import resource, sys, time
@@ -120,13 +120,21 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
     crash = subprocess.run([str(binary)], capture_output=True, timeout=30,
                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     assert crash.returncode == -4  # SIGILL
-    time.sleep(0.5)
+    # A task that dies as soon as it starts, restarted: crashes inside the window are the
+    # incident (one before it would be an "earlier crash", information only).
+    loop = tmp_path / "fs_restart_loop.py"
+    loop.write_text(CRASH_LOOP)
+    restarts = subprocess.Popen([sys.executable, str(loop), "60", str(binary)],
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE,
+                                                                      (0, 0)))
     # The kernel names the file only; on PATH, diagnose finds it and says what it lacks.
     os.environ["PATH"] = f"{binary.parent}{os.pathsep}{os.environ['PATH']}"
     try:
-        document, code = _diagnose(tmp_path, [], seconds="2")
+        document, code = _diagnose(tmp_path, [], seconds="4")
     finally:
         os.environ["PATH"] = os.environ["PATH"].split(os.pathsep, 1)[1]
+        restarts.kill()
+        restarts.wait()
     isa = [f for f in document["findings"] if f["rule"] == "isa-mismatch"]
     if not isa and open("/proc/sys/debug/exception-trace").read().strip() == "0":
         pytest.skip("the kernel does not log user-space traps (debug.exception-trace=0)")
@@ -138,10 +146,15 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
 
     # A bundle recorded here carries the check, so it says the same anywhere, binary or not.
     bundle = tmp_path / "node.tar.gz"
+    restarts = subprocess.Popen([sys.executable, str(loop), "60", str(binary)],
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE,
+                                                                      (0, 0)))
     recorded = subprocess.run(
-        [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "1",
+        [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "3",
          "--interval", "1", "-o", str(bundle)], capture_output=True, text=True, timeout=120,
         env={**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"})
+    restarts.kill()
+    restarts.wait()
     assert recorded.returncode == 0, recorded.stderr
     binary.unlink()
     replayed = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
@@ -150,3 +163,4 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
     findings = json.loads(replayed.stdout)["findings"]
     ours = [f for f in findings if binary.name in f["subjects"]["binaries"]]
     assert ours and extension in ours[0]["summary"]
+    assert ours[0]["severity"] == "critical"

@@ -126,3 +126,21 @@ def test_rdma_ports_without_hw_counters_are_not_called_no_device():
     _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
                                        rules=(ROCE_CONGESTION,))
     assert "no RDMA device" in not_evaluated[0]["reason"]
+
+
+def test_an_event_before_the_window_is_not_inside_it():
+    from fleetscope.rules.promql import Recent, Time
+
+    age = Time() - Max(Selector("last_event_timestamp_seconds"), by=("instance",))
+    rule = _rule(condition=Recent(age, 900), for_seconds=0, summary="event {value:.0f} s ago")
+    series = Series()
+    for step in range(21):  # a 20 s window starting at t=100 s; the event 4 s before it
+        series.add("last_event_timestamp_seconds", {}, 100_000 + step * STEP_MS, 96.0)
+    findings, _ = engine.evaluate(series, "n", rules=(rule,))
+    assert findings == []
+    series = Series()
+    for step in range(21):  # the same event 3 s into the window
+        value = 103.0 if step >= 3 else 50.0
+        series.add("last_event_timestamp_seconds", {}, 100_000 + step * STEP_MS, value)
+    findings, _ = engine.evaluate(series, "n", rules=(rule,))
+    assert len(findings) == 1
