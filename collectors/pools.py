@@ -34,7 +34,8 @@ all. The cgroup's cpu.pressure covers every thread of the cgroup.
 Network waits: a thread parked in a recv/poll/connect on a connected TCP socket is tracked
 across scrapes while it stays in the same call (same syscall and arguments, no CPU time used);
 `fleetscope_pool_blocked_network_threads` counts those parked longer than the config's
-`blocked_call_seconds`, so the exported alert and the engine use one threshold. A thread
+`blocked_call_seconds`, so the exported alert and the engine use one threshold. A wait first
+seen counts from when its connection went silent (tcp_info, collectors/tasks.py). A thread
 that has not run since the last scrape is still in the same call, so its syscall is not read
 again. A bundle replayed sample by sample through one collector gives the same durations.
 
@@ -503,7 +504,7 @@ class PoolsCollector(Collector):
                 return
         self._parked_next[key] = (runtime, wait)
         if wait is not None:
-            waits[key] = (wait.signature, runtime)
+            waits[key] = (wait.signature, runtime, wait.idle_seconds)
             wait_pool[key] = pool
 
     def _threads(self, scrape: Scrape, pid: int, key: tuple, pool: str, acc: _PoolState,

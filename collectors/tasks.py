@@ -23,21 +23,36 @@ costs about 10 us a file here: the collectors read the cheapest files first (sta
 schedstat of every thread; syscall only of sleeping ones; wchan, the fd link and the TCP
 table only for a network-call candidate), and at most TASKS_READ_PER_POOL threads a pool.
 
+How long a thread has waited: the kernel does not say when a call began, but a thread
+parked on a connection waits for an answer to what it last sent, so a wait first seen counts
+from when the connection went silent: tcp_info's tcpi_last_data_sent/recv (what `ss -ti`
+prints as lastsnd/lastrcv), asked through a sock_diag netlink query for exactly that socket
+(about 30 us; the exporter's own network namespace only). Then it lasts while the thread
+stays in the same call without running.
+
 A bundle holds the same files per task (bounded the same way) plus, for the waiting threads,
-proc/<pid>/fd_sockets ("fd inode" lines) and proc/<pid>/task/<tid>/pollfds (one polled fd a
-line) where the live node has the fd links and the process memory.
+proc/<pid>/fd_sockets ("fd inode [idle_ms]" lines) and proc/<pid>/task/<tid>/pollfds (one
+polled fd a line) where the live node has the fd links, the process memory and sock_diag.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import struct
 from collections.abc import Hashable
 from typing import NamedTuple
 
 from .base import NotAvailable, Scrape
 from .parsers import ParseError
-from .parsers.net_tcp import TcpSocket, parse_net_tcp
+from .parsers.net_tcp import (
+    INET_DIAG_INFO,
+    SOCK_DIAG_BY_FAMILY,
+    TcpSocket,
+    parse_inet_diag_idle_ms,
+    parse_net_tcp,
+)
 from .parsers.process import (
     TaskSyscall,
     parse_fd_sockets,
@@ -53,6 +68,7 @@ from .parsers.process import (
 TASKS_READ_PER_POOL = 1024  # threads whose files are read per pool per scrape (~25 ms)
 MAX_POLLED_FDS = 16
 SLEEPING = ("S", "D")
+NETLINK_SOCK_DIAG = 4  # include/uapi/linux/netlink.h
 # A poll() interrupted by a signal or a ptrace stop (py-spy) resumes as restart_syscall with
 # the original arguments still in the registers; the kernel function it sleeps in
 # (poll_schedule_timeout, do_sys_poll) says it is a poll.
@@ -193,12 +209,15 @@ class NetworkWait(NamedTuple):
     wchan: str  # the kernel function it sleeps in: wait_woken, sk_wait_data, ...
     signature: tuple  # (nr, args...): the same while it stays in the same call
     polled: tuple[int, ...] = ()  # poll/ppoll: every fd of its pollfd array
+    idle_seconds: float | None = None  # how long the connection has been silent (tcp_info)
 
 
-def _fd_link_inode(scrape: Scrape, pid: int, fd: int) -> int | None:
+def _fd_socket(scrape: Scrape, pid: int, fd: int) -> tuple[int, int | None, bool] | None:
+    """(socket inode, recorded idle ms or None, live) of one fd, or None: not a socket."""
     for root in scrape.roots:
         try:
-            return socket_inode(os.readlink(os.path.join(root, f"proc/{pid}/fd/{fd}")))
+            inode = socket_inode(os.readlink(os.path.join(root, f"proc/{pid}/fd/{fd}")))
+            return None if inode is None else (inode, None, True)
         except FileNotFoundError:
             if os.path.isdir(os.path.join(root, f"proc/{pid}/fd")):
                 return None  # closed since
@@ -210,7 +229,54 @@ def _fd_link_inode(scrape: Scrape, pid: int, fd: int) -> int | None:
             read_proc(scrape, f"proc/{pid}/fd_sockets")))
     except (NotAvailable, ParseError):
         return None
-    return sockets.get(fd)
+    found = sockets.get(fd)
+    return None if found is None else (found[0], found[1], False)
+
+
+def tcp_idle_ms(local: str, peer: str) -> int | None:
+    """How long a TCP connection of this network namespace has been silent (ms since data
+    was last sent or received: tcp_info through a sock_diag netlink query for exactly that
+    socket, as `ss -ti` shows lastsnd/lastrcv), or None if the kernel does not say."""
+    def split(endpoint: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+        host, _, port = endpoint.rpartition(":")
+        return ipaddress.ip_address(host.strip("[]")), int(port)
+
+    try:
+        (src, sport), (dst, dport) = split(local), split(peer)
+    except ValueError:
+        return None
+    family = socket.AF_INET if src.version == 4 else socket.AF_INET6
+    no_cookie = 0xFFFFFFFF
+    # struct inet_diag_req_v2 with the exact socket id: one socket looked up, not a dump
+    request = (struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1),
+                           0, 0xFFF)
+               + struct.pack("!HH", sport, dport) + src.packed.ljust(16, b"\0")
+               + dst.packed.ljust(16, b"\0") + struct.pack("=III", 0, no_cookie, no_cookie))
+    message = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, 1, 1, 0) + request
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as query:
+            query.settimeout(1.0)
+            query.sendto(message, (0, 0))
+            answer = query.recv(65536)
+    except OSError:
+        return None
+    try:
+        return parse_inet_diag_idle_ms(answer)
+    except ParseError:
+        return None
+
+
+def _same_network_namespace(scrape: Scrape, pid: int) -> bool:
+    def own() -> str:
+        try:
+            return os.readlink(scrape.path("proc/self/ns/net"))
+        except OSError:
+            return ""
+    mine = scrape.memo("tasks:own_netns", own)
+    try:
+        return bool(mine) and os.readlink(scrape.path(f"proc/{pid}/ns/net")) == mine
+    except OSError:
+        return False
 
 
 def polled_fds(scrape: Scrape, pid: int, tid: int, syscall: TaskSyscall) -> list[int]:
@@ -305,18 +371,21 @@ def socket_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | str | None:
         return None  # too many fds to be one call's socket, or the memory is unreadable
     local = None
     for fd in polled or (syscall.args[0],):
-        inode = _fd_link_inode(scrape, pid, fd)
-        if inode is None:
+        found = _fd_socket(scrape, pid, fd)
+        if found is None:
             continue
-        socket = _tcp_table(scrape, pid).get(inode)
-        if socket is None or socket.state == "LISTEN":
-            kind = "a listening" if socket is not None else "a local"
+        inode, idle_ms, live = found
+        tcp = _tcp_table(scrape, pid).get(inode)
+        if tcp is None or tcp.state == "LISTEN":
+            kind = "a listening" if tcp is not None else "a local"
             local = local or f"{call}() on {kind} socket (fd {fd})"
             continue
         if wchan is None:
             wchan = _wchan(scrape, pid, tid)
-        return NetworkWait(pid, tid, call, fd, inode, socket.peer, wchan, syscall.signature,
-                           polled)
+        if live and tcp.peer and _same_network_namespace(scrape, pid):
+            idle_ms = tcp_idle_ms(tcp.local, tcp.peer)
+        return NetworkWait(pid, tid, call, fd, inode, tcp.peer, wchan, syscall.signature,
+                           polled, None if idle_ms is None else idle_ms / 1000)
     return local
 
 
@@ -362,21 +431,25 @@ def process_network_waits(scrape: Scrape, pid: int, limit: int = TASKS_READ_PER_
 class WaitTracker:
     """How long each thread has stayed in the same network wait: the same call with the same
     arguments, and no CPU time used in between (schedstat field 1 unchanged), across
-    observations. A thread first seen waiting counts from that observation: the kernel does
-    not say when the call began."""
+    observations. A wait first seen (or seen again after the thread ran) counts from when its
+    connection went silent where the kernel says it (tcp_info: the thread waits for an
+    answer to what it last sent), else from that observation."""
 
     def __init__(self) -> None:
         self._since: dict[Hashable, tuple[tuple, int | None, float]] = {}
 
-    def observe(self, waits: dict[Hashable, tuple[tuple, int | None]],
-                now: float) -> dict[Hashable, float]:
-        """{thread key: (signature, runtime ns)} of the threads waiting now -> seconds each
-        has waited. Threads not in `waits` are forgotten."""
+    def observe(self, waits: dict[Hashable, tuple], now: float) -> dict[Hashable, float]:
+        """{thread key: (signature, runtime ns[, connection idle seconds])} of the threads
+        waiting now -> seconds each has waited. Threads not in `waits` are forgotten."""
         previous, current = self._since, {}
-        for key, (signature, runtime) in waits.items():
+        for key, (signature, runtime, *idle) in waits.items():
             old = previous.get(key)
             same = (old is not None and old[0] == signature and old[1] == runtime
                     and runtime is not None)
-            current[key] = (signature, runtime, old[2] if same else now)
+            if same:
+                since = old[2]
+            else:
+                since = now - idle[0] if idle and idle[0] is not None else now
+            current[key] = (signature, runtime, since)
         self._since = current
         return {key: max(0.0, now - since) for key, (_, _, since) in current.items()}

@@ -399,7 +399,8 @@ class Enricher:
             for wait, runtime in process_network_waits(scrape, process.pid):
                 current[(wait.pid, wait.tid)] = (wait, runtime, process.pool.name)
         self._waited = self._tracker.observe(
-            {key: (wait.signature, runtime) for key, (wait, runtime, _) in current.items()}, at)
+            {key: (wait.signature, runtime, wait.idle_seconds)
+             for key, (wait, runtime, _) in current.items()}, at)
         self._waiting = current
 
     def _network_waits(self, pool: str | None) -> list[tuple[object, float]]:

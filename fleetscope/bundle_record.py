@@ -206,7 +206,10 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
             continue
         any_wait = True
         with open(os.path.join(destination, base, "fd_sockets"), "w") as out:
-            out.writelines(sorted({f"{w.fd} {w.inode}\n" for w, _ in waits}))
+            out.writelines(sorted({
+                f"{w.fd} {w.inode}" + ("" if w.idle_seconds is None else
+                                        f" {round(w.idle_seconds * 1000)}") + "\n"
+                for w, _ in waits}))
         for wait, _ in waits:
             if wait.polled:
                 with open(os.path.join(destination, task_dir(pid, wait.tid), "pollfds"),

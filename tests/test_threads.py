@@ -22,7 +22,11 @@ from fleetscope.collectors import tasks as tasks_module
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers import net_tcp as net_tcp_module
 from fleetscope.collectors.parsers import process as process_parsers
-from fleetscope.collectors.parsers.net_tcp import TcpSocket, parse_net_tcp
+from fleetscope.collectors.parsers.net_tcp import (
+    TcpSocket,
+    parse_inet_diag_idle_ms,
+    parse_net_tcp,
+)
 from fleetscope.collectors.parsers.process import (
     TaskSyscall,
     parse_fd_sockets,
@@ -114,6 +118,14 @@ def test_net_tcp_of_this_machine_names_a_connection_it_makes():
         assert entry.peer == f"127.0.0.1:{server.getsockname()[1]}"
         assert entry.local == f"127.0.0.1:{client.getsockname()[1]}"
         assert entry.state == "ESTABLISHED"
+        # the kernel's tcp_info for exactly that connection: silent since it was made
+        client.sendall(b"request")
+        sent = time.monotonic()
+        time.sleep(0.3)
+        idle = tasks_module.tcp_idle_ms(entry.local, entry.peer)
+        assert idle is not None and idle >= 250
+        assert idle <= (time.monotonic() - sent) * 1000 + 50  # jiffies granularity
+        assert tasks_module.tcp_idle_ms(entry.local, "127.0.0.1:1") is None  # no such socket
     finally:
         client.close()
         server.close()
@@ -129,7 +141,8 @@ def test_syscall_and_wchan_real_samples():
     assert parse_wchan("wait_woken") == "wait_woken"
     assert parse_wchan("poll_schedule_timeout.constprop.0") == "poll_schedule_timeout"
     assert parse_wchan("0") == ""
-    assert parse_fd_sockets("4 22523\n\n7 22530\n") == {4: 22523, 7: 22530}
+    assert parse_fd_sockets("4 22523 91500\n\n7 22530\n") == {4: (22523, 91500),
+                                                               7: (22530, None)}
 
 
 @pytest.mark.parametrize("parser, text", [
@@ -139,6 +152,7 @@ def test_syscall_and_wchan_real_samples():
     (parse_task_syscall, "45 0x4 0x7f22\n"),
     (parse_task_syscall, SYSCALL_RECVFROM_REAL.replace("0x4", "zz")),
     (parse_fd_sockets, "4\n"),
+    (parse_inet_diag_idle_ms, b"\x10\x00"),
 ])
 def test_parsers_reject_malformed(parser, text):
     with pytest.raises(ParseError):
@@ -149,7 +163,7 @@ PARSERS = {
     "net_tcp": (parse_net_tcp, NET_TCP_REAL),
     "net_tcp6": (parse_net_tcp, NET_TCP6_REAL),
     "syscall": (parse_task_syscall, SYSCALL_RECVFROM_REAL),
-    "fd_sockets": (parse_fd_sockets, "4 22523\n7 22530\n"),
+    "fd_sockets": (parse_fd_sockets, "4 22523 91500\n7 22530\n"),
 }
 tcpish = st.text(alphabet="0123456789ABCDEFx: \n", max_size=300)
 test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(PARSERS, tcpish)
@@ -177,6 +191,9 @@ def test_wait_tracker_counts_one_unbroken_wait():
     # without schedstat nothing proves it did not run in between
     assert tracker.observe({"u": (recv, None)}, 200.0) == {"u": 0.0}
     assert tracker.observe({"u": (recv, None)}, 215.0) == {"u": 0.0}
+    # a connection silent for 90 s when first seen: the wait counts from then
+    assert tracker.observe({"v": (recv, 5, 90.0)}, 300.0) == {"v": 90.0}
+    assert tracker.observe({"v": (recv, 5, 105.0)}, 315.0) == {"v": 105.0}
 
 
 # ---- the collector on fixture trees -----------------------------------------------------
@@ -401,7 +418,7 @@ def parked_worker(tmp_path):
     child = subprocess.Popen([sys.executable, str(script), str(port)], stdout=subprocess.PIPE,
                              text=True)
     assert child.stdout.readline().strip() == "ready"
-    yield child.pid, port, marker
+    yield child.pid, port, marker, time.monotonic()
     child.kill()
     child.wait()
     child.stdout.close()
@@ -417,19 +434,22 @@ def _config(marker: str) -> dict:
 @pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
 def test_exporter_shows_blocked_network_threads_and_the_wait_growing(parked_worker,
                                                                     exporter_factory):
-    _, _, marker = parked_worker
+    _, _, marker, ready = parked_worker
     exporter = exporter_factory("/", _config(marker))
     blocked = f"fleetscope_pool_blocked_network_threads{{{AGENTS}}}"
     longest = f"fleetscope_pool_network_wait_longest_seconds{{{AGENTS}}}"
     waiting = f"fleetscope_pool_network_wait_threads{{{AGENTS}}}"
+    before_first = time.monotonic()
     first = samples(exporter.text())
     assert first[waiting] == 2  # the two tool calls, not the socketpair nor the listener
-    assert first[blocked] == 0  # just seen: not yet longer than 2 s
-    readings = []
-    for _ in range(3):
-        time.sleep(1.2)
+    # The exporter has just started, yet the wait counts from when the connection went
+    # silent (tcp_info), before the worker said ready: earlier, not from the first scrape.
+    assert first[longest] >= before_first - ready - 0.05
+    readings = [first]
+    while time.monotonic() < ready + 2.5 or len(readings) < 3:
+        time.sleep(0.6)
         readings.append(samples(exporter.text()))
-    assert [r[waiting] for r in readings] == [2, 2, 2]
+    assert all(r[waiting] == 2 for r in readings)
     longest_seen = [r[longest] for r in readings]
     assert longest_seen == sorted(longest_seen) and longest_seen[-1] > longest_seen[0]
     assert longest_seen[-1] > 2 and readings[-1][blocked] == 2
@@ -447,7 +467,7 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
     from fleetscope.rules.catalog import by_id
     from fleetscope.rules.promql import Selector
 
-    pid, port, marker = parked_worker
+    pid, port, marker, _ = parked_worker
     config_path = tmp_path / "config.yaml"
     config_path.write_text(json.dumps(_config(marker)))
     output = tmp_path / "parked"
@@ -476,8 +496,14 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
                for t in stamps]
     values = [next(iter(v.values())) for v in longest]
     times = [s["time"] for s in meta["samples"]]
-    assert values[0] == 0
-    assert values[-1] == pytest.approx(times[-1] - times[0], abs=0.01)
+    # The first sample's waits count from when their connections went silent (recorded
+    # beside the fds), then grow with the samples' times.
+    first_sockets = parse_fd_sockets(
+        (output / meta["samples"][0]["dir"] / f"proc/{pid}/fd_sockets").read_text())
+    silent_for = max(idle for _, idle in first_sockets.values()) / 1000
+    assert values[0] == pytest.approx(silent_for, abs=0.01) and values[0] > 0
+    for value, at in zip(values, times, strict=True):
+        assert value == pytest.approx(silent_for + at - times[0], abs=0.01)
     blocked = Selector("fleetscope_pool_blocked_network_threads").evaluate(series, stamps[-1])
     assert list(blocked.values()) == [2]
 
@@ -491,8 +517,8 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
     calls = {e["signal"].split(" in ")[1].split("(")[0] for e in finding.evidence
              if e["unit"] == "seconds"}
     assert calls == {"recvfrom", "poll"}
-    assert all(e["value"] == pytest.approx(times[-1] - times[0], abs=0.01)
-               for e in finding.evidence if e["unit"] == "seconds")
+    assert max(e["value"] for e in finding.evidence if e["unit"] == "seconds") == (
+        pytest.approx(values[-1], abs=0.1))
     bundle.close()
 
 
@@ -503,7 +529,7 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.rules.catalog import by_id
 
-    pid, port, marker = parked_worker
+    pid, port, marker, _ = parked_worker
     result = subprocess.run([sys.executable, "-m", "fleetscope", "stacks", "--json", str(pid)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -15,6 +15,7 @@ or not-yet-connected socket has the peer 00000000:0000.
 from __future__ import annotations
 
 import ipaddress
+import struct
 from collections.abc import Collection
 from typing import NamedTuple
 
@@ -92,3 +93,43 @@ def parse_net_tcp(text: str, inodes: Collection[int] | None = None,
         sockets[int(inode)] = TcpSocket(f"{local}:{local_port}",
                                         "" if unconnected else f"{peer}:{peer_port}", state)
     return sockets
+
+
+# include/uapi/linux/sock_diag.h, inet_diag.h, tcp.h
+SOCK_DIAG_BY_FAMILY = 20
+INET_DIAG_INFO = 2
+NLMSG_ERROR = 2
+_NLMSG_HEADER = 16
+_INET_DIAG_MSG = 72  # struct inet_diag_msg
+_TCP_INFO_LAST_DATA_SENT = 44  # then last_ack_sent, last_data_recv, last_ack_recv (ms)
+
+
+def parse_inet_diag_idle_ms(data: bytes) -> int | None:
+    """How long a TCP connection has been silent, from the kernel's answer to a sock_diag
+    query for one socket with INET_DIAG_INFO: the lesser of tcp_info's tcpi_last_data_sent
+    and tcpi_last_data_recv, in ms. None when the kernel answered with an error (the socket
+    is gone, or lives in another network namespace) or without tcp_info.
+
+    >>> header = struct.pack("=IHHII", 16 + 72 + 4 + 60, SOCK_DIAG_BY_FAMILY, 0, 1, 0)
+    >>> info = bytes(44) + struct.pack("=IIII", 91500, 91500, 120000, 91500)
+    >>> parse_inet_diag_idle_ms(header + bytes(72) + struct.pack("=HH", 64, 2) + info[:60])
+    91500
+    """
+    if len(data) < _NLMSG_HEADER:
+        raise ParseError("sock_diag answer: shorter than a netlink header")
+    length, kind = struct.unpack_from("=IH", data)
+    if kind == NLMSG_ERROR:
+        return None
+    if kind != SOCK_DIAG_BY_FAMILY or length > len(data) or length < _NLMSG_HEADER + 72:
+        raise ParseError(f"sock_diag answer: unexpected message type {kind} or length {length}")
+    offset = _NLMSG_HEADER + _INET_DIAG_MSG
+    while offset + 4 <= length:
+        size, attribute = struct.unpack_from("=HH", data, offset)
+        if size < 4:
+            raise ParseError("sock_diag answer: attribute shorter than its header")
+        if attribute == INET_DIAG_INFO and size >= 4 + _TCP_INFO_LAST_DATA_SENT + 12:
+            sent, _, received = struct.unpack_from("=III", data,
+                                                   offset + 4 + _TCP_INFO_LAST_DATA_SENT)
+            return min(sent, received)
+        offset += (size + 3) & ~3
+    return None

@@ -280,19 +280,23 @@ def socket_inode(link: str) -> int | None:
     return None
 
 
-def parse_fd_sockets(text: str) -> dict[int, int]:
+def parse_fd_sockets(text: str) -> dict[int, tuple[int, int | None]]:
     """A bundle's proc/<pid>/fd_sockets (written by `bundle record`, not the kernel): one
-    "fd inode" line per socket fd a waiting thread of the process was in.
+    "fd inode [idle_ms]" line per socket fd a waiting thread of the process was in; idle_ms,
+    where known, is how long the TCP connection had been silent (tcp_info).
 
-    >>> parse_fd_sockets("4 22523\\n7 22530\\n")
-    {4: 22523, 7: 22530}
+    >>> parse_fd_sockets("4 22523 91500\\n7 22530\\n")
+    {4: (22523, 91500), 7: (22530, None)}
     """
-    sockets: dict[int, int] = {}
+    sockets: dict[int, tuple[int, int | None]] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != 2:
-            raise ParseError(f"proc/<pid>/fd_sockets: expected 'fd inode', got {line[:40]!r}")
-        sockets[parse_int(parts[0], "fd_sockets fd")] = parse_int(parts[1], "fd_sockets inode")
+        if len(parts) not in (2, 3):
+            raise ParseError(f"proc/<pid>/fd_sockets: expected 'fd inode [idle_ms]', got "
+                             f"{line[:40]!r}")
+        idle = parse_int(parts[2], "fd_sockets idle_ms") if len(parts) == 3 else None
+        sockets[parse_int(parts[0], "fd_sockets fd")] = (
+            parse_int(parts[1], "fd_sockets inode"), idle)
     return sockets
