@@ -20,22 +20,35 @@ SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
 
 
-def _time_axis() -> dict:
-    return {"title": {"text": f"time ({units.zone_name()})"}}
-
-
-def _legend_below(fig: go.Figure, entries: int, height: int = 300) -> go.Figure:
-    """Legends go under the plot, in as many rows as they need: a ten-entry legend adds
-    height instead of squeezing the plot, and never covers the axis titles."""
-    per_row = 3
-    rows = max(1, math.ceil(entries / per_row)) if entries > 1 else 0
-    fig.update_layout(height=height + 22 * rows,
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.18,
-                              "xanchor": "left", "x": 0, "entrywidth": 1 / per_row,
-                              "entrywidthmode": "fraction", "title": {"text": ""}},
-                      showlegend=entries > 1,
-                      margin={**MARGIN, "b": 60 + 22 * rows})
+def _styled(fig: go.Figure) -> go.Figure:
+    """The toolbar stands down the right edge, so it never covers a chart's title."""
+    fig.update_layout(modebar={"orientation": "v"}, title={"font": {"size": 15}})
     return fig
+
+
+def _time_axis() -> dict:
+    return {"title": {"text": f"time, {units.zone_name()}"}}
+
+
+def _legend_below(fig: go.Figure, names: list[str], plot_height: int = 200) -> go.Figure:
+    """Legends go under the x axis and its title, in as many rows as they need: a ten-entry
+    legend adds height instead of squeezing the plot, and never covers an axis title. Long
+    names take a row each (a half-width chart has room for one)."""
+    entries = len(names)
+    longest = max((len(str(n)) for n in names), default=0)
+    per_row = 1 if longest > 26 else 2 if longest > 14 else 3
+    rows = math.ceil(entries / per_row) if entries > 1 else 0
+    below_axis = 80  # px under the plot: tick labels (two lines for dates) and the title
+    legend = 22 * rows + (8 if rows else 0)
+    top = MARGIN["t"]
+    fig.update_layout(height=top + plot_height + below_axis + legend,
+                      legend={"orientation": "h", "yanchor": "top",
+                              "y": -below_axis / plot_height, "xanchor": "left", "x": 0,
+                              "entrywidth": 1 / per_row, "entrywidthmode": "fraction",
+                              "title": {"text": ""}},
+                      showlegend=entries > 1,
+                      margin={**MARGIN, "b": below_axis + legend})
+    return _styled(fig)
 
 
 def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
@@ -44,7 +57,8 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
     click on a cell selects its node (st.plotly_chart on_select)."""
     low, high = data.SIGNAL_RANGE.get(signal, (None, None))
     unit = data.SIGNALS[signal][0]
-    colourbar = {"title": {"text": units.unit_words(unit)}}
+    colourbar = {"title": {"text": units.unit_words(unit)}, "len": 320, "lenmode": "pixels",
+                 "y": 1, "yanchor": "top"}
     colourbar.update({k: v for k, v in units.axis(unit).items() if k != "title"})
     if signal == "health":
         colourbar.update({"tickvals": [0, 1, 2], "ticktext": ["ok", "warning", "critical"]})
@@ -80,7 +94,7 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
                       title={"text": f"{signal} per node, by pool and rack "
                                      f"(click a cell to open the node)"},
                       clickmode="event+select", dragmode=False)
-    return fig
+    return _styled(fig)
 
 
 def health_bars(table: pd.DataFrame, by: str) -> go.Figure:
@@ -100,7 +114,7 @@ def health_bars(table: pd.DataFrame, by: str) -> go.Figure:
     fig.update_layout(height=340, margin=MARGIN, barmode="stack",
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1,
                               "xanchor": "right", "title": {"text": ""}})
-    return fig
+    return _styled(fig)
 
 
 def rule_bars(counts: pd.DataFrame) -> go.Figure:
@@ -112,24 +126,26 @@ def rule_bars(counts: pd.DataFrame) -> go.Figure:
                       margin=MARGIN, legend={"orientation": "h", "y": 1.02,
                                              "yanchor": "bottom", "x": 1, "xanchor": "right",
                                              "title": {"text": ""}})
-    return fig
+    return _styled(fig)
 
 
 def grouping_bars(table: pd.DataFrame, rule: str, dimension: str) -> go.Figure:
-    """Where a rule fires: share of each group's nodes that fire it (the group's counts in the
-    hover), so "every r1p0 node crashes" is a full bar."""
-    fig = px.bar(table, x="share of group", y="group", orientation="h",
-                 custom_data=["firing", "nodes"],
-                 title=f"{rule}: share of nodes firing, per {dimension}")
-    fig.update_traces(marker_color="#d62728",
-                      hovertemplate="%{y}: %{customdata[0]} of %{customdata[1]} nodes "
-                                    "(%{x:.0%})<extra></extra>")
-    fig.update_layout(height=max(200, 26 * len(table) + 90), margin=MARGIN,
+    """Where a rule fires: each group's part of the firing nodes, labelled with how many of
+    the group's own nodes fire, so "all 32 crashing nodes are stepping r1p0" is one bar."""
+    frame = table.copy()
+    frame["label"] = [f"{f} of the group's {n:,} nodes ({s:.0%})" for f, n, s in zip(
+        frame["firing"], frame["nodes"], frame["share of group"], strict=True)]
+    fig = px.bar(frame, x="share of firing", y="group", orientation="h", text="label",
+                 title=f"{rule}: where its nodes are, per {dimension}")
+    fig.update_traces(marker_color="#d62728", textposition="auto",
+                      hovertemplate="%{y}: %{x:.0%} of the firing nodes; %{text}"
+                                    "<extra></extra>")
+    fig.update_layout(height=max(200, 30 * len(frame) + 110), margin=MARGIN,
                       xaxis={"tickformat": ".0%", "range": [0, 1],
-                             "title": {"text": "share of the group's nodes"}},
+                             "title": {"text": "share of the rule's firing nodes"}},
                       yaxis={"autorange": "reversed", "title": {"text": ""},
                              "type": "category"})
-    return fig
+    return _styled(fig)
 
 
 def core_heatmap(busy: pd.DataFrame) -> go.Figure:
@@ -141,18 +157,23 @@ def core_heatmap(busy: pd.DataFrame) -> go.Figure:
                                              "<extra></extra>"))
     fig.update_layout(height=520, margin=MARGIN, title={"text": "Busy per core over time (%)"},
                       yaxis={"title": {"text": "cpu"}}, xaxis=_time_axis())
-    return fig
+    return _styled(fig)
 
 
 def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
-          threshold: float | None = None, unit: str = "", pick: str = "max") -> go.Figure:
+          threshold: float | None = None, unit: str = "", pick: str = "max",
+          window: tuple | None = None) -> go.Figure:
     """A timeline in the unit's format, with the threshold as a labelled dashed line."""
     frame = frame.copy()
     if colour is None:
         keys = [c for c in frame.columns if c not in ("time", "value", "instance", "__name__")]
+        varying = [k for k in keys if frame[k].nunique() > 1]  # "port 1" on every line: noise
+        keys = varying or keys[:1]
         frame["series"] = frame[keys].astype(str).agg(" · ".join, axis=1) if keys else "value"
         colour = "series"
-    entries = frame[colour].nunique()
+    names = sorted(frame[colour].astype(str).unique())
+    if len(names) == 1 and names[0] not in ("value", "read + write"):
+        title = f"{title}: {names[0]}"  # no legend for one line: its name in the title
     words = units.unit_words(unit)
     fig = px.line(frame.sort_values("time"), x="time", y="value", color=colour,
                   title=f"{title} ({words})" if words and not title.endswith(")") else title)
@@ -162,16 +183,19 @@ def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
         fig.add_hline(y=threshold, line_dash="dash", line_color="#d62728",
                       annotation_text=f"threshold {units.format_threshold(threshold, unit, pick)}",
                       annotation_position="top left")
-    fig.update_yaxes(**units.axis(unit), rangemode="tozero")
+    top = frame["value"].max() if not frame.empty else None
+    fig.update_yaxes(**units.axis(unit, top), rangemode="tozero")
     fig.update_xaxes(**_time_axis())
-    return _legend_below(fig, entries)
+    if window:  # the whole history, so a series that starts late shows when it started
+        fig.update_xaxes(range=list(window))
+    return _legend_below(fig, names)
 
 
-def evidence_chart(panel, frame: pd.DataFrame) -> go.Figure:
+def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> go.Figure:
     """A rule's evidence panel (dashboard/evidence_views.py) over time."""
     title = panel.title if not panel.role else f"{panel.role.capitalize()}: {panel.title}"
     return lines(frame, title, colour="series", threshold=panel.threshold, unit=panel.unit,
-                 pick=panel.pick)
+                 pick=panel.pick, window=window)
 
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
@@ -183,7 +207,7 @@ def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
                       xaxis={"ticksuffix": "x", "title": {"text": "value / threshold"}},
                       yaxis={"title": {"text": ""}})
-    return fig
+    return _styled(fig)
 
 
 def stage_bars(breakdown: pd.DataFrame) -> go.Figure:
@@ -196,8 +220,11 @@ def stage_bars(breakdown: pd.DataFrame) -> go.Figure:
                  title="Where session time goes, by node pool and workload (share per stage)")
     fig.update_traces(hovertemplate="%{fullData.name}: %{x:.0%} of session time, "
                                     "%{customdata[0]} per session<extra></extra>")
-    fig.update_layout(height=max(320, 40 * frame["where"].nunique() + 120),
+    plot = max(160, 40 * frame["where"].nunique())
+    fig.update_layout(height=MARGIN["t"] + plot + 100,
                       xaxis={"tickformat": ".0%", "title": {"text": "share of session time"}},
-                      yaxis={"title": {"text": ""}}, barmode="stack", margin=MARGIN,
-                      legend={"orientation": "h", "y": -0.2, "title": {"text": ""}})
-    return fig
+                      yaxis={"title": {"text": ""}}, barmode="stack",
+                      margin={**MARGIN, "b": 100},
+                      legend={"orientation": "h", "yanchor": "top", "y": -70 / plot,
+                              "title": {"text": ""}})
+    return _styled(fig)

@@ -57,7 +57,8 @@ SIGNAL_RANGE = {"health": (0, 2), "findings": (0, 4),
                 "PFC pauses /s": (0, 1000), "queue depth": (0, 200),
                 "P99 session latency (online)": (0, 5)}
 
-SIGNAL_COLOURS = {"health": [[0, "#e8f5e9"], [0.5, "#ff9f1c"], [1, "#d62728"]],
+SIGNAL_COLOURS = {"health": [[0, "#e8f5e9"], [0.33, "#e8f5e9"], [0.33, "#ff9f1c"],
+                             [0.67, "#ff9f1c"], [0.67, "#d62728"], [1, "#d62728"]],
                   "findings": "Reds"}
 HEALTH_LEVEL = {"ok": 0, "warning": 1, "critical": 2}
 # What the fleet view asks every node for: the rule inputs, the heatmap signals, metadata.
@@ -916,6 +917,16 @@ def evidence_panels(rule_id: str, series: Series, labels: dict | None = None
         if not frame.empty:
             out.append((panel, frame))
     return out
+
+
+def history_window(series: Series) -> tuple | None:
+    """First and last sample of a node's history, as the charts' time axis range."""
+    stamps = series.timestamps()
+    if len(stamps) < 2:
+        return None
+    first, last = local_times([stamps[0], stamps[-1]])
+    # wall-clock times without the offset: what plotly draws the (local) data at
+    return first.tz_localize(None).to_pydatetime(), last.tz_localize(None).to_pydatetime()
 
 
 def local_times(t_ms) -> pd.Series:

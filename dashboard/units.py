@@ -117,8 +117,9 @@ def unit_words(unit: str) -> str:
             "1/s": "per second"}.get(unit, unit)
 
 
-def axis(unit: str) -> dict:
-    """Plotly axis settings so ticks read in the unit: 100GB/s, 30%, 120ms/s, 1.5k/s."""
+def axis(unit: str, top: float | None = None) -> dict:
+    """Plotly axis settings so ticks read in the unit: 100GB/s, 30%, 120ms/s, 1.5k/s.
+    `top` (the largest value drawn) keeps small event rates in decimals: 0.3/s, not 300m/s."""
     if unit == "ratio":
         return {"tickformat": ".0%", "title": {"text": "%"}}
     if unit == "bytes/s":
@@ -131,7 +132,8 @@ def axis(unit: str) -> dict:
         return {"tickformat": ",~g", "ticksuffix": " s", "title": {"text": _UNIT_WORDS[unit]}}
     if unit.endswith("/s"):
         thing = unit[:-2]
-        return {"tickformat": "~s",
+        small = top is not None and top == top and abs(top) < 10
+        return {"tickformat": ",.2~f" if small else "~s",
                 "ticksuffix": "/s" if thing in ("", "1") else f" {thing}/s",
                 "title": {"text": "per second" if thing in ("", "1") else f"{thing} per second"}}
     return {"exponentformat": "none", "separatethousands": True,
@@ -143,6 +145,8 @@ def hover_format(unit: str) -> str:
     settings = axis(unit)
     if unit == "ratio":
         return "%{y:.1%}"
+    if unit.endswith("/s") and unit not in ("bytes/s", "s/s"):
+        return "%{y:,.4~g}" + settings.get("ticksuffix", "")
     if settings.get("tickformat") == "~s":
         return "%{y:.3~s}" + settings.get("ticksuffix", "")
     if unit == "s":

@@ -193,13 +193,13 @@ def test_findings_page_renders_evidence_action_and_runbook(monkeypatch):
 
 def test_latency_page_shows_inference_as_a_third_of_session_time(monkeypatch):
     app = run_app(monkeypatch, DEMO, "latency")
-    shares = {k: v for k, v in metrics(app).items() if k.startswith("inference share")}
+    shares = {k: v for k, v in metrics(app).items() if k.startswith("inference · ")}
     node_pools = set(app.sidebar.multiselect(key="filter_pools").options)
     assert {k.split(" · ")[1] for k in shares} == node_pools  # the sidebar's pools
-    assert {"inference share · chat · chat-online", "inference share · codegen · codegen-online",
-            "inference share · batch · batch-offline"} <= set(shares)
+    assert {"inference · chat · chat-online", "inference · codegen · codegen-online",
+            "inference · batch · batch-offline"} <= set(shares)
     for key in ("chat · chat-online", "codegen · codegen-online"):
-        assert 30 <= int(shares[f"inference share · {key}"].rstrip("%")) <= 45
+        assert 30 <= int(shares[f"inference · {key}"].rstrip("%")) <= 45
     assert set(table(app, "stage_table")["stage"]) >= {"inference", "tool_call"}
 
 
@@ -326,4 +326,4 @@ def test_prometheus_source_every_page(monkeypatch, prometheus, page):
     elif page == "findings":
         assert "## Confirm by hand" in text_of(app)
     elif page == "latency":
-        assert any(k.startswith("inference share") for k in metrics(app))
+        assert any(k.startswith("inference · ") for k in metrics(app))

@@ -163,7 +163,7 @@ def test_numa_view_shows_off_node_pages_of_a_remote_numa_node(fleet):
 def test_inference_is_a_third_of_online_session_time(snapshot):
     breakdown = data.stage_breakdown(snapshot)
     shares = data.inference_share(breakdown).set_index("pool")["inference share"]
-    assert 0.3 <= shares["chat-online"].min() <= shares["chat-online"].max() <= 0.42
+    assert 0.3 <= shares["chat-online"].min() <= shares["chat-online"].max() <= 0.45
     assert 0.3 <= shares["codegen-online"] <= 0.45
     assert breakdown.groupby(["node_pool", "pool"])["share"].sum().round(9).eq(1).all()
 

@@ -57,6 +57,8 @@ def test_axes_format_bandwidth_in_bytes_per_second_not_billions():
     assert units.axis("ratio")["tickformat"] == ".0%"
     assert units.axis("s/s")["ticksuffix"] == "s/s"  # d3 SI: 120ms/s
     assert units.axis("s")["tickformat"] == ",~g"  # 1,200 s, not 1.2ks
+    assert units.axis("frames/s", 0.3)["tickformat"] == ",.2~f"  # 0.3/s, not 300m/s
+    assert units.axis("frames/s", 1500)["tickformat"] == "~s"  # 1.5k/s
     assert "%{y:.1%}" in units.hover_format("ratio")
 
 

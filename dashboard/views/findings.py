@@ -73,12 +73,14 @@ if evidence["ratio"].notna().any():
     right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars")
 
 history = state.node_history(snap, finding["node"])
+window = data.history_window(history)
 panels = data.evidence_panels(rule, history, finding.get("labels"))
 if not panels:
     st.info("No history of this rule's signals on the node from this source.")
 cols = st.columns(2)
 for number, (panel, frame) in enumerate(panels):
-    cols[number % 2].plotly_chart(charts.evidence_chart(panel, frame), key=f"panel_{number}")
+    cols[number % 2].plotly_chart(charts.evidence_chart(panel, frame, window),
+                                  key=f"panel_{number}")
 
 st.subheader("Runbook")
 st.markdown(data.runbook_markdown(rule))

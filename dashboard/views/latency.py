@@ -15,16 +15,18 @@ if breakdown.empty:
             "agent runtime's metrics are not scraped.")
     st.stop()
 shares = data.inference_share(breakdown)
-st.caption("Inference share of session time, per node pool · workload pool")
-cols = st.columns(max(1, min(6, len(shares))))
+st.caption("Share of session time that is model inference, per node pool · workload pool")
+cols = st.columns(max(1, min(4, len(shares))))
 for number, row in enumerate(shares.itertuples(index=False)):
-    cols[number % len(cols)].metric(f"inference share · {row.node_pool} · {row.pool}",
+    cols[number % len(cols)].metric(f"inference · {row.node_pool} · {row.pool}",
                                     f"{row[2]:.0%}")
 st.plotly_chart(charts.stage_bars(breakdown), key="stage_bars")
-table = breakdown.assign(
-    **{"per second": breakdown["seconds_per_second"].map(lambda v: units.format_value(v, "s/s")),
-       "per session": breakdown["seconds_per_session"].map(lambda v: units.format_value(v, "s"))})
-st.dataframe(table[["node_pool", "pool", "stage", "share", "per session", "per second"]],
+spent = breakdown["seconds_per_second"].map(lambda v: units.format_value(v, "s/s"))
+per_session = breakdown["seconds_per_session"].map(lambda v: units.format_value(v, "s"))
+table = breakdown.assign(**{"time spent per second, all nodes": spent,
+                            "per session (mean)": per_session})
+st.dataframe(table[["node_pool", "pool", "stage", "share", "per session (mean)",
+                    "time spent per second, all nodes"]],
              hide_index=True, key="stage_table",
              column_config={"node_pool": "node pool", "pool": "workload pool",
                             "share": st.column_config.NumberColumn(format="percent")})

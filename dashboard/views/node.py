@@ -33,6 +33,7 @@ st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** �
            f"{units.local_time(snap.window[1])}")
 
 history = state.node_history(snap, instance)
+window = data.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
 open_rule = st.query_params.get("rule")
 if open_rule not in {f["rule"] for f in mine}:
@@ -55,7 +56,7 @@ for number, finding in enumerate(mine):
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = data.evidence_panels(finding["rule"], history, finding.get("labels"))
             for chart_number, (panel, frame) in enumerate(panels):
-                st.plotly_chart(charts.evidence_chart(panel, frame),
+                st.plotly_chart(charts.evidence_chart(panel, frame, window),
                                 key=f"node_panel_{number}_{chart_number}")
         links = st.columns(3)
         links[0].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",

@@ -253,7 +253,7 @@ def test_every_page_at_1600x1000(demo, tmp_path):
     try:
         driver.set_page_load_timeout(60)
         for path, marker in (("fleet", "Worst racks"), ("node", "Cores"),
-                             ("findings", "Runbook"), ("latency", "inference share"),
+                             ("findings", "Runbook"), ("latency", "model inference"),
                              ("rules", "rules in the catalog"),
                              ("runbook?rule=roce-congestion", "Related runbooks")):
             driver.get(demo + path)
