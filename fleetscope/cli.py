@@ -247,8 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, metavar="N",
                       help="simulated nodes (default 4096, 16-16384)")
     for sub in (console, demo):
-        sub.add_argument("--port", type=int, default=8501, metavar="N",
-                         help="port to listen on (default 8501)")
+        sub.add_argument("--port", type=int, default=None, metavar="N",
+                         help="port to listen on (default 8501, or the next free one); "
+                              "a taken --port exits 3")
         sub.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                          help="address to listen on (default 127.0.0.1)")
         sub.set_defaults(run=_cmd_console, nodes=None)
