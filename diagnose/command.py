@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(live_default)
     except ConfigError as err:
         return _fail(str(err))
-    progress = _Progress(not args.json, "sampling")
+    # A bundle is read, not sampled: its bar says so.
+    progress = _Progress(not args.json, "reading the bundle" if args.bundle else "sampling")
     stack = contextlib.ExitStack()
     try:
         enricher = None
