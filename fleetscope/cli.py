@@ -72,7 +72,11 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"fleetscope rules export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    text = export_yaml(args.runbook_url_base, hold)
+    if args.console_url and not args.console_url.startswith(("http://", "https://")):
+        print("fleetscope rules export: error: --console-url must be an http(s) URL",
+              file=sys.stderr)
+        return EXIT_USAGE
+    text = export_yaml(args.runbook_url_base, hold, args.console_url)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -264,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix of every alert's runbook_url (default runbooks/)")
     export.add_argument("--for", dest="hold_for", metavar="DURATION",
                         help="one `for:` for every alert, e.g. 5m (default: each rule's own)")
+    export.add_argument("--console-url", metavar="URL",
+                        help="the ops console's address: every alert gets a console_url "
+                             "annotation linking to its finding")
     export.set_defaults(run=_cmd_rules_export)
     return parser
 

@@ -10,7 +10,9 @@
             annotations: {summary: ..., description: ..., runbook_url: .../numa-remote-access.md}
 
 Generated from the same expressions the engine evaluates, so the two cannot drift; every
-alert gets its `runbook_url` from one pattern, so none can lack it.
+alert gets its `runbook_url` from one pattern, so none can lack it. With `--console-url URL`
+every alert also carries `console_url`, the console's deep link to its finding
+(URL/findings?rule=ID&node=INSTANCE), for the page or the ticket.
 """
 
 from __future__ import annotations
@@ -34,9 +36,17 @@ def parse_duration(text: str) -> int:
     return int(text[:-1]) * units[text[-1]]
 
 
-def alert_rule(rule: Rule, runbook_base: str, for_seconds: int | None = None) -> dict:
+def console_link(console_url: str, rule: Rule) -> str:
+    """The console's deep link to this alert's finding: /findings?rule=ID&node=INSTANCE, the
+    node filled in by Prometheus's template from the alert's labels (URL-encoded)."""
+    return (f"{console_url.rstrip('/')}/findings?rule={rule.id}"
+            "&node={{ $labels.instance | urlquery }}")
+
+
+def alert_rule(rule: Rule, runbook_base: str, for_seconds: int | None = None,
+               console_url: str | None = None) -> dict:
     hold = rule.for_seconds if for_seconds is None else for_seconds
-    return {
+    alert = {
         "alert": rule.alert_name,
         "expr": rule.condition.promql(),
         "for": _duration(hold),
@@ -48,15 +58,19 @@ def alert_rule(rule: Rule, runbook_base: str, for_seconds: int | None = None) ->
             "runbook_url": f"{runbook_base.rstrip('/')}/{rule.id}.md",
         },
     }
+    if console_url:
+        alert["annotations"]["console_url"] = console_link(console_url, rule)
+    return alert
 
 
 def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
-              for_seconds: int | None = None) -> dict:
+              for_seconds: int | None = None, console_url: str | None = None) -> dict:
     return {"groups": [{"name": "fleetscope",
-                        "rules": [alert_rule(r, runbook_base, for_seconds) for r in rules]}]}
+                        "rules": [alert_rule(r, runbook_base, for_seconds, console_url)
+                                  for r in rules]}]}
 
 
-def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None
-                ) -> str:
-    return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds), sort_keys=False,
-                          width=100)
+def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None,
+                console_url: str | None = None) -> str:
+    return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds,
+                                    console_url=console_url), sort_keys=False, width=100)
