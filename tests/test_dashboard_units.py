@@ -250,3 +250,21 @@ def test_every_fault_is_found_at_any_time_of_day(hour):
         by_rule.setdefault(finding.rule.id, set()).add(finding.node)
     for rule, nodes in small.expected_findings().items():
         assert by_rule.get(rule) == nodes, rule
+
+
+def test_bundle_show_reads_its_window_in_local_time_with_the_zone():
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import BUNDLES
+
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "show",
+                             str(BUNDLES / "kunpeng-128")], capture_output=True, text=True,
+                            timeout=60, env=dict(os.environ, **{units.TIME_ZONE_ENV:
+                                                                "Asia/Shanghai"}))
+    assert result.returncode == 0, result.stderr
+    rows = dict(line.split(None, 1) if not line.startswith("window,") else
+                ("unix", line.split("seconds", 1)[1]) for line in result.stdout.splitlines())
+    assert rows["window"].strip() == "2025-12-02 15:20:00 .. 15:20:15 CST (15 s)"
+    assert "1764660000.000" in rows["unix"]
