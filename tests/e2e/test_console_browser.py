@@ -263,3 +263,41 @@ def test_every_page_at_1600x1000(demo, tmp_path):
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
+    """A click on a heatmap cell (a transparent marker over it: Plotly does not select
+    heatmap cells) opens the Node page of the node in that cell."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.by import By
+
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(demo + "fleet")
+        wait_for(driver, lambda t: "click a cell to open the node" in t, "the fleet heatmap")
+        time.sleep(3)  # plotly draws after the text is there
+        heat = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[-1]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", heat)
+        time.sleep(1)
+        plot = heat.find_element(By.CSS_SELECTOR, ".js-plotly-plot")
+        x, y, row = driver.execute_script(
+            "var gd = arguments[0], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
+            "var r = gd.getBoundingClientRect(), row = ya._categories[1];"
+            "return [r.left + xa._offset + xa.d2p(2), r.top + ya._offset + ya.d2p(row), row];",
+            plot)
+        click = ActionBuilder(driver)
+        click.pointer_action.move_to_location(int(x), int(y))
+        click.pointer_action.pause(0.5)
+        click.pointer_action.click()
+        click.perform()
+        wait_for(driver, lambda t: "/node?node=" in driver.current_url and "Cores" in t,
+                 "the Node page after a click on a heatmap cell", 90)
+        node = path_and_query(driver.current_url)[1]["node"]
+        rack = row.split(" / ")[1]
+        assert node == f"{rack}n02:9105", (node, row)  # the clicked row's third slot
+        shoot(driver, tmp_path, "heatmap-click-node")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
