@@ -2,7 +2,7 @@
 
     python bench/console_fleet.py [--nodes 4096]
 
-Prints, in one fresh process: the time to build the fleet and run the 14 rules over it
+Prints, in one fresh process: the time to build the fleet and run the catalog's rules over it
 (the Fleet page's first, uncached render pays it once per source), the time of each data
 function the Fleet page calls, the Fleet page's server render under Streamlit's AppTest cold
 and warm (cached), and the process RSS. Targets: render < 3 s, RSS < 1.5 GB.
@@ -44,7 +44,8 @@ def main() -> int:
     from fleetscope.dashboard import data
 
     spec = f"demo:{args.nodes}"
-    print(f"fleet: {args.nodes:,} nodes x 128 cores")
+    print(f"fleet: {args.nodes:,} nodes x 128 cores; load average before the run "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print("data functions (no cache):")
     snap, load_s = timed("build fleet + rule engine (load)", data.load, spec)
     series = sum(len(f) for f in snap.series.by_name.values())
@@ -54,8 +55,15 @@ def main() -> int:
     _, d = timed("rule_counts", data.rule_counts, findings)
     _, e = timed("health_by pool + rack", lambda: (data.health_by(nodes, findings, "node_pool"),
                                                    data.health_by(nodes, findings, "rack")))
-    _, f = timed("heatmap grid", data.heatmap, nodes, signals, "busy (median core)")
-    page_s = a + b + c + d + e + f
+    health = data.node_health(nodes, findings)
+    _, f = timed("heatmap grid (health signal)",
+                 lambda: data.heatmap(nodes, data.with_health(signals, health), "health"))
+    first_rule = findings["rule"].iloc[0]
+    _, g = timed("grouping of one rule (4 dimensions)",
+                 lambda: [data.rule_grouping(nodes, findings, first_rule, d)
+                          for d in data.GROUPINGS] + [data.grouping_summary(
+                              nodes, findings, first_rule)])
+    page_s = a + b + c + d + e + f + g
     print(f"  {'Fleet page frames, given the load':<38} {page_s:7.3f} s")
     print(f"  series {series:,}, findings {len(snap.findings):,}, rules firing "
           f"{findings['rule'].nunique()}")
@@ -75,6 +83,7 @@ def main() -> int:
     warm = time.perf_counter() - start
     print(f"  {'cold (builds and caches the source)':<38} {cold:7.3f} s")
     print(f"  {'warm (cached: every later view)':<38} {warm:7.3f} s")
+    print(f"  load average after the run {os.getloadavg()[0]:.2f}")
     rss = rss_bytes()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"RSS now {rss / 1024**2:,.0f} MiB, peak {peak / 1024**2:,.0f} MiB")

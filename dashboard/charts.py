@@ -1,91 +1,230 @@
-"""Plotly figures for the console pages (no streamlit: the pages call st.plotly_chart)."""
+"""Plotly figures for the console pages (no streamlit: the pages call st.plotly_chart).
+
+Every axis, hover label and threshold label takes its format from dashboard/units.py, so a
+bandwidth axis reads GB/s (not Plotly's "100B"), a ratio reads %, and times are wall-clock
+times in the console's zone with the zone in the axis title.
+"""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fleetscope.dashboard import data
+from fleetscope.dashboard import data, units
 
 HEALTH_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "ok": "#2ca02c"}
+SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b4"}
+MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
+
+
+def _styled(fig: go.Figure) -> go.Figure:
+    """The toolbar stands down the right edge, so it never covers a chart's title."""
+    fig.update_layout(modebar={"orientation": "v"}, title={"font": {"size": 15}})
+    return fig
+
+
+def _time_axis() -> dict:
+    return {"title": {"text": f"time, {units.zone_name()}"}}
+
+
+def _legend_below(fig: go.Figure, names: list[str], plot_height: int = 200) -> go.Figure:
+    """Legends go under the x axis and its title, in as many rows as they need: a ten-entry
+    legend adds height instead of squeezing the plot, and never covers an axis title. Long
+    names take a row each (a half-width chart has room for one)."""
+    entries = len(names)
+    longest = max((len(str(n)) for n in names), default=0)
+    per_row = 1 if longest > 26 else 2 if longest > 14 else 3
+    rows = math.ceil(entries / per_row) if entries > 1 else 0
+    below_axis = 80  # px under the plot: tick labels (two lines for dates) and the title
+    legend = 22 * rows + (8 if rows else 0)
+    top = MARGIN["t"]
+    fig.update_layout(height=top + plot_height + below_axis + legend,
+                      legend={"orientation": "h", "yanchor": "top",
+                              "y": -below_axis / plot_height, "xanchor": "left", "x": 0,
+                              "entrywidth": 1 / per_row, "entrywidthmode": "fraction",
+                              "title": {"text": ""}},
+                      showlegend=entries > 1,
+                      margin={**MARGIN, "b": below_axis + legend})
+    return _styled(fig)
 
 
 def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
+    """One row per rack (every row labelled), one cell per node. A transparent marker sits
+    on every cell: Plotly's selection does not select heatmap cells, markers it does, so a
+    click on a cell selects its node (st.plotly_chart on_select)."""
     low, high = data.SIGNAL_RANGE.get(signal, (None, None))
     unit = data.SIGNALS[signal][0]
-    fig = go.Figure(go.Heatmap(
-        z=grid["z"], x=grid["x"], y=grid["y"], text=grid["text"], zmin=low, zmax=high,
-        colorscale="YlOrRd", hoverongaps=False, colorbar={"title": unit},
-        hovertemplate="%{text}<br>" + signal + ": %{z:.3g}<extra>%{y}</extra>"))
-    fig.update_layout(height=max(300, 12 * len(grid["y"]) + 80),
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10},
-                      xaxis_title="node position in rack",
-                      yaxis={"autorange": "reversed",
-                             "dtick": 1 if len(grid["y"]) <= 40 else None},
-                      title=f"{signal} by pool / rack")
-    return fig
+    colourbar = {"title": {"text": units.unit_words(unit)}, "len": 320, "lenmode": "pixels",
+                 "y": 1, "yanchor": "top"}
+    colourbar.update({k: v for k, v in units.axis(unit).items() if k != "title"})
+    if signal == "health":
+        colourbar.update({"tickvals": [0, 1, 2], "ticktext": ["ok", "warning", "critical"]})
+    z = [[None if v != v else float(v) for v in row] for row in grid["z"].tolist()]
+    heat = go.Heatmap(z=z, x=grid["x"], y=grid["y"], zmin=low, zmax=high,
+                      colorscale=data.SIGNAL_COLOURS.get(signal, "YlOrRd"), hoverongaps=False,
+                      colorbar=colourbar, hoverinfo="skip")
+    xs, ys, names, texts = [], [], [], []
+    for r, row in enumerate(grid["text"]):
+        for c, name in enumerate(row):
+            if name:
+                xs.append(grid["x"][c])
+                ys.append(grid["y"][r])
+                names.append(name)
+                value = grid["z"][r][c]
+                texts.append(units.format_value(value, unit) if value == value else "no data")
+    markers = go.Scatter(x=xs, y=ys, mode="markers", customdata=names, text=texts,
+                         marker={"symbol": "square", "size": 10, "opacity": 0,
+                                 "color": "#000"},
+                         selected={"marker": {"opacity": 0}},
+                         unselected={"marker": {"opacity": 0}},
+                         hovertemplate="%{customdata}<br>" + signal + ": %{text}"
+                                       "<extra>%{y}</extra>", showlegend=False)
+    rows = len(grid["y"])
+    fig = go.Figure([heat, markers])
+    fig.update_layout(height=max(320, 16 * rows + 110), margin=MARGIN,
+                      xaxis={"title": {"text": "node slot in the rack"}, "dtick": 1
+                             if len(grid["x"]) <= 16 else 4, "showgrid": False,
+                             "zeroline": False},
+                      yaxis={"autorange": "reversed", "dtick": 1, "type": "category",
+                             "tickfont": {"size": 10 if rows > 60 else 12},
+                             "showgrid": False},
+                      title={"text": f"{signal} per node, by pool and rack "
+                                     f"(click a cell to open the node)"},
+                      clickmode="event+select", dragmode=False)
+    return _styled(fig)
 
 
 def health_bars(table: pd.DataFrame, by: str) -> go.Figure:
-    long = table.melt(id_vars=[by], value_vars=["critical", "warning", "ok"],
-                      var_name="health", value_name="count")
-    fig = px.bar(long, x=by, y="count", color="health", color_discrete_map=HEALTH_COLOURS,
-                 title=f"Node health by {by.replace('_', ' ')}")
-    fig.update_layout(height=320, margin={"l": 10, "r": 10, "t": 40, "b": 10})
-    return fig
+    """Sick nodes per group on their own scale (healthy nodes would squash them to slivers):
+    critical and warning bars, the group's size in the hover and the label."""
+    long = table.melt(id_vars=[by, "nodes"], value_vars=["critical", "warning"],
+                      var_name="health", value_name="sick nodes")
+    long["share"] = long["sick nodes"] / long["nodes"].where(long["nodes"] > 0)
+    fig = px.bar(long, x=by, y="sick nodes", color="health", color_discrete_map=HEALTH_COLOURS,
+                 custom_data=["nodes", "share"],
+                 title=f"Sick nodes by {by.replace('_', ' ')} (of all nodes in it)")
+    fig.update_traces(hovertemplate="%{x}: %{y} %{fullData.name} of %{customdata[0]} nodes "
+                                    "(%{customdata[1]:.1%})<extra></extra>")
+    labels = [f"{row[by]}<br>({int(row['nodes']):,} nodes)" for _, row in table.iterrows()]
+    fig.update_xaxes(tickvals=list(table[by]), ticktext=labels, title={"text": ""})
+    fig.update_yaxes(title={"text": "nodes with a finding"}, rangemode="tozero")
+    fig.update_layout(height=340, margin=MARGIN, barmode="stack",
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1,
+                              "xanchor": "right", "title": {"text": ""}})
+    return _styled(fig)
 
 
 def rule_bars(counts: pd.DataFrame) -> go.Figure:
     fig = px.bar(counts, x="nodes", y="rule", color="severity", orientation="h",
-                 color_discrete_map={"critical": "#d62728", "warning": "#ff9f1c",
-                                     "info": "#1f77b4"},
-                 title="Nodes per firing rule")
-    fig.update_layout(height=max(260, 28 * len(counts) + 80), yaxis={"autorange": "reversed"},
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
-    return fig
+                 color_discrete_map=SEVERITY_COLOURS, title="Nodes per firing rule")
+    fig.update_layout(height=max(260, 28 * len(counts) + 90), yaxis={"autorange": "reversed",
+                                                                     "title": {"text": ""}},
+                      xaxis={"title": {"text": "nodes"}},
+                      margin=MARGIN, legend={"orientation": "h", "y": 1.02,
+                                             "yanchor": "bottom", "x": 1, "xanchor": "right",
+                                             "title": {"text": ""}})
+    return _styled(fig)
+
+
+def grouping_bars(table: pd.DataFrame, rule: str, dimension: str) -> go.Figure:
+    """Where a rule fires: each group's part of the firing nodes, labelled with how many of
+    the group's own nodes fire, so "all 32 crashing nodes are stepping r1p0" is one bar."""
+    frame = table.copy()
+    frame["label"] = [f"{f} of the group's {n:,} nodes ({s:.0%})" for f, n, s in zip(
+        frame["firing"], frame["nodes"], frame["share of group"], strict=True)]
+    fig = px.bar(frame, x="share of firing", y="group", orientation="h", text="label",
+                 title=f"{rule}: where its nodes are, per {dimension}")
+    fig.update_traces(marker_color="#d62728", textposition="auto",
+                      hovertemplate="%{y}: %{x:.0%} of the firing nodes; %{text}"
+                                    "<extra></extra>")
+    fig.update_layout(height=max(200, 30 * len(frame) + 110), margin=MARGIN,
+                      xaxis={"tickformat": ".0%", "range": [0, 1],
+                             "title": {"text": "share of the rule's firing nodes"}},
+                      yaxis={"autorange": "reversed", "title": {"text": ""},
+                             "type": "category"})
+    return _styled(fig)
 
 
 def core_heatmap(busy: pd.DataFrame) -> go.Figure:
-    fig = go.Figure(go.Heatmap(z=busy.to_numpy(), x=list(busy.columns), y=list(busy.index),
+    times = [t.to_pydatetime() if hasattr(t, "to_pydatetime") else t for t in busy.columns]
+    fig = go.Figure(go.Heatmap(z=busy.to_numpy(), x=times, y=list(busy.index),
                                zmin=0, zmax=1, colorscale="YlOrRd",
-                               colorbar={"title": "busy"},
-                               hovertemplate="cpu %{y}<br>%{x}<br>busy %{z:.0%}<extra></extra>"))
-    fig.update_layout(height=520, margin={"l": 10, "r": 10, "t": 30, "b": 10},
-                      yaxis_title="cpu", title="Busy per core over time")
-    return fig
+                               colorbar={"title": {"text": "busy"}, "tickformat": ".0%"},
+                               hovertemplate="cpu %{y}<br>%{x}<br>busy %{z:.0%}"
+                                             "<extra></extra>"))
+    fig.update_layout(height=520, margin=MARGIN, title={"text": "Busy per core over time (%)"},
+                      yaxis={"title": {"text": "cpu"}}, xaxis=_time_axis())
+    return _styled(fig)
 
 
 def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
-          threshold: float | None = None, unit: str = "") -> go.Figure:
+          threshold: float | None = None, unit: str = "", pick: str = "max",
+          window: tuple | None = None) -> go.Figure:
+    """A timeline in the unit's format, with the threshold as a labelled dashed line."""
     frame = frame.copy()
     if colour is None:
         keys = [c for c in frame.columns if c not in ("time", "value", "instance", "__name__")]
-        frame["series"] = frame[keys].astype(str).agg(" ".join, axis=1) if keys else "value"
+        varying = [k for k in keys if frame[k].nunique() > 1]  # "port 1" on every line: noise
+        keys = varying or keys[:1]
+        frame["series"] = frame[keys].astype(str).agg(" · ".join, axis=1) if keys else "value"
         colour = "series"
-    fig = px.line(frame.sort_values("time"), x="time", y="value", color=colour, title=title)
+    names = sorted(frame[colour].astype(str).unique())
+    if len(names) == 1 and names[0] not in ("value", "read + write"):
+        title = f"{title}: {names[0]}"  # no legend for one line: its name in the title
+    words = units.unit_words(unit)
+    fig = px.line(frame.sort_values("time"), x="time", y="value", color=colour,
+                  title=f"{title} ({words})" if words and not title.endswith(")") else title)
+    fig.update_traces(hovertemplate=units.hover_format(unit) + "<extra>%{fullData.name}"
+                                                               "</extra>")
     if threshold is not None:
         fig.add_hline(y=threshold, line_dash="dash", line_color="#d62728",
-                      annotation_text=f"threshold {threshold:g}")
-    fig.update_layout(height=300, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                      yaxis_title=unit, legend={"orientation": "h"})
-    return fig
+                      annotation_text=f"threshold {units.format_threshold(threshold, unit, pick)}",
+                      annotation_position="top left")
+    top = frame["value"].max() if not frame.empty else None
+    fig.update_yaxes(**units.axis(unit, top), rangemode="tozero")
+    fig.update_xaxes(**_time_axis())
+    if window:  # the whole history, so a series that starts late shows when it started
+        fig.update_xaxes(range=list(window))
+    return _legend_below(fig, names)
+
+
+def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> go.Figure:
+    """A rule's evidence panel (dashboard/evidence_views.py) over time."""
+    title = panel.title if not panel.role else f"{panel.role.capitalize()}: {panel.title}"
+    return lines(frame, title, colour="series", threshold=panel.threshold, unit=panel.unit,
+                 pick=panel.pick, window=window)
 
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
-    frame = evidence.dropna(subset=["over threshold"])
-    fig = px.bar(frame, x="over threshold", y="signal", orientation="h",
-                 title="Evidence: value / threshold (1 = at the threshold)")
+    frame = evidence.dropna(subset=["ratio"])
+    fig = px.bar(frame, x="ratio", y="signal", orientation="h",
+                 title="Evidence against its threshold (1x = at the threshold)")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
-    fig.update_layout(height=max(200, 50 * len(frame) + 80),
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
-    return fig
+    fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
+    fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
+                      xaxis={"ticksuffix": "x", "title": {"text": "value / threshold"}},
+                      yaxis={"title": {"text": ""}})
+    return _styled(fig)
 
 
 def stage_bars(breakdown: pd.DataFrame) -> go.Figure:
-    fig = px.bar(breakdown, x="share", y="pool", color="stage", orientation="h",
-                 title="Where session time goes, by pool (share of time per stage)",
-                 hover_data={"seconds_per_session": ":.3f"})
-    fig.update_layout(height=320, xaxis_tickformat=".0%", barmode="stack",
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
-    return fig
+    frame = breakdown.copy()
+    frame["where"] = frame["node_pool"] + " · " + frame["pool"] if "node_pool" in frame \
+        else frame["pool"]
+    frame["per session"] = frame["seconds_per_session"].map(lambda v: units.format_value(v, "s"))
+    fig = px.bar(frame, x="share", y="where", color="stage", orientation="h",
+                 custom_data=["per session"],
+                 title="Where session time goes, by node pool and workload (share per stage)")
+    fig.update_traces(hovertemplate="%{fullData.name}: %{x:.0%} of session time, "
+                                    "%{customdata[0]} per session<extra></extra>")
+    plot = max(160, 40 * frame["where"].nunique())
+    fig.update_layout(height=MARGIN["t"] + plot + 100,
+                      xaxis={"tickformat": ".0%", "title": {"text": "share of session time"}},
+                      yaxis={"title": {"text": ""}}, barmode="stack",
+                      margin={**MARGIN, "b": 100},
+                      legend={"orientation": "h", "yanchor": "top", "y": -70 / plot,
+                              "title": {"text": ""}})
+    return _styled(fig)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fleetscope.dashboard import evidence_views, units
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, by_id
 from fleetscope.rules.promql import Series
@@ -36,6 +38,8 @@ UNLABELLED = "(unlabelled)"
 
 # Heatmap signals: label -> (unit, how it is computed)
 SIGNALS: dict[str, tuple[str, str]] = {
+    "health": ("", "worst finding on the node: ok, warning or critical"),
+    "findings": ("", "findings on the node (every rule, every pool)"),
     "busy (median core)": ("ratio", "fleetscope_cpu_core_busy_ratio{stat=p50}"),
     "busiest core": ("ratio", "fleetscope_cpu_core_busy_ratio{stat=max}"),
     "steal (p90 core)": ("ratio", "fleetscope_cpu_core_steal_ratio{stat=p90}"),
@@ -47,18 +51,23 @@ SIGNALS: dict[str, tuple[str, str]] = {
                                      "agent_session_duration_seconds{class=online})"),
 }
 # Fixed colour ranges so a colour means the same on every fleet and every load.
-SIGNAL_RANGE = {"busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
+SIGNAL_RANGE = {"health": (0, 2), "findings": (0, 4),
+                "busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
                 "memory bandwidth % of peak": (0, 1), "L3 miss ratio": (0, 0.5),
                 "PFC pauses /s": (0, 1000), "queue depth": (0, 200),
                 "P99 session latency (online)": (0, 5)}
 
+SIGNAL_COLOURS = {"health": [[0, "#e8f5e9"], [0.33, "#e8f5e9"], [0.33, "#ff9f1c"],
+                             [0.67, "#ff9f1c"], [0.67, "#d62728"], [1, "#d62728"]],
+                  "findings": "Reds"}
+HEALTH_LEVEL = {"ok": 0, "warning": 1, "critical": 2}
 # What the fleet view asks every node for: the rule inputs, the heatmap signals, metadata.
 FLEET_METRICS = sorted(set().union(*(rule.requires() for rule in CATALOG)) | {
     "fleetscope_cpu_info", "fleetscope_cpu_core_busy_ratio", "fleetscope_cpu_core_steal_ratio",
     "fleetscope_memory_bandwidth_utilization_ratio", "fleetscope_llc_miss_ratio",
     "fleetscope_nic_pfc_pause_frames_total", "agent_queue_depth",
     "agent_session_duration_seconds_bucket", "agent_stage_duration_seconds_sum",
-    "agent_stage_duration_seconds_count",
+    "agent_stage_duration_seconds_count", "node_uname_info",
 })
 # And one node, over time, for the node view.
 NODE_METRICS = sorted(set(FLEET_METRICS) | {
@@ -192,10 +201,17 @@ def _to_json(found: list) -> list[dict]:
     return [{**f.to_json(), "labels": dict(f.labels)} for f in found]
 
 
+def demo_end(now: float | None = None) -> int:
+    """The simulated fleet's last scrape: the current minute, so the demo's clock is now."""
+    import time
+
+    return int((time.time() if now is None else now) // 60 * 60)
+
+
 def load_demo(nodes: int = 4096, cores: int = 128) -> Snapshot:
     from .fleet_sim import Fleet
 
-    fleet = Fleet(nodes=nodes, cores=cores)
+    fleet = Fleet(nodes=nodes, cores=cores, end_s=demo_end())
     shards = fleet.shards(set(FLEET_METRICS))
     found, not_evaluated = evaluate_sharded(shards)
     series = merge(shards)
@@ -365,7 +381,7 @@ _PRESENCE = ("fleetscope_cpu_core_busy_ratio", "fleetscope_scrape_collector_succ
 
 
 def node_table(snapshot: Snapshot) -> pd.DataFrame:
-    """One row per node: instance, node_pool, rack, cpu_model, stepping, arch. From
+    """One row per node: instance, node_pool, rack, cpu_model, stepping, arch, kernel. From
     fleetscope_cpu_info (a fleet's scrape config adds `rack` and `node_pool` as target
     labels); a label missing shows as "(unlabelled)"."""
     rows = {}
@@ -377,16 +393,22 @@ def node_table(snapshot: Snapshot) -> pd.DataFrame:
         rows[name] = {"instance": name, "node_pool": record.get("node_pool") or UNLABELLED,
                       "rack": record.get("rack") or UNLABELLED,
                       "cpu_model": record.get("model_name") or "?",
-                      "stepping": _stepping(record), "arch": record.get("arch") or "?"}
+                      "stepping": _stepping(record), "arch": record.get("arch") or "?",
+                      "kernel": record.get("kernel") or "?"}
     for metric in _PRESENCE:
         for labels in snapshot.series.by_name.get(metric, {}):
             name = dict(labels).get("instance")
             if name and name not in rows:
                 rows[name] = {"instance": name, "node_pool": UNLABELLED, "rack": UNLABELLED,
-                              "cpu_model": "?", "stepping": "?", "arch": "?"}
+                              "cpu_model": "?", "stepping": "?", "arch": "?", "kernel": "?"}
+    # node_exporter's node_uname_info{release} names the kernel, where the fleet has it.
+    for labels in snapshot.series.by_name.get("node_uname_info", {}):
+        record = dict(labels)
+        if record.get("instance") in rows and record.get("release"):
+            rows[record["instance"]]["kernel"] = record["release"]
     table = pd.DataFrame(list(rows.values()),
                          columns=["instance", "node_pool", "rack", "cpu_model", "stepping",
-                                  "arch"])
+                                  "arch", "kernel"])
     return table.sort_values(["node_pool", "rack", "instance"]).reset_index(drop=True)
 
 
@@ -466,6 +488,17 @@ def node_health(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def worst_node(health: pd.DataFrame, rack: str) -> str | None:
+    """The rack's node to open first: the worst health, then the most findings."""
+    frame = health[health["rack"] == rack]
+    if frame.empty:
+        return None
+    rank = frame["health"].map({"critical": 0, "warning": 1}).fillna(2)
+    frame = frame.assign(rank=rank).sort_values(["rank", "findings", "instance"],
+                                                ascending=[True, False, True])
+    return str(frame["instance"].iloc[0])
+
+
 def health_by(nodes: pd.DataFrame, findings: pd.DataFrame, by: str) -> pd.DataFrame:
     """Nodes per group by health (critical / warning / ok), worst groups first."""
     health = node_health(nodes, findings)
@@ -477,6 +510,66 @@ def health_by(nodes: pd.DataFrame, findings: pd.DataFrame, by: str) -> pd.DataFr
     table["nodes"] = table.sum(axis=1)
     table = table.sort_values(["critical", "warning"], ascending=False)
     return table.reset_index()
+
+
+def with_health(signals: pd.DataFrame, health: pd.DataFrame) -> pd.DataFrame:
+    """The heatmap signals plus each node's health level (0 ok, 1 warning, 2 critical) and
+    its number of findings, from node_health."""
+    out = signals.copy()
+    by_node = health.set_index("instance")
+    out = out.reindex(out.index.union(by_node.index))
+    out["health"] = by_node["health"].map(HEALTH_LEVEL).reindex(out.index).astype(float)
+    out["findings"] = by_node["findings"].reindex(out.index).astype(float)
+    return out
+
+
+GROUPINGS = {"CPU model / stepping": "cpu", "rack": "rack", "node pool": "node_pool",
+             "kernel": "kernel"}
+
+
+def rule_grouping(nodes: pd.DataFrame, findings: pd.DataFrame, rule: str, dimension: str
+                  ) -> pd.DataFrame:
+    """Where one rule fires, per group of nodes (CPU model and stepping, rack, pool, kernel):
+    group, nodes, firing, share of group (its nodes that fire) and share of firing (of all
+    the rule's nodes, the part in this group). Groups with a firing node, most firing first:
+    "all 32 crashing nodes are stepping 0xd01 r1p0" reads as one full row."""
+    column = GROUPINGS.get(dimension, dimension)
+    frame = nodes.copy()
+    frame["cpu"] = frame["cpu_model"] + " " + frame["stepping"]
+    if column not in frame:
+        frame[column] = "?"
+    firing = set(findings.loc[findings["rule"] == rule, "node"])
+    frame["firing"] = frame["instance"].isin(firing)
+    table = frame.groupby(column).agg(nodes=("instance", "size"), firing=("firing", "sum"))
+    table = table[table["firing"] > 0].reset_index().rename(columns={column: "group"})
+    if table.empty:
+        return pd.DataFrame(columns=["group", "nodes", "firing", "share of group",
+                                     "share of firing"])
+    table["share of group"] = table["firing"] / table["nodes"]
+    table["share of firing"] = table["firing"] / max(1, len(firing & set(frame["instance"])))
+    table["firing"] = table["firing"].astype(int)
+    return table.sort_values(["firing", "share of group"], ascending=False).reset_index(
+        drop=True)[["group", "nodes", "firing", "share of group", "share of firing"]]
+
+
+def grouping_summary(nodes: pd.DataFrame, findings: pd.DataFrame, rule: str) -> str:
+    """One sentence per rule: the dimension where its nodes concentrate the most."""
+    best = None
+    for dimension in GROUPINGS:
+        table = rule_grouping(nodes, findings, rule, dimension)
+        if table.empty or table["group"].iloc[0] == "?":
+            continue
+        top = table.iloc[0]
+        # Concentrated: a large part of the firing nodes, in a group that mostly fires.
+        score = top["share of firing"] * top["share of group"]
+        if best is None or score > best[0]:
+            best = (score, dimension, top)
+    if best is None:
+        return ""
+    _, dimension, top = best
+    return (f"{int(top['firing'])} of the {rule} nodes ({top['share of firing']:.0%}) are in "
+            f"{dimension} {top['group']}, where {top['share of group']:.0%} of its "
+            f"{int(top['nodes'])} nodes fire it")
 
 
 def heatmap(nodes: pd.DataFrame, signals: pd.DataFrame, signal: str) -> dict:
@@ -512,7 +605,7 @@ def _frame_of(series: Series, name: str, matchers: dict | None, counter: bool) -
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=["time", "value"])
-    frame["time"] = pd.to_datetime(frame["t_ms"], unit="ms", utc=True)
+    frame["time"] = local_times(frame["t_ms"])
     return frame.drop(columns="t_ms")
 
 
@@ -572,7 +665,54 @@ def numa_view(series: Series) -> pd.DataFrame:
         if not pages.empty:
             out[column] = _per_label(pages, "numa_node")
     out.index.name = "numa_node"
-    return out.reset_index().sort_values("numa_node", key=lambda s: s.astype(int))
+    out = out.reset_index().sort_values("numa_node", key=lambda s: s.astype(int))
+    return _merge_alike(out)
+
+
+def _merge_alike(table: pd.DataFrame) -> pd.DataFrame:
+    """NUMA nodes that read the same (within 1 %) are one row, "0-3": four identical rows
+    say less than one row that says they are alike."""
+    values = [c for c in table.columns if c != "numa_node"]
+    if table.empty or not values:
+        return table
+    rounded = table[values].apply(lambda col: col.map(
+        lambda v: float(f"{v:.2g}") if isinstance(v, float) and v == v else v))
+    groups: list[list[int]] = []
+    for position in range(len(table)):
+        if groups and rounded.iloc[position].equals(rounded.iloc[groups[-1][0]]):
+            groups[-1].append(position)
+        else:
+            groups.append([position])
+    rows = []
+    for members in groups:
+        row = table.iloc[members[0]].copy()
+        names = [str(table["numa_node"].iloc[m]) for m in members]
+        row["numa_node"] = names[0] if len(names) == 1 else f"{names[0]}-{names[-1]}"
+        rows.append(row)
+    return pd.DataFrame(rows).reset_index(drop=True)
+
+
+NUMA_UNITS = {"busy": "ratio", "cpus": "cpus", "run-queue wait s/s per CPU": "s/s",
+              "pages off-node /s": "pages/s", "pages local /s": "pages/s"}
+
+
+def numa_display(numa: pd.DataFrame) -> pd.DataFrame:
+    """The NUMA table in units people read (%, ms/s, k pages/s)."""
+    out = numa.copy()
+    for column, unit in NUMA_UNITS.items():
+        if column in out:
+            out[column] = out[column].map(lambda v, u=unit: units.format_value(v, u))
+    return out.rename(columns={"numa_node": "NUMA node", "run-queue wait s/s per CPU":
+                               "run-queue wait per CPU", "pages off-node /s": "pages off-node",
+                               "pages local /s": "pages local"})
+
+
+def bytes_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """Byte columns (every column but the first) as GiB/MiB."""
+    out = frame.copy()
+    for column in out.columns[1:]:
+        out[column] = out[column].map(lambda v: units.format_value(v, "bytes"))
+    return out
 
 
 def _per_label(frame: pd.DataFrame, label: str) -> pd.Series:
@@ -596,32 +736,45 @@ def stage_breakdown(snapshot: Snapshot, nodes: pd.DataFrame | None = None) -> pd
     (rate of agent_stage_duration_seconds_sum) and its share of the pool's total."""
     spent = last_rate(snapshot.series, "agent_stage_duration_seconds_sum")
     if spent.empty or "stage" not in spent:
-        return pd.DataFrame(columns=["pool", "stage", "seconds_per_second", "share"])
+        return pd.DataFrame(columns=["node_pool", "pool", "stage", "seconds_per_second",
+                                     "share", "seconds_per_session"])
+    pools = node_table(snapshot) if nodes is None else nodes
+    pool_of = dict(zip(pools["instance"], pools["node_pool"], strict=True))
     if nodes is not None:
         spent = spent[spent["instance"].isin(set(nodes["instance"]))]
-    table = spent.groupby(["pool", "stage"])["value"].sum().rename("seconds_per_second")
+    # The sidebar's node pools (chat, batch, mixed...) first, the workload pools inside.
+    spent = spent.assign(node_pool=spent["instance"].map(lambda i: pool_of.get(i, UNLABELLED)))
+    keys = ["node_pool", "pool"]
+    table = spent.groupby([*keys, "stage"])["value"].sum().rename("seconds_per_second")
     table = table.reset_index()
-    table["share"] = table["seconds_per_second"] / table.groupby("pool")[
+    table["share"] = table["seconds_per_second"] / table.groupby(keys)[
         "seconds_per_second"].transform("sum")
     counts = last_rate(snapshot.series, "agent_stage_duration_seconds_count",
                        {"stage": "inference"})
     if nodes is not None and not counts.empty:
         counts = counts[counts["instance"].isin(set(nodes["instance"]))]
-    sessions = counts.groupby("pool")["value"].sum() if not counts.empty else pd.Series(
-        dtype=float)
-    table["seconds_per_session"] = table["seconds_per_second"] / table["pool"].map(sessions)
+    if counts.empty:
+        sessions = pd.Series(dtype=float)
+    else:
+        counts = counts.assign(node_pool=counts["instance"].map(
+            lambda i: pool_of.get(i, UNLABELLED)))
+        sessions = counts.groupby(keys)["value"].sum()
+    table["seconds_per_session"] = table["seconds_per_second"] / pd.Series(
+        [sessions.get((a, b), float("nan")) for a, b in zip(table["node_pool"], table["pool"],
+                                                             strict=True)], index=table.index)
     stages = ["queue_wait", "context_assembly", "inference", "tool_call", "state_io",
               "model_load", "other"]
     table["order"] = table["stage"].map({s: i for i, s in enumerate(stages)}).fillna(99)
-    return table.sort_values(["pool", "order"]).drop(columns="order").reset_index(drop=True)
+    return table.sort_values([*keys, "order"]).drop(columns="order").reset_index(drop=True)
 
 
 def inference_share(breakdown: pd.DataFrame) -> pd.DataFrame:
-    """Per pool: the share of session time that is model inference."""
+    """Per node pool and workload pool: the share of session time that is model inference."""
     if breakdown.empty:
-        return pd.DataFrame(columns=["pool", "inference share"])
-    inference = breakdown[breakdown["stage"] == "inference"].set_index("pool")["share"]
-    return inference.rename("inference share").reset_index()
+        return pd.DataFrame(columns=["node_pool", "pool", "inference share"])
+    inference = breakdown[breakdown["stage"] == "inference"]
+    return inference[["node_pool", "pool", "share"]].rename(
+        columns={"share": "inference share"}).reset_index(drop=True)
 
 
 # -- rules and runbooks --------------------------------------------------------------------
@@ -648,6 +801,44 @@ def runbook(rule_id: str) -> str:
                f"fleetscope repository)"
 
 
+_RUNBOOK_LINK = re.compile(r"\]\((?:\.?/?runbooks/)?([a-z0-9-]+)\.md(#[^)]*)?\)")
+
+
+def runbook_markdown(rule_id: str, base: str = "/runbook") -> str:
+    """The runbook with its links to other runbooks pointing inside the console
+    (`[x](x.md)` -> `[x](/runbook?rule=x)`), so "Related" never opens "Page not found"."""
+    known = {rule.id for rule in CATALOG} | {p.stem for p in RUNBOOKS.glob("*.md")}
+
+    def link(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in known:
+            return match.group(0)
+        return f"]({base}?rule={name})"
+
+    return _RUNBOOK_LINK.sub(link, runbook(rule_id))
+
+
+def related_runbooks(rule_id: str) -> list[str]:
+    """The rule ids the runbook links to, in order (its "Related" section first)."""
+    text = runbook(rule_id)
+    known = {rule.id for rule in CATALOG} | {p.stem for p in RUNBOOKS.glob("*.md")}
+    head, _, related = text.partition("## Related")
+    out: list[str] = []
+    for part in (related, head):
+        for match in _RUNBOOK_LINK.finditer(part):
+            name = match.group(1)
+            if name in known and name != rule_id and name not in out:
+                out.append(name)
+    return out
+
+
+def runbook_ids() -> list[str]:
+    """Every runbook the console can show: the catalog's rules first, then other pages."""
+    ids = [rule.id for rule in CATALOG if (RUNBOOKS / f"{rule.id}.md").is_file()]
+    return ids + sorted(p.stem for p in RUNBOOKS.glob("*.md")
+                        if p.stem not in ids and p.stem != "README")
+
+
 def finding_metrics(rule_id: str) -> list[str]:
     """The metrics a rule reads, in a stable order: what its evidence charts plot."""
     return sorted(by_id(rule_id).condition.metrics())
@@ -671,12 +862,78 @@ def finding_timelines(rule_id: str, series: Series, labels: dict | None = None
 
 
 def evidence_frame(finding: dict) -> pd.DataFrame:
-    rows = [{"signal": e["signal"], "value": e["value"], "threshold": e["threshold"],
-             "unit": e["unit"],
-             "over threshold": (e["value"] / e["threshold"]) if e["threshold"] else None}
-            for e in finding.get("evidence", [])]
-    return pd.DataFrame(rows, columns=["signal", "value", "threshold", "unit",
-                                       "over threshold"])
+    """The finding's evidence for people: value and threshold in their units, and how far
+    past the threshold the value is in words (the ratio stays numeric for the bars)."""
+    rows = []
+    picks = {}
+    try:
+        picks = {item.signal: item.pick for item in by_id(finding.get("rule", "")).evidence}
+    except KeyError:
+        pass
+    for e in finding.get("evidence", []):
+        pick = e.get("pick") or picks.get(e["signal"], "max")
+        ratio = (e["value"] / e["threshold"]) if e["threshold"] else None
+        rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
+                     "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
+                     if e["threshold"] else "–",
+                     "over threshold": units.over_threshold(e["value"], e["threshold"], pick),
+                     "ratio": ratio})
+    return pd.DataFrame(rows, columns=["signal", "value", "threshold", "over threshold",
+                                       "ratio"])
+
+
+def panel_frame(panel: evidence_views.Panel, series: Series, labels: dict | None = None
+                ) -> pd.DataFrame:
+    """A panel's expression at every sample of `series`: time, series (legend), value;
+    narrowed to the finding's labels (pool, binary, ...) where the panel says so."""
+    keep = {k: v for k, v in (labels or {}).items() if k not in ("instance", "__name__")}
+    rows = []
+    for stamp in series.timestamps():
+        for key, value in panel.expr.evaluate(series, stamp).items():
+            as_dict = {k: v for k, v in key if k not in ("__name__", "instance")}
+            if panel.narrow and any(as_dict.get(k, v) != v for k, v in keep.items()):
+                continue
+            if value != value or math.isinf(value):
+                continue
+            rows.append({"t_ms": stamp, "series": " · ".join(
+                f"{v}" for _, v in sorted(as_dict.items())) or "value", "value": value})
+    if not rows:
+        return pd.DataFrame(columns=["time", "series", "value"])
+    frame = pd.DataFrame(rows)
+    frame["time"] = local_times(frame.pop("t_ms"))
+    return frame[["time", "series", "value"]]
+
+
+def evidence_panels(rule_id: str, series: Series, labels: dict | None = None
+                    ) -> list[tuple[evidence_views.Panel, pd.DataFrame]]:
+    """The rule's evidence views (dashboard/evidence_views.py) on one node's history; panels
+    without data are left out."""
+    out = []
+    for panel in evidence_views.views_for(rule_id):
+        try:
+            frame = panel_frame(panel, series, labels)
+        except (ArithmeticError, ValueError, KeyError, TypeError):
+            continue  # a panel must never break the page it is on
+        if not frame.empty:
+            out.append((panel, frame))
+    return out
+
+
+def history_window(series: Series) -> tuple | None:
+    """First and last sample of a node's history, as the charts' time axis range."""
+    stamps = series.timestamps()
+    if len(stamps) < 2:
+        return None
+    first, last = local_times([stamps[0], stamps[-1]])
+    # wall-clock times without the offset: what plotly draws the (local) data at
+    return first.tz_localize(None).to_pydatetime(), last.tz_localize(None).to_pydatetime()
+
+
+def local_times(t_ms) -> pd.Series:
+    """Epoch milliseconds -> datetimes in the console's zone (charts show wall-clock time)."""
+    index = t_ms.index if isinstance(t_ms, pd.Series) else None
+    stamps = pd.to_datetime(pd.Series(t_ms, index=index), unit="ms", utc=True)
+    return stamps.dt.tz_convert(units.console_zone())
 
 
 def source_from_env() -> str:

@@ -73,6 +73,8 @@ CPU_MODELS = (
              (("family", "6"), ("model", "143"), ("stepping", "8")),
              "6/143/8", 2, 0.5, 614.4e9, "x86-64-v4"),
 )
+# The kernel each purchase batch was installed with (node_exporter's node_uname_info release).
+KERNELS = ("5.10.0-136.12.0.86.oe2203sp1.{arch}", "5.10.0-182.0.0.95.oe2203sp3.{arch}")
 # Racks were bought in batches: the model of rack r is RACK_MODELS[r % 8].
 RACK_MODELS = (0, 1, 2, 3, 0, 1, 2, 4)
 
@@ -383,6 +385,12 @@ class Fleet:
                                  "fingerprint": model.key, key: model.features})
             if want("fleetscope_cpu_info"):
                 yield "fleetscope_cpu_info", info, np.ones((len(group), m)), group
+            if want("node_uname_info"):
+                uname = [{"instance": d["instance"], "sysname": "Linux", "machine": d["arch"],
+                          "nodename": d["instance"].split(":")[0],
+                          "release": KERNELS[int(self.rack[idx[r]] % 3 == 0)].format(
+                              arch=d["arch"])} for r, d in zip(group, info, strict=True)]
+                yield "node_uname_info", uname, np.ones((len(group), m)), group
             if want("fleetscope_cpu_features_info"):
                 yield "fleetscope_cpu_features_info", features, np.ones((len(group), m)), group
         for stat in ("min", "p50", "p90", "max"):

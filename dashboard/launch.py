@@ -5,7 +5,9 @@
        --server.headless true ... with FLEETSCOPE_CONSOLE_SOURCE=bundle:incident.tar.gz
 
 The source is checked before Streamlit starts, so a bad one costs one line and exit code 2
-(not a source) or 3 (a bundle that does not open, a Prometheus that does not answer). The
+(not a source) or 3 (a bundle that does not open, a Prometheus that does not answer). So is
+the port: without --port the console takes 8501 or the next free port; a --port that is
+taken is one line and exit 3. The
 process then becomes the Streamlit server (exec), so stopping it stops the console.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -32,13 +35,42 @@ def streamlit_args(host: str, port: int) -> list[str]:
             "--theme.base", "light"]
 
 
-def run_console(source: str, host: str = "127.0.0.1", port: int = 8501, prog: str = "console"
-                ) -> int:
+DEFAULT_PORT = 8501
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on host:port now (what Streamlit will try next)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tornado binds
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(host: str, asked: int | None) -> int | None:
+    """The port to listen on: the one asked for if free (None when taken); without --port
+    8501, else the next free one up to 8599, else any free port the kernel gives."""
+    if asked is not None:
+        return asked if port_free(host, asked) else None
+    for candidate in range(DEFAULT_PORT, DEFAULT_PORT + 99):
+        if port_free(host, candidate):
+            return candidate
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def run_console(source: str, host: str = "127.0.0.1", port: int | None = None,
+                prog: str = "console") -> int:
     def fail(message: str, code: int) -> int:
         print(f"fleetscope {prog}: error: {message}", file=sys.stderr)
         return code
 
-    if not 0 < port < 65536:
+    if port is not None and not 0 < port < 65536:
         return fail(f"--port must be 1-65535, not {port}", EXIT_USAGE)
     try:
         parse_source(source)
@@ -52,6 +84,14 @@ def run_console(source: str, host: str = "127.0.0.1", port: int = 8501, prog: st
         check_source(source)
     except SourceError as err:
         return fail(str(err), EXIT_INPUT)
+    try:
+        chosen = choose_port(host, port)
+    except OSError as err:
+        return fail(f"cannot listen on {host}: {err.strerror or err}", EXIT_INPUT)
+    if chosen is None:
+        return fail(f"port {port} on {host} is taken: stop what holds it, or leave out "
+                    f"--port to get a free one", EXIT_INPUT)
+    port = chosen
     env = dict(os.environ, **{SOURCE_ENV: source})
     print(f"fleetscope {prog}: http://{host}:{port}/ (source {source})", flush=True)
     args = streamlit_args(host, port)

@@ -91,3 +91,72 @@ def filters() -> dict:
 
 def filtered_nodes(snap: data.Snapshot):
     return data.filter_nodes(nodes(snap), **filters())
+
+
+# -- navigation ----------------------------------------------------------------------------
+_PAGES_KEY = "_fleetscope_pages"
+
+
+def remember_pages(pages: dict) -> None:
+    """The entry point's st.Page objects by name, for links and switch_page from the pages."""
+    st.session_state[_PAGES_KEY] = pages
+
+
+def page(name: str):
+    return st.session_state[_PAGES_KEY][name]
+
+
+def open_node(node: str, rule: str | None = None) -> None:
+    """Go to the Node page for `node` (with `rule`'s finding open): the deep link
+    /node?node=NAME&rule=ID, so the address bar holds what a ticket needs."""
+    params = {"node": node, **({"rule": rule} if rule else {})}
+    st.switch_page(page("node"), query_params=params)
+
+
+def open_finding(rule: str, node: str | None = None) -> None:
+    st.switch_page(page("findings"), query_params={"rule": rule, **({"node": node} if node
+                                                                     else {})})
+
+
+def from_url(param: str, key: str, allowed) -> None:
+    """A deep link's query parameter wins over the widget's remembered value: set the
+    widget's session state from it before the widget is drawn (when it is a valid choice)."""
+    value = st.query_params.get(param)
+    if value is not None and value in allowed:
+        st.session_state[key] = value
+
+
+def to_url(param: str, key: str, drop: tuple[str, ...] = ()):
+    """An on_change callback: the widget's new value goes into the address bar."""
+    def callback() -> None:
+        st.query_params[param] = str(st.session_state[key])
+        for name in drop:
+            st.query_params.pop(name, None)
+    return callback
+
+
+def keep_in_url(**params) -> None:
+    """Put what the page shows into the address bar, every run: a link to the page it is
+    on changes the page but, left alone, not the browser's URL (a reload would go back)."""
+    for name, value in params.items():
+        if value is None:
+            st.query_params.pop(name, None)
+        else:
+            st.query_params[name] = str(value)
+
+
+def selected_row(event) -> int | None:
+    """The row index of a single-row dataframe selection event, or None."""
+    try:
+        rows = event.selection.rows
+    except AttributeError:
+        return None
+    return rows[0] if rows else None
+
+
+def selected_point(event) -> dict | None:
+    try:
+        points = event.selection.points
+    except AttributeError:
+        return None
+    return points[0] if points else None

@@ -282,6 +282,13 @@ SOURCES = (
 )
 
 
+def _window_text(start: float, end: float) -> str:
+    """Local wall-clock time with its zone (the console's formatting layer, stdlib only)."""
+    from fleetscope.dashboard.units import time_window
+
+    return time_window(start, end)
+
+
 def describe(bundle: Bundle) -> list[tuple[str, str]]:
     """(what, value) rows summarising a bundle."""
     first, last = bundle.samples[0], bundle.samples[-1]
@@ -290,7 +297,8 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
         ("hostname", bundle.hostname),
         ("samples", f"{len(bundle.samples)} every {bundle.interval_s:g} s, "
                     f"{last.time - first.time:g} s in all"),
-        ("window", f"{first.time:.3f} .. {last.time:.3f}"),
+        ("window", _window_text(first.time, last.time)),
+        ("window, unix seconds", f"{first.time:.3f} .. {last.time:.3f}"),
     ]
     pools = bundle.config_raw.get("pools") or []
     pools = pools if isinstance(pools, list) else []

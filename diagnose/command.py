@@ -110,7 +110,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             config = load_config(live_default)
     except ConfigError as err:
         return _fail(str(err))
-    progress = _Progress(not args.json, "sampling")
+    # A bundle is read, not sampled: its bar says so.
+    progress = _Progress(not args.json, "reading the bundle" if args.bundle else "sampling")
     health: SamplingHealth | None = None
     try:
         enricher = None

@@ -1,17 +1,39 @@
-"""The readable diagnosis: a table per finding (what, how sure, evidence, action, runbook)
-and the rules that could not be evaluated, with why. `--json` prints the document itself."""
+"""The readable diagnosis of `fleetscope diagnose` (without --json): one block per finding,
+worst first, laid out for a terminal 80 to 120 columns wide. `--json` prints the document.
+
+     1  CRITICAL  fd-exhaustion on kunpeng-920-128                          confidence 91%
+        pool chat-online: a process uses 99% of its open-file limit
+        subjects  pids 3080417
+        evidence  open fds over RLIMIT_NOFILE (worst process)   98.9 %   > 90 %
+        cause     a process is close to its file-descriptor limit (RLIMIT_NOFILE, 1024
+                  by default)
+        action    raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the
+                  container runtime) before deploying; look for fd leaks
+        runbook   runbooks/fd-exhaustion.md
+
+Findings that say the same thing (one rule, the same summary but for its numbers, e.g. one
+crash on 32 nodes) are one block naming every node. Values read in their units (GB/s, %, ms)
+through the console's formatting layer; long words (paths, cgroups) are never split.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
-from rich import box
-from rich.console import Console
+from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
+
+from fleetscope.dashboard import units
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan", "ok": "green",
           "unknown": "magenta"}
+MIN_WIDTH, MAX_WIDTH = 80, 120
+PIPE_WIDTH = 100  # a report piped into a file or a pager
+INDENT = 4  # where a block's lines start, under its title
 
 
 def print_json(document: dict) -> None:
@@ -19,44 +41,148 @@ def print_json(document: dict) -> None:
     sys.stdout.write("\n")
 
 
-def _evidence_text(evidence: list[dict]) -> str:
-    lines = []
+def _width(console: Console | None) -> Console:
+    if console is not None:
+        return console
+    if not sys.stdout.isatty():
+        return Console(width=PIPE_WIDTH)
+    probe = Console()
+    return Console(width=max(MIN_WIDTH, min(MAX_WIDTH, probe.width)))
+
+
+def _same_kind(finding: dict) -> tuple:
+    """Findings alike but for their numbers and their node are one block."""
+    summary = re.sub(r"\d+(?:\.\d+)?", "#", finding["summary"].replace(finding["node"], "@"))
+    return finding["rule"], finding["severity"], summary
+
+
+def group_findings(findings: list[dict]) -> list[list[dict]]:
+    """Findings grouped by `_same_kind`, in the order of each group's first (worst) one."""
+    groups: dict[tuple, list[dict]] = {}
+    for finding in findings:
+        groups.setdefault(_same_kind(finding), []).append(finding)
+    return list(groups.values())
+
+
+def _names(values: list[str], limit: int = 8) -> str:
+    shown = ", ".join(values[:limit])
+    return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
+
+
+def _evidence_table(evidence: list[dict]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(ratio=1)  # the signal wraps (with its indent); numbers never do
+    table.add_column(no_wrap=True, justify="right")
+    table.add_column(no_wrap=True, style="dim")
     for item in evidence:
-        lines.append(f"{item['signal']}: {item['value']:g} {item['unit']} "
-                     f"(threshold {item['threshold']:g})")
-    return "\n".join(lines) or "-"
+        threshold = units.format_threshold(item["threshold"], item["unit"],
+                                           item.get("pick", "max")) if item["threshold"] \
+            else ""
+        table.add_row(item["signal"], units.format_value(item["value"], item["unit"]),
+                      threshold)
+    return table
+
+
+def _block(number: int, group: list[dict]) -> Group:
+    first = group[0]
+    nodes = list(dict.fromkeys(f["node"] for f in group))
+    where = first["node"] if len(nodes) == 1 else f"{len(nodes)} nodes"
+    head = Table.grid(expand=True, padding=(0, 2))
+    head.add_column(width=3, justify="right")
+    head.add_column(width=8, no_wrap=True)
+    head.add_column(ratio=1)
+    head.add_column(no_wrap=True, justify="right")
+    confidence = f"confidence {first['confidence']:.0%}" if len(group) == 1 else \
+        f"confidence {min(f['confidence'] for f in group):.0%}-" \
+        f"{max(f['confidence'] for f in group):.0%}"
+    head.add_row(str(number), Text(first["severity"].upper(), style=_STYLE[first["severity"]]),
+                 Text.assemble((first["rule"], "bold"), f" on {where}"), Text(confidence,
+                                                                                style="dim"))
+    body = Table.grid(padding=(0, 2))
+    body.add_column(width=8, no_wrap=True, style="dim")
+    body.add_column(ratio=1, overflow="fold")
+    summary = first["summary"] if len(group) == 1 else \
+        f"{first['summary']} (and {len(group) - 1} alike)"
+    body.add_row("", summary)
+    if len(nodes) > 1:
+        body.add_row("nodes", _names(nodes, 12))
+    subjects = [f"{kind} {_names([str(v) for v in values])}"
+                for kind, values in first.get("subjects", {}).items() if values]
+    if subjects:
+        body.add_row("subjects", "; ".join(subjects))
+    if first["evidence"]:
+        body.add_row("evidence", _evidence_table(first["evidence"]))
+    body.add_row("cause", first["cause"])
+    body.add_row("action", first["action"])
+    body.add_row("runbook", Text(first["runbook"], no_wrap=True, overflow="ignore"))
+    return Group(head, Padding(body, (0, 0, 1, INDENT + 1), expand=False))
+
+
+_ABSENT = re.compile(r"^signals absent from this source: (?P<metrics>[^(]*?)\s*"
+                     r"(?:\((?P<why>.*)\))?$")
+
+
+def _not_evaluated(items: list[dict]) -> Table:
+    """Rules not evaluated, one entry per cause: the five rules that lack the agent runtime's
+    metrics are one line saying so, with the signals they miss under it."""
+    by_cause: dict[str, tuple[list[str], list[str]]] = {}
+    for item in items:
+        match = _ABSENT.match(item["reason"])
+        cause, metrics = item["reason"], []
+        if match:
+            cause = match.group("why") or "signals absent from this source"
+            metrics = [m.strip() for m in match.group("metrics").split(",") if m.strip()]
+        rules, missing = by_cause.setdefault(cause, ([], []))
+        rules.append(item["rule"])
+        missing.extend(m for m in metrics if m not in missing)
+    table = Table.grid(padding=(0, 2))
+    table.add_column(ratio=1, style="dim")
+    for cause, (rules, missing) in by_cause.items():
+        table.add_row(Text.assemble((", ".join(rules), "bold"), f": {cause}"))
+        if missing:
+            table.add_row(Padding(Text(f"missing {', '.join(missing)}"), (0, 0, 0, 2),
+                                  expand=False))
+    return table
 
 
 def print_report(document: dict, console: Console | None = None) -> None:
-    # Piped into a file or a pager, keep the table readable rather than 80 columns wide.
-    console = console or (Console() if sys.stdout.isatty() else Console(width=140))
+    console = _width(console)
+    if console.is_terminal:
+        _print_report(document, console)
+        return
+    with console.capture() as captured:  # into a file: no padding spaces at line ends
+        _print_report(document, console)
+    console.file.write("\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n")
+
+
+def _print_report(document: dict, console: Console) -> None:
     status = document["status"]
     nodes = ", ".join(document["nodes"]) or "?"
-    console.print(f"[bold]fleetscope diagnosis[/] of {nodes} ({document['source']}): "
-                  f"[{_STYLE[status]}]{status.upper()}[/]")
+    window = document.get("window") or {}
+    when = ""
+    if window.get("end"):
+        when = f", {units.time_window(window['start'], window['end'])}" \
+            if window.get("start") and window["end"] > window["start"] else \
+            f", {units.local_time(window['end'])}"
     findings = document["findings"]
+    counts = {s: sum(f["severity"] == s for f in findings) for s in ("critical", "warning")}
+    tally = f" — {len(findings)} finding{'s' * (len(findings) != 1)}" + "".join(
+        f", {n} {s}" for s, n in counts.items() if n) if findings else ""
+    console.print(Text.assemble(("fleetscope diagnosis", "bold"),
+                                f" of {nodes} ({document['source']}{when}): ",
+                                (status.upper(), _STYLE[status]), tally))
+    console.print()
     if findings:
-        table = Table(box=box.SIMPLE_HEAVY, show_lines=True, expand=True)
-        for column in ("#", "finding", "severity", "evidence", "action", "runbook"):
-            table.add_column(column, overflow="fold")
-        for index, finding in enumerate(findings, 1):
-            subjects = "; ".join(f"{kind}: {', '.join(map(str, values))}"
-                                 for kind, values in finding["subjects"].items() if values)
-            what = f"[bold]{finding['rule']}[/] on {finding['node']}\n{finding['summary']}"
-            if subjects:
-                what += f"\n{subjects}"
-            what += f"\nconfidence {finding['confidence']:.0%}"
-            table.add_row(str(index), what,
-                          f"[{_STYLE[finding['severity']]}]{finding['severity']}[/]",
-                          _evidence_text(finding["evidence"]),
-                          f"{finding['cause']}\n→ {finding['action']}", finding["runbook"])
-        console.print(table)
-        console.print(f"Primary diagnosis: [bold]{findings[0]['rule']}[/] — "
-                      f"{findings[0]['summary']}")
+        for number, group in enumerate(group_findings(findings), 1):
+            console.print(_block(number, group))
+        primary = findings[0]
+        console.print(Text.assemble("Primary diagnosis: ", (primary["rule"], "bold"),
+                                    f" on {primary['node']} — {primary['summary']}"))
     else:
         console.print("No finding of warning or worse." if status == "ok"
                       else "Nothing could be diagnosed from this source.")
     if document["not_evaluated"]:
-        console.print(f"[dim]Not evaluated ({len(document['not_evaluated'])}):[/]")
-        for item in document["not_evaluated"]:
-            console.print(f"[dim]  {item['rule']}: {item['reason']}[/]")
+        console.print(Text(f"Not evaluated ({len(document['not_evaluated'])}):", style="dim"))
+        console.print(Padding(_not_evaluated(document["not_evaluated"]), (0, 0, 0, 2),
+                              expand=False))
+

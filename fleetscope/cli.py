@@ -78,8 +78,12 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"fleetscope rules export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    if args.console_url and not args.console_url.startswith(("http://", "https://")):
+        print("fleetscope rules export: error: --console-url must be an http(s) URL",
+              file=sys.stderr)
+        return EXIT_USAGE
     formats = {"rules": export_yaml, "prometheusrule": export_prometheus_rule}
-    text = formats[args.format](args.runbook_url_base, hold)
+    text = formats[args.format](args.runbook_url_base, hold, args.console_url)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -284,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, metavar="N",
                       help="simulated nodes (default 4096, 16-16384)")
     for sub in (console, demo):
-        sub.add_argument("--port", type=int, default=8501, metavar="N",
-                         help="port to listen on (default 8501)")
+        sub.add_argument("--port", type=int, default=None, metavar="N",
+                         help="port to listen on (default 8501, or the next free one); "
+                              "a taken --port exits 3")
         sub.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                          help="address to listen on (default 127.0.0.1)")
         sub.set_defaults(run=_cmd_console, nodes=None)
@@ -303,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
                         help="rules: a Prometheus rule file (default); prometheusrule: the same "
                              "groups as a prometheus-operator PrometheusRule resource")
+    export.add_argument("--console-url", metavar="URL",
+                        help="the ops console's address: every alert gets a console_url "
+                             "annotation linking to its finding")
     export.set_defaults(run=_cmd_rules_export)
     return parser
 

@@ -10,7 +10,9 @@
             annotations: {summary: ..., description: ..., runbook_url: .../numa-remote-access.md}
 
 Generated from the same expressions the engine evaluates, so the two cannot drift; every
-alert gets its `runbook_url` from one pattern, so none can lack it.
+alert gets its `runbook_url` from one pattern, so none can lack it. With `--console-url URL`
+every alert also carries `console_url`, the console's deep link to its finding
+(URL/findings?rule=ID&node=INSTANCE), for the page or the ticket.
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ def parse_duration(text: str) -> int:
     return int(text[:-1]) * units[text[-1]]
 
 
-def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None) -> list[dict]:
+def console_link(console_url: str, rule: Rule) -> str:
+    """The console's deep link to this alert's finding: /findings?rule=ID&node=INSTANCE, the
+    node filled in by Prometheus's template from the alert's labels (URL-encoded)."""
+    return (f"{console_url.rstrip('/')}/findings?rule={rule.id}"
+            "&node={{ $labels.instance | urlquery }}")
+
+
+def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None,
+                console_url: str | None = None) -> list[dict]:
     """One alert per severity tier of the rule, under the rule's alert name: a lesser tier's
     expression excludes nodes where a more severe one holds (Rule.severities)."""
     hold = rule.for_seconds if for_seconds is None else for_seconds
-    return [{
+    alerts = [{
         "alert": rule.alert_name,
         "expr": condition.promql(),
         "for": _duration(hold),
@@ -50,19 +60,24 @@ def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None) -
             "runbook_url": f"{runbook_base.rstrip('/')}/{rule.id}.md",
         },
     } for severity, condition, _ in rule.severities()]
+    if console_url:
+        for alert in alerts:
+            alert["annotations"]["console_url"] = console_link(console_url, rule)
+    return alerts
 
 
 def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
-              for_seconds: int | None = None) -> dict:
+              for_seconds: int | None = None, console_url: str | None = None) -> dict:
     return {"groups": [{"name": "fleetscope",
                         "rules": [alert for r in rules
-                                  for alert in alert_rules(r, runbook_base, for_seconds)]}]}
+                                  for alert in alert_rules(r, runbook_base, for_seconds,
+                                                           console_url)]}]}
 
 
-def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None
-                ) -> str:
-    return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds), sort_keys=False,
-                          width=100)
+def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None,
+                console_url: str | None = None) -> str:
+    return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds,
+                                    console_url=console_url), sort_keys=False, width=100)
 
 
 PROMETHEUS_RULE_HEADER = (
@@ -72,7 +87,8 @@ PROMETHEUS_RULE_HEADER = (
 
 
 def export_prometheus_rule(runbook_base: str = DEFAULT_RUNBOOK_BASE,
-                           for_seconds: int | None = None) -> str:
+                           for_seconds: int | None = None,
+                           console_url: str | None = None) -> str:
     """The same groups as export_yaml, wrapped as a prometheus-operator PrometheusRule
     (monitoring.coreos.com/v1) for `kubectl apply`."""
     resource = {
@@ -81,6 +97,6 @@ def export_prometheus_rule(runbook_base: str = DEFAULT_RUNBOOK_BASE,
         "metadata": {"name": "fleetscope", "namespace": "monitoring",
                      "labels": {"app.kubernetes.io/name": "fleetscope",
                                 "app.kubernetes.io/part-of": "fleetscope"}},
-        "spec": rule_file(runbook_base, for_seconds=for_seconds),
+        "spec": rule_file(runbook_base, for_seconds=for_seconds, console_url=console_url),
     }
     return PROMETHEUS_RULE_HEADER + yaml.safe_dump(resource, sort_keys=False, width=100)

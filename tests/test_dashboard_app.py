@@ -19,17 +19,20 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from fleetscope.dashboard import data  # noqa: E402
 from fleetscope.dashboard.fleet_sim import Fleet  # noqa: E402
-from fleetscope.rules.catalog import RULE_IDS  # noqa: E402
+from fleetscope.rules.catalog import CATALOG, RULE_IDS  # noqa: E402
 from tests.conftest import BUNDLES  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 DEMO = "demo:256"
 
 
-def run_app(monkeypatch, source: str, page: str | None = None) -> AppTest:
+def run_app(monkeypatch, source: str, page: str | None = None,
+            query: dict | None = None) -> AppTest:
     monkeypatch.setenv(data.SOURCE_ENV, source)
     app = AppTest.from_file(APP, default_timeout=180)
     app.run()
+    if query:
+        app.query_params.update(query)
     if page:
         app.switch_page(f"views/{page}.py")
         app.run()
@@ -42,7 +45,7 @@ def metrics(app: AppTest) -> dict[str, str]:
 
 
 TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"confidence", "summary"},
-          "numa_table": {"numa_node", "busy"}, "evidence_table": {"signal", "threshold"},
+          "numa_table": {"NUMA node", "busy"}, "evidence_table": {"signal", "threshold"},
           "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"}}
 
 
@@ -64,11 +67,13 @@ def test_fleet_page_lists_every_injected_rule_with_counts(monkeypatch):
     app = run_app(monkeypatch, DEMO)
     assert app.title[0].value == "Fleet"
     counts = table(app, "rule_counts")
-    assert set(counts["rule"]) == set(RULE_IDS)
+    assert set(counts["rule"]) >= set(RULE_IDS)
+    assert set(counts["rule"]) <= {rule.id for rule in CATALOG}
     assert (counts["nodes"] > 0).all() and (counts["findings"] > 0).all()
     assert counts["severity"].iloc[0] == "critical"
     shown = metrics(app)
-    assert shown["nodes"] == "256" and shown["rules firing"] == str(len(RULE_IDS))
+    assert shown["nodes"] == "256" and shown["rules firing"] == str(counts["rule"].nunique())
+    assert shown["rules not evaluated"] == f"0 of {len(CATALOG)}"
     assert int(shown["critical nodes"]) > 0
     assert app.get("plotly_chart"), "no charts drawn"
     listed = table(app, "findings_table")
@@ -81,6 +86,12 @@ def test_fleet_page_heatmap_signal_and_filters(monkeypatch):
     app.selectbox(key="fleet_signal").select("PFC pauses /s").run()
     assert not app.exception
     assert any("fleetscope_nic_pfc_pause_frames_total" in c.value for c in app.caption)
+    app.selectbox(key="fleet_signal").select("health").run()
+    assert not app.exception
+    heat = json.loads(app.get("plotly_chart")[-1].proto.spec)
+    cells = heat["data"][0]["z"]
+    assert {v for row in cells for v in row if v is not None} >= {0, 2}  # ok and critical
+    assert heat["layout"]["yaxis"]["dtick"] == 1  # every rack row labelled
     assert options == ["batch", "chat", "codegen", "mixed"]
     app = AppTest.from_file(APP, default_timeout=180)
     app.session_state["filter_pools"] = ["batch"]
@@ -98,12 +109,71 @@ def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
     app = run_app(monkeypatch, DEMO, "node")
     app.selectbox(key="node_choice").select(hog).run()
     assert not app.exception
+    assert app.query_params["node"] == hog  # the address bar follows the choice
     shown = metrics(app)
     assert shown["cores > 90 % now"] == "16"
     assert any("pinned hogs" in w.value for w in app.warning)
-    assert not table(app, "numa_table").empty
+    numa = table(app, "numa_table")
+    assert not numa.empty and numa["busy"].str.endswith("%").all()
+    assert len(numa) == numa["NUMA node"].nunique()  # alike NUMA nodes are one row
     assert any("core-imbalance" in e.label for e in app.expander)
     assert len(app.get("plotly_chart")) >= 8
+
+
+def test_a_node_deep_link_opens_that_node_with_the_finding_and_its_charts(monkeypatch):
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["offline-preemption"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": node, "rule": "offline-preemption"})
+    assert app.selectbox(key="node_choice").value == node
+    opened = [e for e in app.expander if "offline-preemption" in e.label]
+    assert opened and opened[0].proto.expanded
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in app.get(
+        "plotly_chart")]
+    assert any(t.startswith("Victim:") for t in titles)
+    assert any(t.startswith("Antagonist:") for t in titles)  # not only the victim
+
+
+def test_changing_the_rule_never_leaves_the_previous_rules_finding_selected(monkeypatch):
+    app = run_app(monkeypatch, DEMO, "findings")
+    rules = app.selectbox(key="findings_rule").options
+    first, second = rules[0], rules[1]
+    boxes = [b for b in app.selectbox if b.key and b.key.startswith("findings_choice")]
+    boxes[0].select_index(len(boxes[0].options) - 1).run()
+    app.selectbox(key="findings_rule").select_index(1).run()
+    assert not app.exception
+    boxes = [b for b in app.selectbox if b.key and b.key.startswith("findings_choice")]
+    assert len(boxes) == 1
+    shown = boxes[0].value
+    heading = app.subheader[0].value
+    assert f": {second} on " in heading and first not in heading
+    assert heading.endswith(shown.split(" ")[0])  # the box names the finding on the page
+    assert app.query_params == {"rule": second, "node": shown.split(" ")[0]}
+
+
+def test_a_bandwidth_value_renders_in_gigabytes_per_second(monkeypatch):
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["memory-bandwidth-saturation"][0]]
+    app = run_app(monkeypatch, DEMO, "findings",
+                  {"rule": "memory-bandwidth-saturation", "node": node})
+    assert app.subheader[0].value.endswith(node)
+    evidence = table(app, "evidence_table").set_index("signal")
+    assert evidence.loc["DRAM bandwidth over platform peak", "value"].endswith(" %")
+    assert evidence.loc["DRAM bandwidth over platform peak", "threshold"] == "> 80 %"
+    charts = [json.loads(c.proto.spec) for c in app.get("plotly_chart")]
+    axes = [c["layout"].get("yaxis", {}) for c in charts]
+    assert any(a.get("ticksuffix") == "B/s" and a.get("tickformat") == "~s" for a in axes)
+    node_page = run_app(monkeypatch, DEMO, "node", {"node": node})
+    assert any(re.search(r"now \d+(\.\d+)? GB/s of the platform peak \d+(\.\d+)? GB/s",
+                         c.value) for c in node_page.caption)
+
+
+def test_runbook_links_stay_inside_the_console(monkeypatch):
+    app = run_app(monkeypatch, DEMO, "runbook", {"rule": "isa-mismatch"})
+    assert app.selectbox(key="runbook_rule").value == "isa-mismatch"
+    body = text_of(app)
+    assert "](/runbook?rule=cold-start)" in body and "(cold-start.md)" not in body
+    related = [link.proto for link in app.get("page_link")]
+    assert any(p.page == "runbook" and "rule=cold-start" in p.query_string for p in related)
 
 
 def test_findings_page_renders_evidence_action_and_runbook(monkeypatch):
@@ -113,7 +183,8 @@ def test_findings_page_renders_evidence_action_and_runbook(monkeypatch):
     body = text_of(app)
     assert "**Action:**" in body and "## Confirm by hand" in body
     assert f"# {first}" in body
-    app.selectbox(key="findings_rule").select("roce-congestion").run()
+    rules = app.selectbox(key="findings_rule").options
+    app.selectbox(key="findings_rule").select_index(rules.index("roce-congestion")).run()
     body = text_of(app)
     assert "# roce-congestion" in body and "RoCEv2 packet loss" in body
     assert not table(app, "evidence_table").empty
@@ -122,19 +193,21 @@ def test_findings_page_renders_evidence_action_and_runbook(monkeypatch):
 
 def test_latency_page_shows_inference_as_a_third_of_session_time(monkeypatch):
     app = run_app(monkeypatch, DEMO, "latency")
-    shares = {k: v for k, v in metrics(app).items() if k.startswith("inference share")}
-    assert set(shares) == {"inference share · chat-online", "inference share · codegen-online",
-                           "inference share · batch-offline"}
-    for pool in ("chat-online", "codegen-online"):
-        assert 30 <= int(shares[f"inference share · {pool}"].rstrip("%")) <= 45
+    shares = {k: v for k, v in metrics(app).items() if k.startswith("inference · ")}
+    node_pools = set(app.sidebar.multiselect(key="filter_pools").options)
+    assert {k.split(" · ")[1] for k in shares} == node_pools  # the sidebar's pools
+    assert {"inference · chat · chat-online", "inference · codegen · codegen-online",
+            "inference · batch · batch-offline"} <= set(shares)
+    for key in ("chat · chat-online", "codegen · codegen-online"):
+        assert 30 <= int(shares[f"inference · {key}"].rstrip("%")) <= 45
     assert set(table(app, "stage_table")["stage"]) >= {"inference", "tool_call"}
 
 
-def test_rules_page_has_every_rule_and_downloads_the_rule_file(monkeypatch):
+def test_rules_page_has_every_catalog_rule_and_downloads_the_rule_file(monkeypatch):
     app = run_app(monkeypatch, DEMO, "rules")
     rules = table(app, "rule_table")
-    assert len(rules) == len(RULE_IDS) and set(rules["rule"]) == set(RULE_IDS)
-    assert metrics(app)["rules in the catalog"] == str(len(RULE_IDS))
+    assert len(rules) == len(CATALOG) and set(rules["rule"]) >= set(RULE_IDS)
+    assert metrics(app)["rules in the catalog"] == str(len(CATALOG))
     assert app.get("download_button")
     assert "fleetscope_rule: isa-mismatch" in app.code[0].value
 
@@ -167,7 +240,7 @@ def test_fixture_bundle_every_page(monkeypatch, page):
     elif page == "latency":
         assert "agent_stage_duration_seconds" in app.info[0].value
     else:
-        assert len(table(app, "rule_table")) == len(RULE_IDS)
+        assert len(table(app, "rule_table")) == len(CATALOG)
 
 
 @pytest.mark.live
@@ -181,7 +254,7 @@ def test_live_recorded_bundle_every_page(monkeypatch, live_bundle, page):
         assert app.selectbox(key="node_choice").value == hostname
         assert metrics(app)["busiest core"].endswith("%")
     elif page == "rules":
-        assert len(table(app, "rule_table")) == len(RULE_IDS)
+        assert len(table(app, "rule_table")) == len(CATALOG)
 
 
 def test_a_bad_source_is_one_error_line(monkeypatch, tmp_path):
@@ -246,11 +319,11 @@ def test_prometheus_source_every_page(monkeypatch, prometheus, page):
     app = run_app(monkeypatch, f"prometheus:{url}", page)
     if page == "fleet":
         counts = table(app, "rule_counts")
-        assert set(counts["rule"]) == set(RULE_IDS)
+        assert set(counts["rule"]) >= set(RULE_IDS)
         assert metrics(app)["nodes"] == "64"
     elif page == "node":
         assert metrics(app)["median core busy"].endswith("%")
     elif page == "findings":
         assert "## Confirm by hand" in text_of(app)
     elif page == "latency":
-        assert any(k.startswith("inference share") for k in metrics(app))
+        assert any(k.startswith("inference · ") for k in metrics(app))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fleetscope.dashboard.launch import streamlit_args
+from fleetscope.dashboard.launch import DEFAULT_PORT, choose_port, port_free, streamlit_args
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -59,3 +59,30 @@ def test_help_names_the_sources():
     result = run("console", "--help")
     assert result.returncode == 0 and "bundle:PATH" in result.stdout
     assert run("demo", "--help").returncode == 0
+
+
+def test_a_taken_port_is_one_line_and_exit_3():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run("demo", "--nodes", "16", "--port", str(port))
+    assert result.returncode == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "taken" in lines[0]
+    assert "http://" not in result.stdout  # no URL of whatever holds the port
+
+
+def test_without_port_the_console_takes_the_next_free_one():
+    with socket.socket() as holder:
+        try:
+            holder.bind(("127.0.0.1", DEFAULT_PORT))
+            holder.listen()
+        except OSError:
+            pass  # already held by something else: the same case
+        chosen = choose_port("127.0.0.1", None)
+        assert chosen != DEFAULT_PORT and port_free("127.0.0.1", chosen)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert choose_port("127.0.0.1", port) == port

@@ -1,4 +1,5 @@
-"""Findings: each finding with its evidence charts, its action and its runbook."""
+"""Findings: `/findings?rule=ID&node=NAME`. Each finding with the charts that prove it (its
+rule's evidence view), its action and its runbook."""
 
 import streamlit as st
 
@@ -7,21 +8,47 @@ from fleetscope.dashboard import charts, data, state
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
 keep = set(nodes["instance"])
-findings = [f for f in snap.findings if f["node"] in keep]
+asked_node = st.query_params.get("node")
+findings = [f for f in snap.findings if f["node"] in keep or f["node"] == asked_node]
 st.title("Findings")
 if not findings:
     st.success("No rule fires on these nodes.")
     st.stop()
-rules = sorted({f["rule"] for f in findings},
-               key=lambda r: [f["rule"] for f in findings].index(r))
-rule = st.selectbox("Rule", rules, key="findings_rule",
-                    format_func=lambda r: f"{r} ({sum(f['rule'] == r for f in findings)})")
+rules = list(dict.fromkeys(f["rule"] for f in findings))  # worst first, as the engine ranks
+state.from_url("rule", "findings_rule", set(rules))
+# No format_func: option values are what the widget shows and what the URL holds.
+rule = st.selectbox("Rule (worst first)", rules, key="findings_rule",
+                    on_change=state.to_url("rule", "findings_rule", drop=("node",)))
 of_rule = [f for f in findings if f["rule"] == rule]
-labels = [f"{f['node']} · {f['summary']}" for f in of_rule]
-choice = st.selectbox(f"Finding ({len(of_rule)} for this rule, worst first)",
-                      range(len(of_rule)), format_func=lambda i: labels[i],
-                      key="findings_choice")
-finding = of_rule[min(choice or 0, len(of_rule) - 1)]
+
+
+def finding_id(finding: dict) -> str:
+    """What names one finding among its rule's: the node and the labels it fired on."""
+    labels = {k: v for k, v in finding.get("labels", {}).items() if k != "instance"}
+    return finding["node"] + "".join(f" {k}={v}" for k, v in sorted(labels.items()))
+
+
+ids = [finding_id(f) for f in of_rule]
+by_id = dict(zip(ids, of_rule, strict=True))
+# One widget per rule: a rule change can never leave the previous rule's finding showing.
+choice_key = f"findings_choice::{rule}"
+if asked_node:
+    on_node = [i for i, f in zip(ids, of_rule, strict=True) if f["node"] == asked_node]
+    if on_node and st.session_state.get(choice_key) not in on_node:
+        st.session_state[choice_key] = on_node[0]
+if st.session_state.get(choice_key) not in by_id:
+    st.session_state[choice_key] = ids[0]
+
+
+def _node_to_url() -> None:
+    st.query_params["rule"] = rule
+    st.query_params["node"] = by_id[st.session_state[choice_key]]["node"]
+
+
+choice = st.selectbox(f"Finding ({len(of_rule)} for {rule}, worst first)", ids,
+                      key=choice_key, on_change=_node_to_url)
+finding = by_id[choice]
+state.keep_in_url(rule=rule, node=finding["node"])  # the deep link names this finding
 
 st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {finding['node']}")
 st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})")
@@ -31,19 +58,29 @@ subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
 if subjects:
     st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                            for k, v in subjects.items()))
+links = st.columns(3)
+links[0].page_link(state.page("node"), label=f"Open node {finding['node']}",
+                   icon=":material/memory:",
+                   query_params={"node": finding["node"], "rule": finding["rule"]})
+links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
+                   icon=":material/menu_book:", query_params={"rule": finding["rule"]})
 evidence = data.evidence_frame(finding)
-left, right = st.columns(2)
-left.dataframe(evidence, hide_index=True, key="evidence_table")
-if evidence["over threshold"].notna().any():
+left, right = st.columns([3, 2])
+left.dataframe(evidence.drop(columns="ratio"), hide_index=True, key="evidence_table",
+               column_config={"signal": st.column_config.TextColumn(width="large"),
+                              "over threshold": st.column_config.TextColumn(width="medium")})
+if evidence["ratio"].notna().any():
     right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars")
 
 history = state.node_history(snap, finding["node"])
-labels_of = {k: v for k, v in finding.get("labels", {}).items()} if "labels" in finding \
-    else {}
-for number, (metric, frame) in enumerate(data.finding_timelines(rule, history, labels_of)):
-    st.plotly_chart(charts.lines(frame, f"{metric}"
-                                 + (" (per second)" if data.is_counter(metric) else "")),
-                    key=f"timeline_{number}")
+window = data.history_window(history)
+panels = data.evidence_panels(rule, history, finding.get("labels"))
+if not panels:
+    st.info("No history of this rule's signals on the node from this source.")
+cols = st.columns(2)
+for number, (panel, frame) in enumerate(panels):
+    cols[number % 2].plotly_chart(charts.evidence_chart(panel, frame, window),
+                                  key=f"panel_{number}")
 
 st.subheader("Runbook")
-st.markdown(data.runbook(rule))
+st.markdown(data.runbook_markdown(rule))

@@ -1,9 +1,12 @@
-"""Fleet: health by pool and rack, a heatmap of every node by a chosen signal, and the active
-findings worst first with counts per rule."""
+"""Fleet: what is red and where. Counts, the findings worst first (a click on a row opens its
+node with that finding), where each rule concentrates (CPU stepping, rack, pool, kernel),
+sick nodes by pool, the worst racks and a heatmap of every node (a click on a cell or a
+rack row opens it)."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, data, state, units
+from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
@@ -11,39 +14,79 @@ findings = data.findings_for(state.findings(snap), nodes)
 health = data.node_health(nodes, findings)
 
 st.title("Fleet")
-cols = st.columns(5)
+cols = st.columns(6)
 cols[0].metric("nodes", f"{len(nodes):,}")
 cols[1].metric("critical nodes", int((health["health"] == "critical").sum()))
 cols[2].metric("warning nodes", int((health["health"] == "warning").sum()))
-cols[3].metric("findings", len(findings))
-cols[4].metric("rules firing", findings["rule"].nunique())
+cols[3].metric("findings", f"{len(findings):,}")
+cols[4].metric("rules firing", f"{findings['rule'].nunique()}")
+cols[5].metric("rules not evaluated", f"{len(snap.not_evaluated)} of {len(CATALOG)}")
+st.caption(f"{snap.description} · evaluated "
+           f"{units.time_window(snap.window[0], snap.window[1])}")
+if snap.not_evaluated:
+    st.warning("Not evaluated on this source (their signals are missing): " + "; ".join(
+        f"**{item['rule']}** ({item['reason']})" for item in snap.not_evaluated))
 
-counts = data.rule_counts(findings)
-st.subheader("Active findings")
-if counts.empty:
+st.subheader("Findings, worst first")
+if findings.empty:
     st.success("No rule fires on these nodes.")
 else:
+    shown = findings[["severity", "rule", "node", "confidence", "summary"]].head(500)
+    st.caption("Click a row to open its node with the finding.")
+    event = st.dataframe(
+        shown, hide_index=True, key="findings_table", on_select="rerun",
+        selection_mode="single-row", height=min(38 + 35 * len(shown), 316),
+        column_config={"confidence": st.column_config.ProgressColumn(
+            "confidence", format="percent", min_value=0.0, max_value=1.0),
+            "summary": st.column_config.TextColumn("summary", width="large")})
+    row = state.selected_row(event)
+    if row is not None:
+        state.open_node(shown.iloc[row]["node"], shown.iloc[row]["rule"])
+    if len(findings) > 500:
+        st.caption(f"the first 500 of {len(findings):,}; narrow with the filters")
+
+counts = data.rule_counts(findings)
+if not counts.empty:
     left, right = st.columns([2, 3])
-    left.dataframe(counts, hide_index=True, key="rule_counts")
-    right.plotly_chart(charts.rule_bars(counts), key="rule_bars")
+    with left:
+        st.markdown("**Where each rule fires**")
+        rule = st.selectbox("Rule", counts["rule"].tolist(), key="fleet_group_rule")
+        dimension = st.radio("Group by", list(data.GROUPINGS), horizontal=True,
+                             key="fleet_group_by")
+        summary = data.grouping_summary(nodes, findings, rule)
+        if summary:
+            st.info(summary)
+    grouping = data.rule_grouping(nodes, findings, rule, dimension)
+    right.plotly_chart(charts.grouping_bars(grouping.head(20), rule, dimension),
+                       key="grouping_bars")
+    with st.expander("Nodes per firing rule", expanded=False):
+        st.plotly_chart(charts.rule_bars(counts), key="rule_bars")
+        st.dataframe(counts, hide_index=True, key="rule_counts")
 
 left, right = st.columns(2)
 by_pool = data.health_by(nodes, findings, "node_pool")
 left.plotly_chart(charts.health_bars(by_pool, "node_pool"), key="health_pool")
-by_rack = data.health_by(nodes, findings, "rack")
-right.markdown("**Worst racks**")
-right.dataframe(by_rack.head(12), hide_index=True, key="health_rack")
+by_rack = data.health_by(nodes, findings, "rack").head(12)
+with right:
+    st.markdown("**Worst racks** (click a row to open its worst node)")
+    event = st.dataframe(by_rack, hide_index=True, key="health_rack", on_select="rerun",
+                         selection_mode="single-row")
+    row = state.selected_row(event)
+    if row is not None:
+        rack = by_rack.iloc[row]["rack"]
+        worst = data.worst_node(health, rack)
+        if worst:
+            state.open_node(worst)
 
 signal = st.selectbox("Heatmap signal", list(data.SIGNALS), key="fleet_signal")
-st.caption(f"{data.SIGNALS[signal][1]} ({data.SIGNALS[signal][0]}); blank = no data")
-grid = data.heatmap(nodes, state.signals(snap), signal)
-st.plotly_chart(charts.fleet_heatmap(grid, signal), key="fleet_heatmap")
-
-st.subheader("Findings, worst first")
-st.dataframe(findings[["severity", "rule", "node", "confidence", "summary"]].head(500),
-             hide_index=True, key="findings_table")
-if len(findings) > 500:
-    st.caption(f"the first 500 of {len(findings):,}; narrow with the filters")
-if snap.not_evaluated:
-    with st.expander(f"{len(snap.not_evaluated)} rules not evaluated on this source"):
-        st.dataframe(snap.not_evaluated, hide_index=True)
+st.caption(f"{data.SIGNALS[signal][1]}"
+           + (f" ({units.unit_words(data.SIGNALS[signal][0])})" if data.SIGNALS[signal][0]
+              else "") + "; blank = no data")
+signals = data.with_health(state.signals(snap), health)
+grid = data.heatmap(nodes, signals, signal)
+event = st.plotly_chart(charts.fleet_heatmap(grid, signal), key="fleet_heatmap",
+                        on_select="rerun", selection_mode="points")
+point = state.selected_point(event)
+if point and point.get("customdata"):
+    node = point["customdata"]
+    state.open_node(node[0] if isinstance(node, list) else node)

@@ -1,9 +1,10 @@
-"""Latency breakdown: where session time goes, by stage, per pool. On CPU agent clusters
-inference is only 30-40 % of a session; the rest is queueing, context, tools and state."""
+"""Latency breakdown: where session time goes, by stage, per node pool (the sidebar's pools)
+and the workload pools running on it. On CPU agent clusters inference is only 30-40 % of a
+session; the rest is queueing, context, tools and state."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, data, state, units
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
@@ -14,9 +15,18 @@ if breakdown.empty:
             "agent runtime's metrics are not scraped.")
     st.stop()
 shares = data.inference_share(breakdown)
-cols = st.columns(max(1, len(shares)))
-for col, row in zip(cols, shares.itertuples(index=False), strict=False):
-    col.metric(f"inference share · {row.pool}", f"{row._1:.0%}")
+st.caption("Share of session time that is model inference, per node pool · workload pool")
+cols = st.columns(max(1, min(4, len(shares))))
+for number, row in enumerate(shares.itertuples(index=False)):
+    cols[number % len(cols)].metric(f"inference · {row.node_pool} · {row.pool}",
+                                    f"{row[2]:.0%}")
 st.plotly_chart(charts.stage_bars(breakdown), key="stage_bars")
-st.dataframe(breakdown, hide_index=True, key="stage_table",
-             column_config={"share": st.column_config.NumberColumn(format="percent")})
+spent = breakdown["seconds_per_second"].map(lambda v: units.format_value(v, "s/s"))
+per_session = breakdown["seconds_per_session"].map(lambda v: units.format_value(v, "s"))
+table = breakdown.assign(**{"time spent per second, all nodes": spent,
+                            "per session (mean)": per_session})
+st.dataframe(table[["node_pool", "pool", "stage", "share", "per session (mean)",
+                    "time spent per second, all nodes"]],
+             hide_index=True, key="stage_table",
+             column_config={"node_pool": "node pool", "pool": "workload pool",
+                            "share": st.column_config.NumberColumn(format="percent")})

@@ -1,37 +1,73 @@
-"""Node: per-core busy over time, NUMA, steal and run delay, memory bandwidth against the
-peak, NIC counters, and the node's findings with their evidence."""
+"""Node: `/node?node=NAME[&rule=ID]`. The node's findings first, each with the charts that
+prove it (the one named by `rule` open), then per-core busy, NUMA, steal and run delay,
+memory bandwidth against the peak and the NIC counters."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, data, state, units
 
 snap = state.snapshot()
+all_nodes = state.nodes(snap)
 nodes = state.filtered_nodes(snap)
 all_findings = state.findings(snap)
 st.title("Node")
-if nodes.empty:
+# A deep link may name a node the sidebar filters hide: it is still the node asked for.
+choices = nodes["instance"].tolist()
+wanted = st.query_params.get("node")
+if wanted and wanted not in choices and wanted in set(all_nodes["instance"]):
+    choices = [wanted, *choices]
+if not choices:
     st.warning("No node matches the filters.")
     st.stop()
-choices = nodes["instance"].tolist()
-flagged = [n for n in all_findings["node"] if n in set(choices)]
-default = st.session_state.get("node_choice")
-if default not in choices:
+if wanted and wanted not in choices:
+    st.warning(f"No node {wanted!r} in this source; showing the first flagged node.")
+state.from_url("node", "node_choice", set(choices))
+if st.session_state.get("node_choice") not in choices:
+    flagged = [n for n in all_findings["node"] if n in set(choices)]
     st.session_state["node_choice"] = flagged[0] if flagged else choices[0]
-instance = st.selectbox("Node", choices, key="node_choice")
-row = nodes[nodes["instance"] == instance].iloc[0]
-st.caption(f"pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
-           f"(stepping {row.stepping}, {row.arch})")
+instance = st.selectbox("Node", choices, key="node_choice",
+                        on_change=state.to_url("node", "node_choice", drop=("rule",)))
+row = all_nodes[all_nodes["instance"] == instance].iloc[0]
+st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
+           f"(stepping {row.stepping}, {row.arch}) · kernel {row.kernel} · data up to "
+           f"{units.local_time(snap.window[1])}")
 
 history = state.node_history(snap, instance)
-mine = all_findings[all_findings["node"] == instance]
+window = data.history_window(history)
+mine = [f for f in snap.findings if f["node"] == instance]
+open_rule = st.query_params.get("rule")
+if open_rule not in {f["rule"] for f in mine}:
+    open_rule = None
+state.keep_in_url(node=instance, rule=open_rule)
 st.subheader(f"Findings on this node ({len(mine)})")
-if mine.empty:
+if not mine:
     st.success("No rule fires on this node.")
-for finding in [f for f in snap.findings if f["node"] == instance]:
+for number, finding in enumerate(mine):
+    is_open = finding["rule"] == open_rule or (open_rule is None and number == 0)
     with st.expander(f"{finding['severity'].upper()} · {finding['rule']} · "
-                     f"{finding['summary']}"):
-        st.markdown(f"**Action:** {finding['action']}")
-        st.dataframe(data.evidence_frame(finding), hide_index=True)
+                     f"{finding['summary']}", expanded=is_open):
+        st.markdown(f"**Likely cause:** {finding['cause']}  \n**Action:** {finding['action']}")
+        subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
+        if subjects:
+            st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
+                                                   for k, v in subjects.items()))
+        st.dataframe(data.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
+                     key=f"node_evidence_{number}")
+        if is_open:  # the charts of the finding asked for (the others on a click)
+            panels = data.evidence_panels(finding["rule"], history, finding.get("labels"))
+            for chart_number, (panel, frame) in enumerate(panels):
+                st.plotly_chart(charts.evidence_chart(panel, frame, window),
+                                key=f"node_panel_{number}_{chart_number}")
+        links = st.columns(3)
+        links[0].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
+                           icon=":material/menu_book:", query_params={"rule": finding["rule"]})
+        links[1].page_link(state.page("findings"), label="Open in Findings",
+                           icon=":material/report:",
+                           query_params={"rule": finding["rule"], "node": instance})
+        if not is_open:
+            links[2].page_link(state.page("node"), label="Show its charts",
+                               icon=":material/show_chart:",
+                               query_params={"node": instance, "rule": finding["rule"]})
 
 st.subheader("Cores")
 busy = state.per_core(f"{state.source()}@{snap.window[1]}", instance, snap)
@@ -58,10 +94,10 @@ numa = data.numa_view(history)
 if numa.empty:
     st.info("No per-NUMA-node series from this source.")
 else:
-    st.dataframe(numa, hide_index=True, key="numa_table")
+    st.dataframe(data.numa_display(numa), hide_index=True, key="numa_table")
 memory = data.pool_memory(history)
 if not memory.empty:
-    st.dataframe(memory, hide_index=True, key="pool_memory")
+    st.dataframe(data.bytes_display(memory), hide_index=True, key="pool_memory")
 remote = data.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
@@ -86,22 +122,27 @@ if bandwidth.empty:
 else:
     total = bandwidth.groupby("time", as_index=False)["value"].sum()
     total["series"] = "read + write"
-    st.plotly_chart(charts.lines(total, "DRAM bandwidth against the platform peak",
-                                 colour="series",
-                                 threshold=float(peak["value"].max()) if not peak.empty
-                                 else None, unit="bytes/s"), key="bandwidth")
+    peak_value = float(peak["value"].max()) if not peak.empty else None
+    now = float(total.sort_values("time")["value"].iloc[-1])
+    st.caption(f"DRAM bandwidth now {units.format_value(now, 'bytes/s')}"
+               + (f" of the platform peak {units.format_value(peak_value, 'bytes/s')} "
+                  f"({now / peak_value:.0%}; memory-bandwidth-saturation fires above 80 %)"
+                  if peak_value else " (no platform peak known)"))
+    st.plotly_chart(charts.lines(total, "DRAM bandwidth (read + write) against the peak",
+                                 colour="series", threshold=peak_value, unit="bytes/s"),
+                    key="bandwidth")
 
 st.subheader("NIC")
 left, right = st.columns(2)
 pfc = data.timeline(history, "fleetscope_nic_pfc_pause_frames_total")
 if not pfc.empty:
-    left.plotly_chart(charts.lines(pfc, "PFC pause frames /s", unit="1/s"), key="pfc")
+    left.plotly_chart(charts.lines(pfc, "PFC pause frames", unit="frames/s"), key="pfc")
 rdma = data.timeline(history, "fleetscope_rdma_hw_stats_total")
 if not rdma.empty:
-    right.plotly_chart(charts.lines(rdma, "RDMA congestion counters /s", unit="1/s"),
+    right.plotly_chart(charts.lines(rdma, "RDMA congestion counters", unit="1/s"),
                        key="rdma")
 port = data.timeline(history, "fleetscope_nic_port_bytes_total")
 if not port.empty:
-    st.plotly_chart(charts.lines(port, "Port bytes /s", unit="bytes/s"), key="port_bytes")
+    st.plotly_chart(charts.lines(port, "NIC port traffic", unit="bytes/s"), key="port_bytes")
 if pfc.empty and rdma.empty and port.empty:
     st.info("No NIC or RDMA counters from this source.")

@@ -1,7 +1,9 @@
 """End to end: `fleetscope demo` on a free 127.0.0.1 port, loaded in headless Chromium.
 
-Waits until the Fleet page shows every injected rule, checks the counts, and saves a
-screenshot (kept in $FLEETSCOPE_SCREENSHOT_DIR when set, else in the test's tmp dir).
+Waits until the Fleet page shows its counts; clicks the first critical finding and follows it
+to its node, its runbook and a related runbook, then reloads the node's deep link; shoots
+every page at 1600x1000. Screenshots of each step stay in the test's tmp dir (and are copied
+to $FLEETSCOPE_SCREENSHOT_DIR when set).
 Chromium comes from Debian (`chromium`, `chromium-driver`); outside CI a machine without
 them skips, in CI that is a failure.
 """
@@ -15,17 +17,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from fleetscope.rules.catalog import RULE_IDS
+from fleetscope.dashboard.data import runbook
+from fleetscope.rules.catalog import CATALOG, RULE_IDS
 from tests.conftest import require_tool
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--window-size=1600,2300")
+                  "--disable-component-update", "--disable-sync", "--window-size=1600,1000",
+                  "--hide-scrollbars", "--force-device-scale-factor=1")
 
 
 def free_port() -> int:
@@ -86,38 +91,213 @@ def browser():
         options.add_argument(flag)
     profile = tempfile.mkdtemp(prefix="fleetscope-chromium-")
     options.add_argument(f"--user-data-dir={profile}")
-    return webdriver.Chrome(service=Service(driver_path), options=options), profile
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    # The viewport itself 1600x1000 (a headless window's size includes no browser chrome, but
+    # say it exactly so every screenshot is the size people review).
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1600, "height": 1000, "deviceScaleFactor": 1,
+                            "mobile": False})
+    return driver, profile
+
+
+def body_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    try:
+        return driver.find_element(By.TAG_NAME, "body").text
+    except Exception:  # noqa: BLE001 (a page mid-rerun: read again)
+        return ""
+
+
+def wait_for(driver, check, what: str, seconds: float = 120) -> str:
+    """Poll the page until `check(text)` holds; the text it held."""
+    deadline = time.monotonic() + seconds
+    text = ""
+    while time.monotonic() < deadline:
+        text = body_text(driver)
+        if check(text) and "Running..." not in text:
+            return text
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not seen within {seconds:.0f} s at {driver.current_url}; "
+                         f"the page says:\n{text[:2000]}")
+
+
+def shoot(driver, tmp_path: Path, name: str) -> Path:
+    time.sleep(1.5)  # let plotly finish drawing
+    shot = tmp_path / f"{name}.png"
+    driver.save_screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep = os.environ.get("FLEETSCOPE_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / shot.name)
+    return shot
+
+
+def click_first_row(driver, table_index: int = 0) -> None:
+    """Select the first row of a st.dataframe (a canvas grid): its row-marker cell."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    frame = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')[table_index]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", frame)
+    time.sleep(0.5)
+    canvas = frame.find_element(By.TAG_NAME, "canvas")
+    size = canvas.size
+    # Selenium 4 offsets are from the element's centre: the marker column's first row.
+    x = 16 - size["width"] / 2
+    y = 35 + 17 - size["height"] / 2
+    ActionChains(driver).move_to_element_with_offset(canvas, x, y).pause(0.3).click().perform()
+
+
+def click_link(driver, label_part: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    links = [a for a in driver.find_elements(By.CSS_SELECTOR, "a")
+             if label_part in (a.text or "")]
+    assert links, f"no link with {label_part!r}"
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", links[0])
+    links[0].click()
+
+
+def path_and_query(url: str) -> tuple[str, dict]:
+    parsed = urllib.parse.urlparse(url)
+    return parsed.path, dict(urllib.parse.parse_qsl(parsed.query))
 
 
 @pytest.mark.live
 def test_demo_fleet_page_in_chromium(demo, tmp_path):
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(demo)
+        firing = set(RULE_IDS)
+        text = wait_for(driver, lambda t: all(r in t for r in firing)
+                        or "Findings, worst first" in t and "Worst racks" in t,
+                        "the Fleet page")
+        text = wait_for(driver, lambda t: "Worst racks" in t and "nodes\n512" in t,
+                        "the Fleet page's counts")
+        assert "nodes\n512" in text
+        assert f"rules not evaluated\n0 of {len(CATALOG)}" in text
+        assert "Error" not in text and "Traceback" not in text
+        shot = shoot(driver, tmp_path, "fleet")
+        assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_click_through_from_a_critical_finding_to_its_runbooks_and_back(demo, tmp_path):
+    """Fleet -> first critical finding -> its node with the finding open -> its runbook ->
+    a related runbook -> the node's deep link reloaded: the same page."""
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(demo + "fleet")  # a pasted /fleet link opens the Fleet page
+        text = wait_for(driver, lambda t: "Findings, worst first" in t and "Worst racks" in t,
+                        "the Fleet page at /fleet")
+        assert "Page not found" not in text
+        shoot(driver, tmp_path, "1-fleet")
+        click_first_row(driver)
+        wait_for(driver, lambda t: driver.current_url.split("?")[0].endswith("/node"),
+                 "the Node page after the click", 90)
+        path, query = path_and_query(driver.current_url)
+        assert set(query) == {"node", "rule"}
+        node, rule = query["node"], query["rule"]
+        text = wait_for(driver, lambda t: f"CRITICAL · {rule}" in t and "Cores" in t,
+                        f"the node {node} with its {rule} finding", 90)
+        assert node in text and "Likely cause:" in text
+        shoot(driver, tmp_path, "2-node-with-finding")
+
+        click_link(driver, f"Runbook: {rule}")
+        wait_for(driver, lambda t: f"/runbook?rule={rule}" in driver.current_url
+                 and "Related runbooks" in t, f"the {rule} runbook")
+        text = body_text(driver)
+        assert "Page not found" not in text
+        shoot(driver, tmp_path, "3-runbook")
+        from selenium.webdriver.common.by import By
+
+        related = [a for a in driver.find_elements(By.CSS_SELECTOR,
+                                                   '[data-testid="stPageLink-NavLink"]')
+                   if "rule=" in (a.get_attribute("href") or "")
+                   and f"rule={rule}" not in a.get_attribute("href")]
+        assert related, "the runbook has no related runbook links"
+        other = path_and_query(related[0].get_attribute("href"))[1]["rule"]
+        related[0].click()
+        heading = runbook(other).splitlines()[0].lstrip("# ").strip()
+        text = wait_for(driver, lambda t: f"rule={other}" in driver.current_url
+                        and heading in t, f"the related runbook {other}")
+        assert "Page not found" not in text
+        shoot(driver, tmp_path, "4-related-runbook")
+
+        deep_link = f"{demo}node?{urllib.parse.urlencode({'node': node, 'rule': rule})}"
+        driver.get(deep_link)
+        text = wait_for(driver, lambda t: f"CRITICAL · {rule}" in t and "Cores" in t,
+                        "the deep link after a reload", 90)
+        assert node in text and "Page not found" not in text
+        driver.refresh()
+        text = wait_for(driver, lambda t: f"CRITICAL · {rule}" in t and "Cores" in t,
+                        "the same page after a reload", 90)
+        assert path_and_query(driver.current_url) == (path, query)
+        shoot(driver, tmp_path, "5-deep-link-reloaded")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_every_page_at_1600x1000(demo, tmp_path):
+    """A screenshot of every page at 1600x1000, none with an error or "Page not found"."""
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        for path, marker in (("fleet", "Worst racks"), ("node", "Cores"),
+                             ("findings", "Runbook"), ("latency", "model inference"),
+                             ("rules", "rules in the catalog"),
+                             ("runbook?rule=roce-congestion", "Related runbooks")):
+            driver.get(demo + path)
+            text = wait_for(driver, lambda t, m=marker: m in t, f"the {path} page")
+            assert "Page not found" not in text and "Traceback" not in text, path
+            shoot(driver, tmp_path, f"page-{path.split('?')[0]}")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
+    """A click on a heatmap cell (a transparent marker over it: Plotly does not select
+    heatmap cells) opens the Node page of the node in that cell."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.common.by import By
 
     driver, profile = browser()
     try:
         driver.set_page_load_timeout(60)
-        driver.get(demo)
-        deadline = time.monotonic() + 120
-        text = ""
-        while time.monotonic() < deadline:
-            text = driver.find_element(By.TAG_NAME, "body").text
-            if all(rule in text for rule in RULE_IDS) and "Findings, worst first" in text:
-                break
-            time.sleep(1)
-        missing = [rule for rule in RULE_IDS if rule not in text]
-        assert not missing, f"the Fleet page does not show {missing}"
-        assert f"rules firing\n{len(RULE_IDS)}" in text
-        assert "nodes\n512" in text
-        assert "Error" not in text and "Traceback" not in text
-        time.sleep(2)  # let the charts finish drawing
-        shot = tmp_path / "fleet.png"
-        driver.save_screenshot(str(shot))
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
-        keep = os.environ.get("FLEETSCOPE_SCREENSHOT_DIR")
-        if keep:
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            shutil.copy(shot, Path(keep) / "fleet.png")
+        driver.get(demo + "fleet")
+        wait_for(driver, lambda t: "click a cell to open the node" in t, "the fleet heatmap")
+        time.sleep(3)  # plotly draws after the text is there
+        heat = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[-1]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", heat)
+        time.sleep(1)
+        plot = heat.find_element(By.CSS_SELECTOR, ".js-plotly-plot")
+        x, y, row = driver.execute_script(
+            "var gd = arguments[0], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
+            "var r = gd.getBoundingClientRect(), row = ya._categories[1];"
+            "return [r.left + xa._offset + xa.d2p(2), r.top + ya._offset + ya.d2p(row), row];",
+            plot)
+        click = ActionBuilder(driver)
+        click.pointer_action.move_to_location(int(x), int(y))
+        click.pointer_action.pause(0.5)
+        click.pointer_action.click()
+        click.perform()
+        wait_for(driver, lambda t: "/node?node=" in driver.current_url and "Cores" in t,
+                 "the Node page after a click on a heatmap cell", 90)
+        node = path_and_query(driver.current_url)[1]["node"]
+        rack = row.split(" / ")[1]
+        assert node == f"{rack}n02:9105", (node, row)  # the clicked row's third slot
+        shoot(driver, tmp_path, "heatmap-click-node")
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)

@@ -1,0 +1,268 @@
+"""Numbers people read at a glance: the console's one formatting layer (and `bundle show`'s
+times). Standard library only, so the command line can use it without pandas or plotly.
+
+    format_value(3.754e11, "bytes/s")   -> '375 GB/s'      (SI: network and memory rates)
+    format_value(56540488564, "bytes")  -> '52.7 GiB'      (IEC: memory sizes)
+    format_value(0.482, "ratio")        -> '48.2 %'
+    format_value(0.12, "s/s")           -> '120 ms/s'
+    format_threshold(0.3, "ratio")      -> '> 30 %'
+    local_time(1764660000)              -> '2025-12-02 07:20:00 UTC' (the console's zone)
+    axis("bytes/s")                     -> plotly axis settings: ticks '100GB/s', not '100B'
+    metric_title("fleetscope_nic_pfc_pause_frames_total") -> 'PFC pause frames (per second)'
+
+Units are the evidence units of rules/catalog.py (ratio, s, s/s, 1/s, bytes/s, CPUs, ...).
+Plotly's default tick labels say "100B" for 1e11 (B for billion): every chart takes its axis
+settings from `axis(unit)` so a bandwidth axis reads GB/s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import datetime, timezone, tzinfo
+
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_IEC = ((1 << 50, "Pi"), (1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki"))
+# Count-like units: a number and the word.
+_COUNTS = {"CPUs", "cpus", "cores", "threads", "tasks", "fds", "crashes", "pages", "nodes",
+           "frames", "packets", "processes", "sessions"}
+_UNIT_WORDS = {"ratio": "%", "1/s": "per second", "s": "seconds", "s/s": "seconds per second",
+               "bytes/s": "bytes per second", "bytes": "bytes", "ipc": "instructions per cycle"}
+TIME_ZONE_ENV = "FLEETSCOPE_CONSOLE_TZ"  # e.g. Asia/Shanghai; default: the machine's zone
+
+
+def _significant(value: float, digits: int = 3) -> str:
+    """3 significant digits without exponent or trailing zeros: 375, 37.5, 3.75, 0.0375."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = max(0, digits - 1 - magnitude)
+    text = f"{value:,.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def _scaled(value: float, steps, suffix: str) -> str:
+    for factor, prefix in steps:
+        if abs(value) >= factor:
+            return f"{_significant(value / factor)} {prefix}{suffix}"
+    return f"{_significant(value)} {suffix}"
+
+
+def format_value(value, unit: str = "") -> str:
+    """One value with its unit, in the unit a person reads (GB/s, GiB, %, ms)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    value = float(value)
+    if math.isinf(value):
+        return "∞"
+    if unit == "ratio":
+        return f"{_significant(value * 100)} %"
+    if unit == "bytes/s":
+        return _scaled(value, _SI, "B/s")
+    if unit == "bytes":
+        return _scaled(value, _IEC, "B")
+    if unit in ("s", "s/s"):
+        per = "/s" if unit == "s/s" else ""
+        if value == 0:
+            return f"0 s{per}"
+        if abs(value) < 1e-3:
+            return f"{_significant(value * 1e6)} µs{per}"
+        if abs(value) < 1:
+            return f"{_significant(value * 1e3)} ms{per}"
+        if unit == "s" and abs(value) >= 3600:
+            return f"{_significant(value / 3600)} h"
+        if unit == "s" and abs(value) >= 600:
+            return f"{_significant(value / 60)} min"
+        return f"{_significant(value)} s{per}"
+    if unit.endswith("/s") and unit not in ("B/s",):
+        thing = unit[:-2]
+        scaled = _scaled(value, _SI, "").replace(" ", "")
+        return f"{scaled}{' ' + thing if thing not in ('', '1') else ''}/s"
+    if unit == "ipc":
+        return f"{_significant(value)} IPC"
+    if unit in _COUNTS:
+        text = f"{value:,.0f}" if value == int(value) or abs(value) >= 100 else \
+            _significant(value)
+        return f"{text} {unit}"
+    return f"{_significant(value)} {unit}".strip()
+
+
+def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
+    """A rule threshold as a condition: '> 30 %', '< 1 IPC'; no threshold: '–'."""
+    if threshold is None or (isinstance(threshold, float) and math.isnan(threshold)):
+        return "–"
+    return f"{'<' if pick == 'min' else '>'} {format_value(threshold, unit)}"
+
+
+def over_threshold(value, threshold, pick: str = "max") -> str:
+    """How far past its threshold a value is, in words: '2.4x the threshold', 'below'."""
+    if value is None or threshold is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if threshold == 0:
+        return "above 0" if value > 0 else "at 0"
+    if pick == "min":
+        return f"{_significant(threshold / value, 2)}x below" if 0 < value < threshold \
+            else "not below"
+    ratio = value / threshold
+    return f"{_significant(ratio, 2)}x the threshold" if ratio >= 1 else \
+        f"below ({_significant(ratio * 100, 2)} % of it)"
+
+
+def unit_words(unit: str) -> str:
+    """An axis or legend title's unit: 'GB/s' for bytes/s, '%' for a ratio."""
+    return {"bytes/s": "B/s", "bytes": "bytes (IEC)", "ratio": "%", "s/s": "s/s",
+            "1/s": "per second"}.get(unit, unit)
+
+
+def axis(unit: str, top: float | None = None) -> dict:
+    """Plotly axis settings so ticks read in the unit: 100GB/s, 30%, 120ms/s, 1.5k/s.
+    `top` (the largest value drawn) keeps small event rates in decimals: 0.3/s, not 300m/s."""
+    if unit == "ratio":
+        return {"tickformat": ".0%", "title": {"text": "%"}}
+    if unit == "bytes/s":
+        return {"tickformat": "~s", "ticksuffix": "B/s", "title": {"text": "bytes per second"}}
+    if unit == "bytes":
+        return {"tickformat": "~s", "ticksuffix": "B", "title": {"text": "bytes"}}
+    if unit == "s/s":  # d3 SI prefixes: 120ms/s
+        return {"tickformat": "~s", "ticksuffix": "s/s", "title": {"text": _UNIT_WORDS[unit]}}
+    if unit == "s":  # ages and durations: 1,200 s (d3 would say "1.2ks")
+        return {"tickformat": ",~g", "ticksuffix": " s", "title": {"text": _UNIT_WORDS[unit]}}
+    if unit.endswith("/s"):
+        thing = unit[:-2]
+        small = top is not None and top == top and abs(top) < 10
+        return {"tickformat": ",.2~f" if small else "~s",
+                "ticksuffix": "/s" if thing in ("", "1") else f" {thing}/s",
+                "title": {"text": "per second" if thing in ("", "1") else f"{thing} per second"}}
+    return {"exponentformat": "none", "separatethousands": True,
+            "title": {"text": _UNIT_WORDS.get(unit, unit)}}
+
+
+def hover_format(unit: str) -> str:
+    """The d3 format and suffix of one value in a hover label, matching axis(unit)."""
+    settings = axis(unit)
+    if unit == "ratio":
+        return "%{y:.1%}"
+    if unit.endswith("/s") and unit not in ("bytes/s", "s/s"):
+        return "%{y:,.4~g}" + settings.get("ticksuffix", "")
+    if settings.get("tickformat") == "~s":
+        return "%{y:.3~s}" + settings.get("ticksuffix", "")
+    if unit == "s":
+        return "%{y:,.3~g} s"
+    return "%{y:,.4~g} " + unit
+
+
+# -- time ----------------------------------------------------------------------------------
+def console_zone() -> tzinfo:
+    """The zone people read times in: $FLEETSCOPE_CONSOLE_TZ, else the machine's own."""
+    name = os.environ.get(TIME_ZONE_ENV)
+    if name:
+        try:
+            from zoneinfo import ZoneInfo
+
+            return ZoneInfo(name)
+        except (ImportError, KeyError, ValueError, OSError):
+            pass
+    return datetime.now().astimezone().tzinfo or timezone.utc
+
+
+def zone_name(zone: tzinfo | None = None, at: float | None = None) -> str:
+    """'CST (UTC+08:00)', 'UTC': what a time axis says it is in."""
+    zone = zone or console_zone()
+    moment = datetime.fromtimestamp(time.time() if at is None else at, zone)
+    name = moment.tzname() or ""
+    offset = moment.strftime("%z")
+    if offset in ("+0000", "") and name in ("UTC", "GMT", ""):
+        return "UTC"
+    pretty = f"UTC{offset[:3]}:{offset[3:]}"
+    return f"{name} ({pretty})" if name and not name.startswith(("+", "-")) else pretty
+
+
+def local_time(epoch_s: float, zone: tzinfo | None = None, seconds: bool = True) -> str:
+    """Unix seconds as a wall-clock time with its zone: '2025-12-02 15:20:00 CST'."""
+    zone = zone or console_zone()
+    moment = datetime.fromtimestamp(float(epoch_s), zone)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+    name = moment.tzname() or moment.strftime("%z")
+    if name.startswith(("+", "-")):
+        name = f"UTC{name}"
+    return f"{text} {name}"
+
+
+def duration(seconds: float) -> str:
+    """A span: '59 s', '12 min', '3.2 h'."""
+    return format_value(seconds, "s")
+
+
+def time_window(start_s: float, end_s: float, zone: tzinfo | None = None) -> str:
+    """'2025-12-02 15:00:00 .. 15:20:00 CST (20 min)': a window in one line."""
+    zone = zone or console_zone()
+    first = datetime.fromtimestamp(float(start_s), zone)
+    last = datetime.fromtimestamp(float(end_s), zone)
+    same_day = first.date() == last.date()
+    end = last.strftime("%H:%M:%S") if same_day else last.strftime("%Y-%m-%d %H:%M:%S")
+    name = last.tzname() or ""
+    if name.startswith(("+", "-")):
+        name = f"UTC{name}"
+    return f"{first.strftime('%Y-%m-%d %H:%M:%S')} .. {end} {name} " \
+        f"({duration(end_s - start_s)})"
+
+
+# -- titles --------------------------------------------------------------------------------
+# What each metric is, for a chart title, and its unit once counters are rated.
+METRICS: dict[str, tuple[str, str]] = {
+    "fleetscope_cpu_core_busy_ratio": ("Busy across cores", "ratio"),
+    "fleetscope_cpu_core_steal_ratio": ("Steal across cores", "ratio"),
+    "fleetscope_cpu_saturated_cores": ("Cores over 90 % busy", "cores"),
+    "fleetscope_cpu_seconds_total": ("CPU time by mode", "s/s"),
+    "fleetscope_pool_run_delay_seconds_total": ("Run-queue delay per pool", "s/s"),
+    "fleetscope_pool_processes": ("Processes per pool", "processes"),
+    "fleetscope_pool_cpu_seconds_total": ("CPU used per pool", "CPUs"),
+    "fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total":
+        ("Pool cgroup CPU pressure (stall time)", "s/s"),
+    "fleetscope_pool_threads": ("Threads per pool", "threads"),
+    "fleetscope_pool_threads_per_core": ("Threads per physical core", "threads"),
+    "fleetscope_pool_context_switches_total": ("Context switches per pool", "1/s"),
+    "fleetscope_pool_fd_usage_ratio": ("Open files over the limit (worst process)", "ratio"),
+    "fleetscope_pool_fd_usage_open_fds": ("Open files (worst process)", "fds"),
+    "fleetscope_pool_fd_usage_limit_fds": ("Open-file limit (worst process)", "fds"),
+    "fleetscope_pool_numa_remote_memory_ratio": ("Pool memory on remote NUMA nodes", "ratio"),
+    "fleetscope_pool_memory_bytes": ("Pool resident memory", "bytes"),
+    "fleetscope_numastat_pages_total": ("NUMA page allocations", "pages/s"),
+    "fleetscope_memory_bandwidth_utilization_ratio": ("DRAM bandwidth over the peak",
+                                                      "ratio"),
+    "fleetscope_memory_bandwidth_bytes_per_second": ("DRAM bandwidth", "bytes/s"),
+    "fleetscope_memory_bandwidth_peak_bytes_per_second": ("DRAM bandwidth peak", "bytes/s"),
+    "fleetscope_llc_miss_ratio": ("L3 (last-level cache) miss ratio", "ratio"),
+    "fleetscope_instructions_per_cycle": ("Instructions per cycle", "ipc"),
+    "fleetscope_rdma_hw_stats_total": ("RDMA congestion counters", "1/s"),
+    "fleetscope_nic_pfc_pause_frames_total": ("PFC pause frames", "frames/s"),
+    "fleetscope_nic_port_bytes_total": ("NIC port traffic", "bytes/s"),
+    "fleetscope_sigill_crashes_total": ("SIGILL crashes in the kernel log", "crashes"),
+    "fleetscope_irq_online_pool_device_interrupts_total":
+        ("Device interrupts on the online pool's CPUs", "1/s"),
+    "fleetscope_irq_online_pool_overlap_cpus": ("Online pool CPUs in IRQ affinity masks",
+                                                "cpus"),
+    "agent_queue_depth": ("Tasks waiting in the queue", "tasks"),
+    "agent_task_heartbeat_age_seconds": ("Oldest in-flight task's heartbeat age", "s"),
+    "agent_tool_calls_total": ("Tool calls", "1/s"),
+    "agent_session_migrations_total": ("Session migrations", "1/s"),
+    "agent_stage_duration_seconds_sum": ("Time spent per stage", "s/s"),
+    "agent_stage_duration_seconds_count": ("Stage runs", "1/s"),
+}
+
+
+def metric_title(name: str) -> str:
+    """A chart title in words with its unit: 'PFC pause frames (frames/s)'."""
+    words, unit = METRICS.get(name, (None, None))
+    if words is None:
+        stem = name.removeprefix("fleetscope_").removesuffix("_total")
+        words = stem.replace("_", " ").capitalize()
+        unit = "1/s" if name.endswith("_total") else ""
+    return f"{words} ({unit_words(unit)})" if unit else words
+
+
+def metric_unit(name: str) -> str:
+    return METRICS.get(name, (None, "1/s" if name.endswith("_total") else ""))[1]

@@ -1,0 +1,270 @@
+"""The console's formatting layer (dashboard/units.py), the per-rule evidence views
+(dashboard/evidence_views.py), the fleet grouping per rule, runbook links and the demo's clock."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pandas as pd
+import pytest
+
+from fleetscope.dashboard import data, evidence_views, units
+from fleetscope.dashboard.fleet_sim import Fleet
+from fleetscope.rules.catalog import CATALOG, Evidence, Rule
+from fleetscope.rules.promql import Max, Selector
+
+
+@pytest.mark.parametrize("value, unit, text", [
+    (3.754e11, "bytes/s", "375 GB/s"),
+    (409.6e9, "bytes/s", "410 GB/s"),
+    (56540488564.1924, "bytes", "52.7 GiB"),
+    (2.5e9 * 24, "bytes", "55.9 GiB"),
+    (0.482, "ratio", "48.2 %"),
+    (0.3, "ratio", "30 %"),
+    (0.12, "s/s", "120 ms/s"),
+    (0.0004, "s", "400 µs"),
+    (125.0, "s", "125 s"),
+    (5400.0, "s", "1.5 h"),
+    (1500.0, "1/s", "1.5k/s"),
+    (950.0, "frames/s", "950 frames/s"),
+    (6e4, "pages/s", "60k pages/s"),
+    (1024.0, "fds", "1,024 fds"),
+    (30.5, "CPUs", "30.5 CPUs"),
+    (1.234, "ipc", "1.23 IPC"),
+    (float("nan"), "ratio", "–"),
+])
+def test_values_read_in_their_units(value, unit, text):
+    assert units.format_value(value, unit) == text
+
+
+def test_thresholds_read_as_conditions_and_never_in_exponent_notation():
+    assert units.format_threshold(0.3, "ratio") == "> 30 %"
+    assert units.format_threshold(1.0, "ipc", pick="min") == "< 1 IPC"
+    assert units.format_threshold(3.754e11, "bytes/s") == "> 375 GB/s"
+    for rule in CATALOG:
+        for item in rule.evidence:
+            text = units.format_threshold(item.threshold, item.unit, item.pick)
+            assert "e+" not in text and "e-" not in text, (rule.id, text)
+    assert units.over_threshold(0.6, 0.3) == "2x the threshold"
+    assert units.over_threshold(0.15, 0.3).startswith("below")
+    assert units.over_threshold(12, 0) == "above 0"
+
+
+def test_axes_format_bandwidth_in_bytes_per_second_not_billions():
+    bandwidth = units.axis("bytes/s")
+    assert bandwidth["tickformat"] == "~s" and bandwidth["ticksuffix"] == "B/s"
+    assert units.axis("ratio")["tickformat"] == ".0%"
+    assert units.axis("s/s")["ticksuffix"] == "s/s"  # d3 SI: 120ms/s
+    assert units.axis("s")["tickformat"] == ",~g"  # 1,200 s, not 1.2ks
+    assert units.axis("frames/s", 0.3)["tickformat"] == ",.2~f"  # 0.3/s, not 300m/s
+    assert units.axis("frames/s", 1500)["tickformat"] == "~s"  # 1.5k/s
+    assert "%{y:.1%}" in units.hover_format("ratio")
+
+
+def test_times_are_local_with_their_zone(monkeypatch):
+    monkeypatch.setenv(units.TIME_ZONE_ENV, "Asia/Shanghai")
+    assert units.local_time(1_764_660_000) == "2025-12-02 15:20:00 CST"
+    assert units.zone_name() == "CST (UTC+08:00)"
+    assert units.time_window(1_764_660_000 - 1200, 1_764_660_000) == \
+        "2025-12-02 15:00:00 .. 15:20:00 CST (20 min)"
+    monkeypatch.setenv(units.TIME_ZONE_ENV, "UTC")
+    assert units.local_time(1_764_660_000).endswith("07:20:00 UTC")
+
+
+def test_chart_titles_are_words_with_the_unit():
+    assert units.metric_title("fleetscope_nic_pfc_pause_frames_total") == \
+        "PFC pause frames (frames/s)"
+    assert units.metric_title("fleetscope_memory_bandwidth_bytes_per_second") == \
+        "DRAM bandwidth (B/s)"
+    assert units.metric_title("fleetscope_something_new_total") == "Something new (per second)"
+
+
+def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
+    finding = {"rule": "fd-exhaustion", "evidence": [
+        {"signal": "open fds over RLIMIT_NOFILE (worst process)", "value": 0.97,
+         "threshold": 0.9, "unit": "ratio"},
+        {"signal": "open fds of that process", "value": 993.0, "threshold": 0, "unit": "fds"},
+        {"signal": "its soft limit", "value": 1024.0, "threshold": 65535, "unit": "fds"}]}
+    frame = data.evidence_frame(finding).set_index("signal")
+    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "value"] == "97 %"
+    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "threshold"] == "> 90 %"
+    assert frame.loc["open fds of that process", "threshold"] == "–"
+    assert frame.loc["its soft limit", "threshold"] == "< 65,535 fds"  # pick="min" in the rule
+    assert frame.loc["its soft limit", "over threshold"] == "64x below"
+    assert frame["over threshold"].notna().all()
+
+
+# -- evidence views ------------------------------------------------------------------------
+def test_every_catalog_rule_has_an_evidence_view_with_a_threshold():
+    for rule in CATALOG:
+        panels = evidence_views.views_for(rule.id)
+        assert panels, rule.id
+        assert any(p.threshold is not None for p in panels), rule.id
+
+
+def test_every_rule_of_the_catalog_is_declared():
+    assert evidence_views.undeclared() == [], "declare these in dashboard/evidence_views.py"
+
+
+def test_a_rule_without_a_declaration_gets_its_evidence_expressions(monkeypatch):
+    new = Rule(id="cpu-saturation-test", severity="warning", symptom="s", cause="c",
+               action="a", summary="busy {value}",
+               condition=Max(Selector("fleetscope_cpu_core_busy_ratio", {"stat": "p50"}),
+                             by=("instance",)) > 0.9,
+               evidence=(Evidence("median core busy", Max(Selector(
+                   "fleetscope_cpu_core_busy_ratio", {"stat": "p50"}), by=("instance",)),
+                   0.9, "ratio"),))
+    from fleetscope.rules import catalog
+
+    monkeypatch.setattr(catalog, "CATALOG", (*catalog.CATALOG, new))
+    panels = evidence_views.views_for(new.id)
+    assert [(p.title, p.threshold, p.unit) for p in panels] == [("Median core busy", 0.9,
+                                                                 "ratio")]
+    fleet = Fleet(nodes=64)
+    history = fleet.node_series(fleet.instances[0], 10, per_core=False)
+    (panel, frame), = data.evidence_panels(new.id, history)
+    assert len(frame) == 11 and frame["value"].between(0, 1).all()
+    assert data.evidence_panels("no-such-rule", history) == []
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Fleet:
+    return Fleet(nodes=256)
+
+
+def history_of(fleet: Fleet, rule: str, pick=0):
+    return fleet.node_series(fleet.instances[fleet.faults[rule][pick]], 60, per_core=False)
+
+
+def test_preemption_shows_the_victim_and_the_antagonist(fleet):
+    # the mixed rack: an offline batch pool beside the online chat pool
+    mixed = [i for i in fleet.faults["offline-preemption"] if i not in fleet.steal_nodes]
+    history = fleet.node_series(fleet.instances[mixed[0]], 120, per_core=False)
+    panels = {p.role + ":" + p.title: f for p, f in
+              data.evidence_panels("offline-preemption", history, {"pool": "chat-online"})}
+    victim = panels["victim:Online pool run-queue delay per process"]
+    antagonist = panels["antagonist:Offline pools' CPU use"]
+    assert set(victim["series"]) == {"chat-online"}
+    assert set(antagonist["series"]) == {"batch-offline"}
+    # both rise at the fault's onset: over their thresholds at the end, under an hour ago
+    assert victim["value"].iloc[-1] > 0.05 > victim["value"].iloc[0]
+    assert antagonist["value"].iloc[-1] > 0.5 > antagonist["value"].iloc[0]
+
+
+def test_isa_mismatch_draws_the_crash_timeline_per_binary(fleet):
+    panels = dict((p.title, f) for p, f in data.evidence_panels(
+        "isa-mismatch", history_of(fleet, "isa-mismatch")))
+    crashes = panels["SIGILL crashes in the kernel log so far, per binary"]
+    assert set(crashes["series"]) == {"llama-server"}
+    assert crashes["value"].is_monotonic_increasing and crashes["value"].iloc[-1] >= 20
+    per_minute = panels["New SIGILL crashes per minute, per binary"]
+    assert per_minute["value"].max() == pytest.approx(1.0)  # a restart a minute, each dies
+
+
+def test_roce_draws_pfc_and_ecn_per_port_with_thresholds(fleet):
+    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+        "roce-congestion", history_of(fleet, "roce-congestion"))}
+    panel, pfc = panels["PFC pause frames per interface"]
+    assert panel.threshold == 100 and pfc["series"].nunique() == 2
+    assert pfc.groupby("series")["value"].last().max() > 100
+    _, ecn = panels["ECN marks, CNPs and sequence errors per RDMA device"]
+    assert set(ecn["series"]) == {"mlx5_0", "mlx5_1"}
+
+
+def test_numa_draws_the_remote_share_per_pool(fleet):
+    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+        "numa-remote-access", history_of(fleet, "numa-remote-access"))}
+    panel, share = panels["Share of each pool's memory on remote NUMA nodes"]
+    assert panel.unit == "ratio" and share["value"].iloc[-1] > panel.threshold
+
+
+# -- fleet grouping ------------------------------------------------------------------------
+def test_grouping_puts_every_crashing_node_on_its_stepping(fleet):
+    snap = data.load("demo:256")
+    nodes = data.node_table(snap)
+    findings = data.findings_frame(snap.findings)
+    table = data.rule_grouping(nodes, findings, "isa-mismatch", "CPU model / stepping")
+    crashing = set(findings.loc[findings["rule"] == "isa-mismatch", "node"])
+    assert table["firing"].sum() == len(crashing)
+    steppings = set(nodes.loc[nodes["instance"].isin(crashing), "stepping"])
+    assert steppings <= {"0xd01 r1p0", "0xd01 r1p1"}  # only the steppings without SVE crash
+    assert all(group.endswith(tuple(steppings)) for group in table["group"])
+    assert table["share of firing"].sum() == pytest.approx(1.0)
+    racks = data.rule_grouping(nodes, findings, "roce-congestion", "rack")
+    assert len(racks) == 1 and racks["share of group"].iloc[0] == 1.0  # one whole rack
+    summary = data.grouping_summary(nodes, findings, "roce-congestion")
+    assert re.search(r"\(100%\) are in (rack|kernel|CPU model / stepping|node pool) ", summary)
+    kernels = data.rule_grouping(nodes, findings, "roce-congestion", "kernel")
+    assert kernels["group"].str.startswith("5.10.0-").all()
+
+
+def test_worst_node_of_a_rack_is_a_critical_one(fleet):
+    snap = data.load("demo:256")
+    nodes = data.node_table(snap)
+    findings = data.findings_frame(snap.findings)
+    health = data.node_health(nodes, findings)
+    rack = health.loc[health["health"] == "critical", "rack"].iloc[0]
+    worst = data.worst_node(health, rack)
+    assert health.set_index("instance").loc[worst, "health"] == "critical"
+    assert data.worst_node(health, "no-such-rack") is None
+
+
+def test_health_signal_on_the_heatmap(fleet):
+    snap = data.load("demo:256")
+    nodes = data.node_table(snap)
+    health = data.node_health(nodes, data.findings_frame(snap.findings))
+    signals = data.with_health(data.node_signals(snap), health)
+    grid = data.heatmap(nodes, signals, "health")
+    flat = pd.Series(grid["z"].ravel()).dropna()
+    assert set(flat) == {0.0, 1.0, 2.0}
+    assert (flat == 2).sum() == (health["health"] == "critical").sum()
+
+
+# -- runbooks and the clock ----------------------------------------------------------------
+def test_runbook_links_point_inside_the_console():
+    text = data.runbook_markdown("isa-mismatch")
+    assert "](/runbook?rule=cold-start)" in text and ".md)" not in text
+    assert data.related_runbooks("isa-mismatch")[:2] == ["cold-start", "queue-backlog"]
+    for rule in CATALOG:
+        for other in data.related_runbooks(rule.id):
+            assert other in data.runbook_ids(), (rule.id, other)
+
+
+def test_the_demo_clock_ends_now():
+    before = time.time()
+    end = data.demo_end()
+    assert before - 60 <= end <= time.time() and end % 60 == 0
+    fleet = Fleet(nodes=64, end_s=end)
+    assert fleet.times(1)[-1] == end
+
+
+@pytest.mark.parametrize("hour", [3, 15])
+def test_every_fault_is_found_at_any_time_of_day(hour):
+    """The demo's clock is now: night or day, the engine finds exactly the injected nodes."""
+    end = 1_764_633_600 + hour * 3600 - 8 * 3600  # that hour in the fleet's UTC+8
+    small = Fleet(nodes=64, end_s=end)
+    found, _ = data.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
+    by_rule: dict[str, set[str]] = {}
+    for finding in found:
+        by_rule.setdefault(finding.rule.id, set()).add(finding.node)
+    for rule, nodes in small.expected_findings().items():
+        assert by_rule.get(rule) == nodes, rule
+
+
+def test_bundle_show_reads_its_window_in_local_time_with_the_zone():
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import BUNDLES
+
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "show",
+                             str(BUNDLES / "kunpeng-128")], capture_output=True, text=True,
+                            timeout=60, env=dict(os.environ, **{units.TIME_ZONE_ENV:
+                                                                "Asia/Shanghai"}))
+    assert result.returncode == 0, result.stderr
+    rows = dict(line.split(None, 1) if not line.startswith("window,") else
+                ("unix", line.split("seconds", 1)[1]) for line in result.stdout.splitlines())
+    assert rows["window"].strip() == "2025-12-02 15:20:00 .. 15:20:15 CST (15 s)"
+    assert "1764660000.000" in rows["unix"]

@@ -1,0 +1,127 @@
+"""`fleetscope diagnose`'s terminal report (diagnose/report.py) at 80 to 120 columns, on the
+fixture bundles' real diagnoses: actions wrap a few lines with their indent, runbook paths
+and long words are never split, alike findings are one block, and a bundle diagnosis shows
+no "sampling" bar."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from fleetscope.diagnose.report import group_findings, print_report
+from tests.conftest import BUNDLES
+
+
+@pytest.fixture(scope="module")
+def document() -> dict:
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                             str(BUNDLES / "kunpeng-128"), "--json"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    return json.loads(result.stdout)
+
+
+def render(document: dict, width: int) -> list[str]:
+    out = io.StringIO()
+    print_report(document, Console(file=out, width=width, color_system=None))
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_every_line_fits_and_actions_take_a_few_lines(document, width):
+    lines = render(document, width)
+    assert max(len(line) for line in lines) <= width
+    assert not [line for line in lines if line != line.rstrip()]  # no padding at line ends
+    for finding in document["findings"]:
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith("action")
+                     and finding["action"].split()[0] in line and i > lines.index(next(
+                         x for x in lines if f"{finding['rule']} on" in x)))
+        block = [lines[start]]
+        for line in lines[start + 1:]:
+            if line.strip().startswith("runbook"):
+                break
+            block.append(line)
+        column = lines[start].index(finding["action"].split()[0])
+        assert all(line[:column].strip() == "" for line in block[1:])  # indent kept
+        words = len(finding["action"])
+        assert len(block) <= max(2, 2 * words // (width - column) + 1), block
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_runbook_paths_and_long_words_are_never_split(document, width):
+    text = "\n".join(render(document, width))
+    for finding in document["findings"]:
+        assert re.search(rf"runbook\s+{re.escape(finding['runbook'])}\n", text + "\n")
+        for cgroup in finding["subjects"].get("cgroups", []):
+            if len(cgroup) < width - 20:
+                assert cgroup in text  # a path stays whole on one line
+
+
+def test_evidence_reads_in_units(document):
+    text = "\n".join(render(document, 100))
+    assert re.search(r"online pool run-queue delay per process\s+\d+ ms/s\s+> 50 ms/s", text)
+    assert re.search(r"SIGILL crashes in the kernel log\s+\d+ crashes", text)
+    assert "e+" not in text and "0.989258" not in text
+
+
+def test_alike_findings_are_one_block_naming_every_node(document):
+    crash = next(f for f in document["findings"] if f["rule"] == "isa-mismatch")
+    fleet = copy.deepcopy(document)
+    fleet["findings"] = [dict(copy.deepcopy(crash), node=f"r067n{n:02d}", summary=crash[
+        "summary"], confidence=0.9 - n / 1000) for n in range(32)] + document["findings"][:1]
+    fleet["nodes"] = [f"r067n{n:02d}" for n in range(32)]
+    assert [len(g) for g in group_findings(fleet["findings"])] == [32, 1]
+    lines = render(fleet, 100)
+    titles = [line for line in lines if re.match(r"\s+\d+\s+(CRITICAL|WARNING)", line)]
+    assert len(titles) == 2 and "isa-mismatch on 32 nodes" in titles[0]
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("nodes"))
+    nodes = " ".join(lines[start:start + 3])
+    assert "r067n00, r067n01" in nodes and "and 20 more" in nodes
+
+
+def test_not_evaluated_rules_are_grouped_by_cause(document):
+    text = "\n".join(render(document, 100))
+    agent = [item["rule"] for item in document["not_evaluated"]
+             if "agent runtime metrics" in item["reason"]]
+    assert len(agent) >= 2
+    assert text.count("no agent runtime metrics") == 1
+    assert ", ".join(agent) in text.replace("\n  ", " ")
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_a_bundle_diagnosis_shows_no_sampling_bar():
+    """On a terminal the bar says what it does: a bundle is read, not sampled."""
+    controller, terminal = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                             str(BUNDLES / "kunpeng-128")], stdout=terminal,
+                            stderr=terminal, env=dict(os.environ, COLUMNS="100"))
+    os.close(terminal)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=60)
+    os.close(controller)
+    assert proc.returncode == 2
+    assert b"sampling" not in seen
+    assert b"reading the bundle" in seen
