@@ -503,15 +503,18 @@ class Fleet:
                             for x, f in zip(inst, iface, strict=True)],
                            counter(rate, rate[:, -1] * uptime), rows)
         # SIGILL in the kernel log: only on nodes that ran the new binary.
-        if want("fleetscope_sigill_crashes_total"):
-            crashed = np.flatnonzero(act["isa-mismatch"][:, -1])
-            if len(crashed):
+        crashed = np.flatnonzero(act["isa-mismatch"][:, -1])
+        if len(crashed):
+            since = s["since"]["isa-mismatch"][crashed]
+            binaries = [{"instance": inst[r], "binary": NEW_BINARY} for r in crashed]
+            if want("fleetscope_sigill_crashes_total"):
                 # The scheduler restarts the task every minute; each start dies at once.
-                since = s["since"]["isa-mismatch"][crashed]
                 values = np.where(since >= 0, np.floor(since / STEP_S) + 1, np.nan)
-                yield ("fleetscope_sigill_crashes_total",
-                       [{"instance": inst[r], "binary": NEW_BINARY} for r in crashed],
-                       values, crashed)
+                yield "fleetscope_sigill_crashes_total", binaries, values, crashed
+            if want("fleetscope_sigill_last_crash_timestamp_seconds"):
+                # the latest restart's crash: at the scrape, every minute since the onset
+                last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S, np.nan)
+                yield "fleetscope_sigill_last_crash_timestamp_seconds", binaries, last, crashed
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
 
     def _pool_families(self, idx, t, s, want, counter, node_labels):
@@ -556,7 +559,7 @@ class Fleet:
                 procs = procs * 0 + 4
             threads = procs * np.asarray([p.threads_per_process for p in pools])
             over = a("thread-oversubscription")
-            threads_now = np.where(over, (procs * 48)[:, None], threads[:, None]) + 0 * t
+            threads_now = np.where(over, (procs * 64)[:, None], threads[:, None]) + 0 * t
             if want("fleetscope_pool_processes"):
                 yield "fleetscope_pool_processes", labels(), procs[:, None] + 0 * t, rows
             if want("fleetscope_pool_threads"):
@@ -564,6 +567,13 @@ class Fleet:
             if want("fleetscope_pool_threads_per_core"):
                 yield ("fleetscope_pool_threads_per_core", labels(),
                        threads_now / physical[rows][:, None], rows)
+            if want("fleetscope_pool_threads_read"):  # every thread read: under the cap
+                yield ("fleetscope_pool_threads_read", labels(),
+                       np.minimum(threads_now, 1024.0).astype(float), rows)
+            if want("fleetscope_pool_runnable_threads"):
+                runnable = np.where(over, 0.9, 0.05 + 0.2 * s["busy_p50"][rows]) * threads_now
+                yield ("fleetscope_pool_runnable_threads", labels(),
+                       np.round(np.minimum(runnable, 1024.0)), rows)
             busy = s["busy_p50"][rows]
             preempt = a("offline-preemption")
             stolen = s["steal"][rows] & online[:, None]
