@@ -24,6 +24,7 @@ WINDOW = 60  # seconds: rate windows (short bundles are rated over their own spa
 # number it is cited; the rest are our policy, tuned on the scenario bundles in tests/.
 CORE_IMBALANCE_SPREAD = 0.5  # busiest core minus the median core
 CORE_WAIT = 0.2  # s/s runnable tasks wait on the most contended CPU's run queue
+CORE_IMBALANCE_PSI = 0.2  # without per-CPU schedstat: tasks waited 20 % of the time
 PSI_CPU_SOME = 0.6  # share of time some task waited for a CPU (PSI cpu some)
 SATURATED_MEDIAN_CORE = 0.9  # the median core this busy: every core, not a few
 RUNNABLE_PER_CPU = 1.0  # runnable tasks (procs_running, less the reader) per online CPU
@@ -55,6 +56,16 @@ class Evidence:
     threshold: float
     unit: str
     pick: str = "max"  # several samples match a finding: report the max (or min)
+
+
+def required_metrics(expr: Expr) -> set[str]:
+    """Metrics an expression cannot be judged without: what `unless` excludes may be absent
+    (`a unless b` is `a` where no b exists)."""
+    if isinstance(expr, SetOp) and expr.op == "unless":
+        return required_metrics(expr.left)
+    if isinstance(expr, SetOp):
+        return required_metrics(expr.left) | required_metrics(expr.right)
+    return expr.metrics()
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,9 @@ class Rule:
         sides = []
         for condition in (self.condition, *(tier.condition for tier in self.tiers)):
             if isinstance(condition, SetOp) and condition.op == "or":
-                sides += [condition.left.metrics(), condition.right.metrics()]
+                sides += [required_metrics(condition.left), required_metrics(condition.right)]
             else:
-                sides.append(condition.metrics())
+                sides.append(required_metrics(condition))
         return [side | set(self.extra_requires) for side in sides]
 
     @property
@@ -145,6 +156,10 @@ def busy_ratio(stat: str) -> Expr:
 
 
 _CORE_WAIT = Max(Selector("fleetscope_schedstat_core_waiting_ratio", {"stat": "max"}), by=NODE)
+_PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
+                             {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
+_UNEVEN = ((busy_ratio("max") - busy_ratio("p50") > CORE_IMBALANCE_SPREAD)
+           .and_on(Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE) >= 1, NODE))
 CORE_IMBALANCE = Rule(
     id="core-imbalance",
     severity="warning",
@@ -156,13 +171,16 @@ CORE_IMBALANCE = Rule(
     summary="busiest core {value:.0%} busier than the median core, tasks queue on it",
     # Harm, not just shape: one busy thread on an otherwise idle node is uneven but hurts
     # nobody. Imbalance is tasks waiting on a saturated core while the median core idles.
-    condition=((busy_ratio("max") - busy_ratio("p50") > CORE_IMBALANCE_SPREAD)
-               .and_on(Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE) >= 1, NODE)
-               .and_on(_CORE_WAIT > CORE_WAIT, NODE)),
+    # Waiting is read per CPU from /proc/schedstat; a kernel without CONFIG_SCHEDSTATS
+    # has only PSI (tasks waited somewhere on the node while its median core idled).
+    condition=(_UNEVEN.and_on(_CORE_WAIT > CORE_WAIT, NODE)
+               | _UNEVEN.and_on(_PSI_CPU > CORE_IMBALANCE_PSI, NODE)
+               .unless(Max(Selector("fleetscope_schedstat_core_waiting_ratio"), by=NODE), NODE)),
     evidence=(
         Evidence("busiest core minus median core busy", busy_ratio("max") - busy_ratio("p50"),
                  CORE_IMBALANCE_SPREAD, "ratio"),
         Evidence("run-queue wait on the most contended core", _CORE_WAIT, CORE_WAIT, "s/s"),
+        Evidence("CPU pressure (PSI cpu some)", _PSI_CPU, CORE_IMBALANCE_PSI, "ratio"),
         Evidence("busiest core busy", busy_ratio("max"), 0.9, "ratio"),
         Evidence("median core busy", busy_ratio("p50"), 0.5, "ratio", pick="min"),
         Evidence("saturated cores", Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE),
