@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from fleetscope.rules.catalog import by_id
-from fleetscope.rules.export import alert_rule, rule_file
+from fleetscope.rules.export import alert_rules, rule_file
 from tests.conftest import require_tool
 
 CONSOLE = "http://127.0.0.1:8501/"
@@ -46,7 +46,7 @@ def test_the_flag_and_a_bad_url(tmp_path):
 def test_prometheus_renders_the_link_with_the_node_url_encoded(tmp_path):
     promtool = require_tool("promtool")
     rule = by_id("fd-exhaustion")
-    alert = alert_rule(rule, "runbooks/", for_seconds=60, console_url=CONSOLE)
+    (alert,) = alert_rules(rule, "runbooks/", for_seconds=60, console_url=CONSOLE)
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(
         {"groups": [{"name": "fleetscope", "rules": [alert]}]}, sort_keys=False))
     labels = {"instance": "r004n05:9105", "pool": "chat-online", "class": "online"}
