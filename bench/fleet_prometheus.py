@@ -5,9 +5,9 @@
 
 Builds a fleet of N simulated nodes from the exporter's collectors replaying the rule
 scenario bundles (tests/fixtures/scenarios/*: healthy-idle and healthy-busy for the healthy
-nodes, each rule's bundle for the nodes that carry its fault): counters keep the rate they
-had in the bundle, gauges their last value, 30 min at 15 s ending a few minutes in the
-future (so "now" lies inside the data whatever the generation took). Faults sit on known
+nodes, each rule's bundle for the nodes that carry its fault): counters (and queue depths)
+keep the rate they had in the bundle, other gauges their last value, 30 min at 15 s ending
+a few minutes in the future (so "now" lies inside the data whatever the generation took). Faults sit on known
 nodes: isa-mismatch on every node of the older CPU stepping (r1p0, one node in 128),
 roce-congestion on 29 of the 32 nodes of one rack, each other rule on a few nodes.
 
@@ -58,6 +58,9 @@ STEPPINGS = {
 CPU_METRICS = ("fleetscope_cpu_info", "fleetscope_cpu_features_info", "fleetscope_cpu_model_cpus")
 ATTRIBUTE_METRICS = ("fleetscope_exporter_build_info", "fleetscope_sigill_reports_suppressed_total")
 SIGILL = "fleetscope_sigill_crashes_total"
+# Gauges that keep growing as they grew in the bundle (a backlog); the others keep their
+# last value.
+GROWING_GAUGES = ("agent_queue_depth",)
 SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the binary
 
 
@@ -113,8 +116,9 @@ def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
                 continue  # the CPU identity is the node's, set below
             for labels, points in sorted(by_labels.items()):
                 (t0, v0), (t1, v1) = points[0], points[-1]
-                slope = (v1 - v0) / ((t1 - t0) / 1000) if _is_counter(name) and t1 > t0 else 0
-                first = v0 if _is_counter(name) else v1
+                moving = _is_counter(name) or name in GROWING_GAUGES
+                slope = (v1 - v0) / ((t1 - t0) / 1000) if moving and t1 > t0 else 0
+                first = v0 if moving else v1
                 if name == SIGILL and directory.name == "isa-mismatch":
                     slope = SIGILL_PER_SECOND  # crashing now, not only in the kernel log
                 out.append(Series(name, labels, first, max(slope, 0.0)))

@@ -39,6 +39,10 @@ NODE_LABEL = NODE_LABELS[0]
 STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
 DEADLINE_SECONDS = 60.0  # the whole diagnosis, every query included
 MAX_ANSWER_BYTES = 64 * 2**20  # one answer, decompressed: firing label sets are small
+# The window ends this long before now: the newest samples are still arriving (remote
+# write batches), and VictoriaMetrics hides them (-search.latencyOffset, 30 s by default),
+# so both engines judge the same, complete steps.
+SETTLE_SECONDS = 30.0
 PARALLEL_QUERIES = 8  # at once against the engine: enough to hide latency, not a stampede
 NODES_PER_QUERY = 200  # instance=~"a|b|..." alternatives in one evidence query
 # What fleet findings group nodes by (diagnose/fleet_findings.py): CPU model and stepping
@@ -246,16 +250,18 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
                     step: float = STEP_SECONDS, deadline_seconds: float = DEADLINE_SECONDS,
                     max_answer_bytes: int = MAX_ANSWER_BYTES,
                     parallel: int = PARALLEL_QUERIES, now: float | None = None,
+                    settle_seconds: float = SETTLE_SECONDS,
                     rules: tuple[Rule, ...] = CATALOG) -> RemoteDiagnosis:
-    """Every rule evaluated by the engine at `base` over the last `seconds`, for one node
-    (`node`, its instance label) or the whole fleet."""
+    """Every rule evaluated by the engine at `base` over the `seconds` before `now` less
+    `settle_seconds`, for one node (`node`, its instance label) or the whole fleet."""
     client = QueryClient(base, deadline_seconds, max_answer_bytes)
-    end = math.floor((time.time() if now is None else now) / step) * step
+    end = math.floor(((time.time() if now is None else now) - settle_seconds) / step) * step
     grid = window_grid(end, seconds, step)
     window = (grid[0] / 1000, end)
     scope = {NODE_LABEL: node} if node else {}
-    scope_match = f'{{{NODE_LABEL}="{_escape(node)}"}}' if node else '{__name__=~".+"}'
-    present = set(client.label_values("__name__", [scope_match], window[0], window[1]))
+    # The fleet's metric names straight from the index; a node's from its own series.
+    scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
+    present = set(client.label_values("__name__", scope_match, window[0], window[1]))
     names = Series()
     names.by_name = {name: {} for name in present}
     presence = client.query_range(with_matchers(PRESENCE, scope).promql(), window[0],

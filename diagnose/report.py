@@ -27,6 +27,12 @@ def _evidence_text(evidence: list[dict]) -> str:
     return "\n".join(lines) or "-"
 
 
+def print_fleet_findings(document: dict, console: Console) -> None:
+    """What the sick nodes share (`diagnose --fleet`), ahead of the per-node findings."""
+    for entry in document.get("fleet_findings") or []:
+        console.print(f"[{_STYLE[entry['severity']]}]fleet:[/] {entry['summary']}")
+
+
 def print_report(document: dict, console: Console | None = None) -> None:
     # Piped into a file or a pager, keep the table readable rather than 80 columns wide.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
@@ -34,6 +40,7 @@ def print_report(document: dict, console: Console | None = None) -> None:
     nodes = ", ".join(document["nodes"]) or "?"
     console.print(f"[bold]fleetscope diagnosis[/] of {nodes} ({document['source']}): "
                   f"[{_STYLE[status]}]{status.upper()}[/]")
+    print_fleet_findings(document, console)
     findings = document["findings"]
     if findings:
         table = Table(box=box.SIMPLE_HEAVY, show_lines=True, expand=True)
