@@ -7,9 +7,10 @@ Builds a fleet of N simulated nodes from the exporter's collectors replaying the
 scenario bundles (tests/fixtures/scenarios/*: healthy-idle and healthy-busy for the healthy
 nodes, each rule's bundle for the nodes that carry its fault): counters (and queue depths)
 keep the rate they had in the bundle, other gauges their last value, 30 min at 15 s ending
-a few minutes in the future (so "now" lies inside the data whatever the generation took). Faults sit on known
-nodes: isa-mismatch on every node of the older CPU stepping (r1p0, one node in 128),
-roce-congestion on 29 of the 32 nodes of one rack, each other rule on a few nodes.
+a few minutes in the future (so "now" lies inside the data whatever the generation took;
+past it, the diagnosis is made at the data's end). Faults sit on known nodes: isa-mismatch
+on every node of the older CPU stepping (r1p0, one node in 128), roce-congestion on 29 of
+the 32 nodes of one rack, each other rule on a few nodes.
 
 The same samples go to Prometheus (`promtool tsdb create-blocks-from openmetrics`, then
 Prometheus over the blocks) and to VictoriaMetrics (its /api/v1/import/prometheus), both on
@@ -41,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 STEP_S = 15
+SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
 OLD_STEPPING_EVERY = 128  # one node in 128 runs the older stepping (r1p0)
@@ -275,8 +277,9 @@ def start_prometheus(openmetrics: Path, workdir: Path) -> Engine:
     if not (promtool and prometheus):
         raise RuntimeError("promtool and prometheus are needed (Debian package prometheus)")
     tsdb = workdir / "prometheus-tsdb"
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics),
-                    str(tsdb)], check=True, stdout=subprocess.DEVNULL)
+    if not tsdb.exists():
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics),
+                        str(tsdb)], check=True, stdout=subprocess.DEVNULL)
     config = workdir / "prometheus.yml"
     config.write_text("global: {scrape_interval: 15s}\n")
     port = free_port()
@@ -292,12 +295,15 @@ def start_victoria(text: Path, workdir: Path) -> Engine:
     if not binary:
         raise RuntimeError("victoria-metrics is needed (Debian package victoria-metrics)")
     port = free_port()
+    imported = (workdir / "vm-data").exists() and (workdir / "vm-imported").exists()
     engine = Engine("victoriametrics", [
         binary, f"-storageDataPath={workdir / 'vm-data'}", f"-httpListenAddr=127.0.0.1:{port}",
         "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s"],
         f"http://127.0.0.1:{port}", "/health", workdir / "victoria-metrics.log")
     try:
-        import_victoria(engine.url, text)
+        if not imported:
+            import_victoria(engine.url, text)
+            (workdir / "vm-imported").write_text("")
     except Exception:
         engine.stop()
         raise
@@ -320,14 +326,9 @@ def import_victoria(url: str, text: Path, chunk_bytes: int = 32 << 20) -> None:
         response.read()
 
 
-def run_diagnosis(url: str, seconds: float, args: list[str] | None = None,
-                  python_code: str | None = None) -> dict:
-    """`fleetscope diagnose` (or a Python snippet) in a child: its JSON, wall time and
-    peak RSS (from wait4)."""
-    command = [sys.executable, "-c", PEAK_RSS + CLI, "diagnose", "--prometheus", url,
-               "--fleet", "--json", "--seconds", f"{seconds:g}", *(args or [])]
-    if python_code:
-        command = [sys.executable, "-c", PEAK_RSS + python_code, url, f"{seconds:g}"]
+def run_diagnosis(url: str, seconds: float, at: float, python_code: str) -> dict:
+    """A diagnosis in a fresh child (AFTER or BEFORE): its JSON, wall time and peak RSS."""
+    command = [sys.executable, "-c", PEAK_RSS + python_code, url, f"{seconds:g}", f"{at:.3f}"]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=out, stderr=err)
@@ -354,9 +355,18 @@ def _peak():
         sys.stderr.write("".join(l for l in status if l.startswith("VmHWM:")))
 atexit.register(_peak)
 """
-CLI = """
-from fleetscope.cli import main
-sys.exit(main(sys.argv[1:]))
+# `fleetscope diagnose --prometheus URL --fleet --json` as diagnose/command.py runs it, at a
+# given time (the data may lie behind the clock).
+AFTER = """
+import json, sys
+from fleetscope.diagnose import engine, remote
+from fleetscope.rules.catalog import CATALOG
+answer = remote.diagnose_remote(sys.argv[1], float(sys.argv[2]), now=float(sys.argv[3]))
+document = engine.diagnosis("prometheus", answer.nodes, answer.window, answer.findings,
+                            answer.not_evaluated, len(CATALOG))
+document["fleet_findings"] = answer.fleet_findings
+document["query_engine"] = answer.stats.to_json()
+print(json.dumps(document))
 """
 
 
@@ -364,8 +374,11 @@ sys.exit(main(sys.argv[1:]))
 # Python (diagnose/prometheus.py + engine.evaluate).
 BEFORE = """
 import json, sys
-from fleetscope.diagnose import engine
+from fleetscope.diagnose import engine, prometheus, remote
 from fleetscope.diagnose.prometheus import prometheus_series
+class _Clock:  # the window ends where the engine-side one does
+    time = staticmethod(lambda: float(sys.argv[3]) - remote.SETTLE_SECONDS)
+prometheus.time = _Clock
 from fleetscope.rules.catalog import CATALOG
 metrics = set().union(*(rule.requires() for rule in CATALOG))
 series, nodes = prometheus_series(sys.argv[1], metrics, float(sys.argv[2]), None,
@@ -402,17 +415,33 @@ def prometheus_response_bytes(url: str) -> float:
 
 
 def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: list[str]):
-    """Generate the fleet's samples; returns (fleet, profiles, start_s, points, end_s)."""
+    """Generate the fleet's samples (or reuse those of an earlier run with the same fleet in
+    `workdir`); returns (fleet, profiles, start_s, points)."""
     profiles = load_profiles(all_series)
     fleet = plan(nodes)
     points = int(minutes * 60 // STEP_S) + 1
+    meta_path = workdir / "fleet.json"
+    meta = {"nodes": nodes, "points": points, "all_series": all_series}
+    if meta_path.exists():
+        earlier = json.loads(meta_path.read_text())
+        if {k: earlier.get(k) for k in meta} == meta:
+            return fleet, profiles, earlier["start_s"], points
     ahead = min(10 * 60, minutes * 60 / 3)  # data runs this far past "now"
     start_s = int((time.time() + ahead) // STEP_S * STEP_S) - (points - 1) * STEP_S
+    for stale in ("prometheus-tsdb", "vm-data"):
+        shutil.rmtree(workdir / stale, ignore_errors=True)
     if "prometheus" in engines:
         write_samples(workdir / "fleet.om", fleet, profiles, start_s, points, True)
     if "vm" in engines:
         write_samples(workdir / "fleet.prom", fleet, profiles, start_s, points, False)
+    meta_path.write_text(json.dumps({**meta, "start_s": start_s}))
     return fleet, profiles, start_s, points
+
+
+def evaluation_time(start_s: int, points: int) -> float:
+    """When to diagnose: now, or, once the clock has passed the data (a slow load, a reused
+    fleet), a minute before the data ends."""
+    return min(time.time(), start_s + (points - 1) * STEP_S - 60)
 
 
 def main() -> int:
@@ -450,9 +479,10 @@ def main() -> int:
                   else start_victoria(workdir / "fleet.prom", workdir))
         try:
             print(f"\n{engine.name}: loaded in {time.perf_counter() - loaded:.0f} s")
-            end_s = time.time() // STEP_S * STEP_S
+            at = evaluation_time(start_s, points)
+            end_s = (at - SETTLE_SECONDS) // STEP_S * STEP_S
             expected = expected_findings(profiles, start_s, points, args.seconds, end_s)
-            result = run_diagnosis(engine.url, args.seconds)
+            result = run_diagnosis(engine.url, args.seconds, at, AFTER)
             document = result["document"]
             stats = document.get("query_engine", {})
             problems = check(document, fleet, expected)
@@ -470,7 +500,7 @@ def main() -> int:
                 print(f"  fleet: {entry['summary']}")
             if args.before and name == "prometheus":
                 before_bytes = prometheus_response_bytes(engine.url)
-                old = run_diagnosis(engine.url, args.seconds, python_code=BEFORE)
+                old = run_diagnosis(engine.url, args.seconds, at, BEFORE)
                 received = prometheus_response_bytes(engine.url) - before_bytes
                 print(f"  before (in-process rules, every series): {old['wall_s']:.2f} s wall, "
                       f"peak RSS {old['peak_rss_bytes'] / 2**20:.0f} MiB, "

@@ -255,21 +255,25 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     """Every rule evaluated by the engine at `base` over the `seconds` before `now` less
     `settle_seconds`, for one node (`node`, its instance label) or the whole fleet."""
     client = QueryClient(base, deadline_seconds, max_answer_bytes)
-    end = math.floor(((time.time() if now is None else now) - settle_seconds) / step) * step
-    grid = window_grid(end, seconds, step)
-    window = (grid[0] / 1000, end)
     scope = {NODE_LABEL: node} if node else {}
+    now = time.time() if now is None else now
+    for settle in (settle_seconds, 0.0):  # a source younger than the settling: up to now
+        end = math.floor((now - settle) / step) * step
+        grid = window_grid(end, seconds, step)
+        window = (grid[0] / 1000, end)
+        presence = client.query_range(with_matchers(PRESENCE, scope).promql(), window[0],
+                                      window[1], step)
+        stamps = sorted({int(round(_number(p[0]) * 1000)) for s in presence
+                         for p in s.get("values") or []})
+        if stamps:
+            break
+    steps = evaluation_steps(stamps or grid)
+    stamps = stamps or grid
     # The fleet's metric names straight from the index; a node's from its own series.
     scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
     present = set(client.label_values("__name__", scope_match, window[0], window[1]))
     names = Series()
     names.by_name = {name: {} for name in present}
-    presence = client.query_range(with_matchers(PRESENCE, scope).promql(), window[0],
-                                  window[1], step)
-    stamps = sorted({int(round(_number(p[0]) * 1000)) for s in presence
-                     for p in s.get("values") or []}) or grid
-    steps = evaluation_steps(stamps)
-    start_s, end_s = steps[0] / 1000, steps[-1] / 1000
 
     not_evaluated: list[dict] = []
     queries: list[tuple[Rule, int, str, Expr, str]] = []
@@ -287,8 +291,7 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
             queries.append((rule, tier, severity, expr, summary))
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        answers = list(pool.map(
-            lambda q: client.query_range(q[3].promql(), start_s, end_s, step), queries))
+        answers = _condition_answers(client, pool, queries, steps, step, scope)
         candidates = _candidates(queries, answers, steps)
         _fetch_evidence(client, pool, candidates, scope)
 
@@ -313,6 +316,53 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     attributes = fleet_findings.node_attributes(*info, node_label=NODE_LABEL)
     shared = fleet_findings.fleet_findings([f.to_json() for f in findings], attributes)
     return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared)
+
+
+def probe_steps(step_count: int, hold: float) -> int:
+    """How many of the last steps any label set that persists must show up in at least
+    once: held at `need` of `step_count` steps, it is absent at no more than
+    step_count - need of them."""
+    need = max(1, math.ceil(hold * step_count))
+    return step_count - need + 1
+
+
+def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
+                       steps: list[int], step: float, scope: dict[str, str]) -> list[list]:
+    """Each condition's range answer over the steps. A state rule's condition is first
+    queried over the last few steps only (probe_steps: a quarter of the window, the
+    cheaper query), then over the whole window for the nodes it named there: the engine
+    evaluates the expensive window for the suspects alone, and misses none (conditions
+    aggregate by instance, so a node's answer does not depend on the others)."""
+    start_s, end_s = steps[0] / 1000, steps[-1] / 1000
+
+    def probe(query) -> list | None:
+        rule, expr = query[0], query[3]
+        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
+        if scope or probes >= len(steps):
+            return client.query_range(expr.promql(), start_s, end_s, step)
+        return client.query_range(expr.promql(), steps[-probes] / 1000, end_s, step)
+
+    probed = list(pool.map(probe, queries))
+    jobs = []
+    for index, (query, result) in enumerate(zip(queries, probed, strict=True)):
+        rule = query[0]
+        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
+        if scope or probes >= len(steps) or not result:
+            continue  # already the whole window (or nothing fires)
+        labels = [dict(labels_of(series)) for series in result]
+        probed[index] = []  # replaced by the whole-window answers below
+        if any(NODE_LABEL not in one for one in labels):
+            jobs.append((index, query[3]))  # not per node: the whole window, unfiltered
+            continue
+        nodes = sorted({one[NODE_LABEL] for one in labels})
+        for first in range(0, len(nodes), NODES_PER_QUERY):
+            chunk = nodes[first:first + NODES_PER_QUERY]
+            jobs.append((index, with_matchers(query[3], {NODE_LABEL: node_regex(chunk)})))
+    windows = pool.map(lambda job: client.query_range(job[1].promql(), start_s, end_s, step),
+                       jobs)
+    for (index, _expr), result in zip(jobs, windows, strict=True):
+        probed[index] = probed[index] + result
+    return probed
 
 
 def _escape(value: str) -> str:

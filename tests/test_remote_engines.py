@@ -54,7 +54,7 @@ def fleet(tmp_path_factory):
     try:
         engines["prometheus"] = bench.start_prometheus(workdir / "fleet.om", workdir)
         engines["victoriametrics"] = bench.start_victoria(workdir / "fleet.prom", workdir)
-        end_s = time.time() // bench.STEP_S * bench.STEP_S
+        end_s = (time.time() - bench.SETTLE_SECONDS) // bench.STEP_S * bench.STEP_S
         expected = bench.expected_findings(profiles, start_s, points, SECONDS, end_s)
         yield {"bench": bench, "nodes": nodes, "engines": engines, "expected": expected,
                "start_s": start_s}
