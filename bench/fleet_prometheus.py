@@ -42,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 STEP_S = 15
+GENERATOR = 2  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -421,7 +422,8 @@ def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: 
     fleet = plan(nodes)
     points = int(minutes * 60 // STEP_S) + 1
     meta_path = workdir / "fleet.json"
-    meta = {"nodes": nodes, "points": points, "all_series": all_series}
+    meta = {"nodes": nodes, "points": points, "all_series": all_series,
+            "generator": GENERATOR}
     if meta_path.exists():
         earlier = json.loads(meta_path.read_text())
         if {k: earlier.get(k) for k in meta} == meta:

@@ -112,6 +112,9 @@ class QueryClient:
                               f"{self.deadline_seconds:g} s deadline") from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
+            if isinstance(reason, TimeoutError):
+                raise RemoteError(f"query engine at {self.base} did not answer within the "
+                                  f"{self.deadline_seconds:g} s deadline") from None
             raise RemoteError(f"query engine at {self.base} is unreachable: {reason}") from None
         self.stats.add(len(raw))
         if len(raw) > self.max_answer_bytes:
