@@ -260,18 +260,22 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     client = QueryClient(base, deadline_seconds, max_answer_bytes)
     scope = {NODE_LABEL: node} if node else {}
     now = time.time() if now is None else now
-    for settle in (settle_seconds, 0.0):  # a source younger than the settling: up to now
-        end = math.floor((now - settle) / step) * step
-        grid = window_grid(end, seconds, step)
-        window = (grid[0] / 1000, end)
-        presence = client.query_range(with_matchers(PRESENCE, scope).promql(), window[0],
-                                      window[1], step)
-        stamps = sorted({int(round(_number(p[0]) * 1000)) for s in presence
-                         for p in s.get("values") or []})
-        if stamps:
-            break
-    steps = evaluation_steps(stamps or grid)
-    stamps = stamps or grid
+    # Instants step apart ending now: the settled window ends `settle_seconds` earlier.
+    now = round(now, 3)
+    count = max(2, int(seconds // step) + 1)
+    settle_steps = math.ceil(settle_seconds / step)
+    instants = [int(round((now - k * step) * 1000)) for k in range(count + settle_steps)][::-1]
+    presence = client.query_range(with_matchers(PRESENCE, scope).promql(),
+                                  instants[0] / 1000, now, step)
+    seen = sorted({int(round(_number(p[0]) * 1000)) for s in presence
+                   for p in s.get("values") or []})
+    # A source younger than the window is judged on all it has, up to now; an older one
+    # on the settled window.
+    grid = instants[:count] if seen and seen[0] <= instants[0] else instants[-count:]
+    end = grid[-1] / 1000
+    window = (grid[0] / 1000, end)
+    stamps = [t for t in seen if grid[0] <= t <= grid[-1]] or grid
+    steps = evaluation_steps(stamps)
     # The fleet's metric names straight from the index; a node's from its own series.
     scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
     present = set(client.label_values("__name__", scope_match, window[0], window[1]))
