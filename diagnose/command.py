@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import logging
 import sys
-import time
 
 from fleetscope.collectors.base import bundle_roots
 from fleetscope.config import Config, ConfigError, default_config_path, load_config
@@ -21,7 +20,6 @@ from . import engine
 from .bundle import BundleError, open_bundle
 from .enrich import Enricher
 from .evidence import SamplingHealth, bundle_series, live_series
-from .prometheus import PrometheusError, prometheus_series
 
 EXIT_UNKNOWN = 3
 LIVE_SECONDS = 20.0  # 16 steps with a 5 s rate window behind each (engine.rate_window_ms)
@@ -113,6 +111,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     # A bundle is read, not sampled: its bar says so.
     progress = _Progress(not args.json, "reading the bundle" if args.bundle else "sampling")
     health: SamplingHealth | None = None
+    answered = None  # a query engine's own evaluation (--prometheus)
     try:
         enricher = None
         if args.bundle:
@@ -132,17 +131,17 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                 bundle_roots(bundle.samples[-1].directory), series)
             source = "bundle"
         elif args.prometheus:
-            metrics = set().union(*(rule.requires() for rule in CATALOG))
+            # The query engine evaluates the rules and returns the firing nodes alone
+            # (diagnose/remote.py); prometheus_series stays for the in-process path.
+            from . import remote
+
             try:
-                series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
-                                                  None if args.fleet else args.node,
-                                                  timeout=args.timeout)
-            except PrometheusError as err:
+                answered = remote.diagnose_remote(
+                    args.prometheus, args.seconds, None if args.fleet else args.node,
+                    deadline_seconds=args.timeout)
+            except remote.RemoteError as err:
                 return _fail(str(err))
-            if args.node and not nodes:
-                nodes = [args.node]
-            end = time.time()
-            window = (end - args.seconds, end)
+            series, nodes, window = None, answered.nodes, answered.window
             source = "prometheus"
         else:
             import socket
@@ -159,10 +158,16 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             source = "live"
     finally:
         progress.close()
-    findings, not_evaluated = engine.evaluate(
-        series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+    if answered is not None:
+        findings, not_evaluated = answered.findings, answered.not_evaluated
+    else:
+        findings, not_evaluated = engine.evaluate(
+            series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
     stack.close()
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
+    if answered is not None:
+        document["fleet_findings"] = answered.fleet_findings
+        document["query_engine"] = answered.stats.to_json()
     if health is not None:
         document["sampling"] = health.to_json()
         if health.slipped:

@@ -12,11 +12,11 @@ Output is the diagnosis JSON of CONTRACT section 5.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
-from fleetscope.rules.promql import Labels, Series, strip_name
+from fleetscope.rules.promql import Labels, Series, Vector, strip_name
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -88,9 +88,15 @@ def _matches(finding_labels: dict[str, str], labels: tuple) -> bool:
 
 
 def _evidence(rule: Rule, finding_labels: dict, series: Series, at_ms: int) -> list[dict]:
+    return evidence_from(rule, finding_labels,
+                         [item.expr.evaluate(series, at_ms) for item in rule.evidence])
+
+
+def evidence_from(rule: Rule, finding_labels: dict, vectors: list[Vector]) -> list[dict]:
+    """A finding's evidence from each evidence expression's vector (in-process, or answered
+    by a query engine), the samples of other label sets left out."""
     out = []
-    for item in rule.evidence:
-        vector = item.expr.evaluate(series, at_ms)
+    for item, vector in zip(rule.evidence, vectors, strict=True):
         values = [v for labels, v in vector.items() if _matches(finding_labels,
                                                                  strip_name(labels))]
         if not values:
@@ -160,17 +166,26 @@ class _Held:
     value: float = 0.0
 
 
-def persistent(condition, series: Series, steps: list[int],
-               hold: float = HOLD_FRACTION) -> dict[Labels, _Held]:
-    """Label sets whose condition held at `hold` of the steps (at least one step)."""
+def held_label_sets(vectors: Iterable[tuple[int, Vector]], step_count: int,
+                    hold: float = HOLD_FRACTION) -> dict[Labels, _Held]:
+    """Label sets present at `hold` of `step_count` steps (at least one step), from the
+    condition's vector at each step, steps ascending. The in-process engine evaluates the
+    vectors itself; a query engine returns them from one range query (diagnose/remote.py)."""
     held: dict[Labels, _Held] = {}
-    for at_ms in steps:
-        for labels, value in condition.evaluate(series, at_ms).items():
+    for at_ms, vector in vectors:
+        for labels, value in vector.items():
             record = held.setdefault(strip_name(labels), _Held())
             record.steps += 1
             record.last_ms, record.value = at_ms, value
-    need = max(1, math.ceil(hold * len(steps)))
+    need = max(1, math.ceil(hold * step_count))
     return {labels: record for labels, record in held.items() if record.steps >= need}
+
+
+def persistent(condition, series: Series, steps: list[int],
+               hold: float = HOLD_FRACTION) -> dict[Labels, _Held]:
+    """Label sets whose condition held at `hold` of the steps (at least one step)."""
+    return held_label_sets(((at_ms, condition.evaluate(series, at_ms)) for at_ms in steps),
+                           len(steps), hold)
 
 
 def evaluate(series: Series, hostname: str, *,

@@ -145,6 +145,12 @@ def _not_evaluated(items: list[dict]) -> Table:
     return table
 
 
+def print_fleet_findings(document: dict, console: Console) -> None:
+    """What the sick nodes share (`diagnose --fleet`), ahead of the per-node findings."""
+    for entry in document.get("fleet_findings") or []:
+        console.print(f"[{_STYLE[entry['severity']]}]fleet:[/] {entry['summary']}")
+
+
 def print_report(document: dict, console: Console | None = None) -> None:
     console = _width(console)
     if console.is_terminal:
@@ -171,6 +177,7 @@ def _print_report(document: dict, console: Console) -> None:
     console.print(Text.assemble(("fleetscope diagnosis", "bold"),
                                 f" of {nodes} ({document['source']}{when}): ",
                                 (status.upper(), _STYLE[status]), tally))
+    print_fleet_findings(document, console)
     console.print()
     if findings:
         for number, group in enumerate(group_findings(findings), 1):

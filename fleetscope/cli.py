@@ -175,6 +175,12 @@ def _cmd_stacks(args: argparse.Namespace) -> int:
     return run_stacks(args.pids, args.json)
 
 
+def _isa_fleet(argv: list[str], check: bool) -> int:
+    from fleetscope.isa_fleet import run
+
+    return run(argv, check)
+
+
 def _cmd_isa_check(args: argparse.Namespace) -> int:
     from fleetscope.isa import run_isa_check
 
@@ -271,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
         "isa check BINARY [--features-from CPUINFO] [--json]")
     check.add_argument("arguments", nargs=argparse.REMAINDER)
     check.set_defaults(run=_cmd_isa_check)
+    fleet = isa_commands.add_parser(
+        "fleet", add_help=False,
+        help="the fleet's CPU feature sets, their baseline and the -march every node runs: "
+        "isa fleet --prometheus URL [--json] (isa check BINARY --prometheus URL: which "
+        "node groups lack what the binary uses)")
+    fleet.add_argument("arguments", nargs=argparse.REMAINDER)
+    fleet.set_defaults(run=lambda args: _isa_fleet(args.arguments, check=False))
 
     console = commands.add_parser(
         "console", help="the ops console (Streamlit) on a source",
@@ -368,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], debug: bool) -> int:
+    if argv[:2] == ["isa", "check"] and any(a == "--prometheus" or a.startswith(
+            "--prometheus=") for a in argv[2:]):  # against the fleet (fleetscope/isa_fleet.py)
+        return _isa_fleet(argv[2:], check=True)
+    if argv[:2] == ["isa", "fleet"]:  # its own parser too
+        return _isa_fleet(argv[2:], check=False)
     if argv[:2] == ["isa", "check"]:  # its own parser: options may come first (--help)
         from fleetscope.isa import run_isa_check
 

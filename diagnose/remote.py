@@ -1,0 +1,445 @@
+"""Rules evaluated where the data is: `fleetscope diagnose --prometheus URL` on the query engine.
+
+Prometheus (or anything speaking its query API: VictoriaMetrics, Thanos, Mimir) evaluates
+each rule's condition, and only the label sets that fire come back:
+
+    GET  /api/v1/label/__name__/values?match[]=...     which signals the source has
+    POST /api/v1/query_range  query=<condition PromQL>  one per rule and severity tier,
+                              start, end, step=15s      over the evaluation steps
+    POST /api/v1/query        query=<evidence PromQL with instance=~"n1|n2|...">, time=...
+                                                        evidence, for the firing nodes alone
+
+Persistence is judged in Python on the returned steps with the in-process engine's own
+function (engine.held_label_sets: held at HOLD_FRACTION of the steps, events at one), so a
+node is a finding here exactly when it would be one in-process. Answers, memory and time
+scale with the findings, not with the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields, replace
+
+from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
+from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
+
+from . import engine, fleet_findings
+
+NODE_LABEL = NODE_LABELS[0]
+STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
+DEADLINE_SECONDS = 60.0  # the whole diagnosis, every query included
+MAX_ANSWER_BYTES = 64 * 2**20  # one answer, decompressed: firing label sets are small
+# The window ends this long before now: the newest samples are still arriving (remote
+# write batches), and VictoriaMetrics hides them (-search.latencyOffset, 30 s by default),
+# so both engines judge the same, complete steps.
+SETTLE_SECONDS = 30.0
+PARALLEL_QUERIES = 8  # at once against the engine: enough to hide latency, not a stampede
+NODES_PER_QUERY = 200  # instance=~"a|b|..." alternatives in one evidence query
+# What fleet findings group nodes by (diagnose/fleet_findings.py): CPU model and stepping
+# with the target labels, node_exporter's kernel release, the RDMA devices.
+ATTRIBUTE_METRICS = ("fleetscope_cpu_info", "node_uname_info", "fleetscope_rdma_device_info")
+# Labels of the scrape, not of the condition; the in-process path drops them the same way.
+DROPPED_LABELS = ("__name__", "job")
+
+
+class RemoteError(Exception):
+    """The query engine unreachable, too slow or answering garbage: one line for the user."""
+
+
+@dataclass
+class QueryStats:
+    """What a diagnosis cost the query engine: queries made, bytes received (on the wire)."""
+
+    queries: int = 0
+    bytes_received: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, received: int) -> None:
+        with self.lock:
+            self.queries += 1
+            self.bytes_received += received
+
+    def to_json(self) -> dict:
+        return {"queries": self.queries, "bytes_received": self.bytes_received}
+
+
+class QueryClient:
+    """The query API of one engine, under one deadline and a cap on each answer's size."""
+
+    def __init__(self, base: str, deadline_seconds: float = DEADLINE_SECONDS,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES):
+        self.base = base.rstrip("/")
+        self.deadline = time.monotonic() + deadline_seconds
+        self.deadline_seconds = deadline_seconds
+        self.max_answer_bytes = max_answer_bytes
+        self.stats = QueryStats()
+
+    def request(self, path: str, params: list[tuple[str, str]] | dict,
+                post: bool = True) -> dict:
+        """The `data` of a successful answer; RemoteError otherwise. Queries go as POST
+        forms (an instance regex of 200 nodes is past some proxies' URL limits)."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise RemoteError(f"query engine at {self.base} did not answer within the "
+                              f"{self.deadline_seconds:g} s deadline")
+        form = urllib.parse.urlencode(params)
+        headers = {"Accept-Encoding": "gzip"}
+        if post:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            request = urllib.request.Request(f"{self.base}{path}", data=form.encode(),
+                                             method="POST", headers=headers)
+        else:  # label values: GET only in Prometheus 2.x
+            request = urllib.request.Request(f"{self.base}{path}?{form}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=remaining) as response:
+                raw = response.read(self.max_answer_bytes + 1)
+                encoding = response.headers.get("Content-Encoding", "")
+        except urllib.error.HTTPError as err:
+            raise RemoteError(f"query engine at {self.base} answered HTTP {err.code} to "
+                              f"{path}: {_error_text(err)}") from None
+        except TimeoutError:
+            raise RemoteError(f"query engine at {self.base} did not answer within the "
+                              f"{self.deadline_seconds:g} s deadline") from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, TimeoutError):
+                raise RemoteError(f"query engine at {self.base} did not answer within the "
+                                  f"{self.deadline_seconds:g} s deadline") from None
+            raise RemoteError(f"query engine at {self.base} is unreachable: {reason}") from None
+        self.stats.add(len(raw))
+        if len(raw) > self.max_answer_bytes:
+            raise self._too_large(path)
+        if encoding == "gzip":
+            try:
+                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                raw = inflater.decompress(raw, self.max_answer_bytes + 1)
+            except zlib.error:
+                raise RemoteError(f"query engine at {self.base} sent a corrupt gzip "
+                                  "answer") from None
+            if len(raw) > self.max_answer_bytes:
+                raise self._too_large(path)
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            raise RemoteError(f"query engine at {self.base} did not answer JSON") from None
+        if not isinstance(document, dict) or document.get("status") != "success" \
+                or not isinstance(document.get("data"), (dict, list)):
+            error = document.get("error") if isinstance(document, dict) else None
+            raise RemoteError(f"query failed at {self.base}: {error or 'unexpected answer'}")
+        return document["data"]
+
+    def _too_large(self, path: str) -> RemoteError:
+        return RemoteError(f"query engine at {self.base} answered {path} with more than "
+                           f"{self.max_answer_bytes // 2**20} MiB")
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        data = self.request("/api/v1/query_range", {
+            "query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+            "step": f"{step:g}s"})
+        return _result(data, "matrix")
+
+    def query(self, promql: str, at: float) -> list[dict]:
+        return _result(self.request("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}),
+                       "vector")
+
+    def label_values(self, label: str, matches: Iterable[str], start: float,
+                     end: float) -> list[str]:
+        params = [("match[]", m) for m in matches]
+        params += [("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
+        data = self.request(f"/api/v1/label/{label}/values", params, post=False)
+        if not isinstance(data, list):
+            raise RemoteError(f"query engine at {self.base}: label values are not a list")
+        return [str(v) for v in data]
+
+
+def _error_text(err: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(err.read(4096)).get("error", ""))[:200] or err.reason
+    except (ValueError, OSError, AttributeError):
+        return str(err.reason)
+
+
+def _result(data, kind: str) -> list[dict]:
+    if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+        raise RemoteError("query engine answered without a result list")
+    if data.get("resultType") not in (kind, None):
+        raise RemoteError(f"query engine answered a {data.get('resultType')}, not a {kind}")
+    return data["result"]
+
+
+def labels_of(result: dict) -> Labels:
+    metric = result.get("metric")
+    if not isinstance(metric, dict):
+        raise RemoteError("query engine answered a series without labels")
+    return tuple(sorted((str(k), str(v)) for k, v in metric.items()
+                        if k not in DROPPED_LABELS))
+
+
+def _number(value) -> float:
+    try:
+        return float(value)  # "NaN", "+Inf" included, as the API writes them
+    except (TypeError, ValueError):
+        raise RemoteError(f"query engine answered a sample that is not a number: "
+                          f"{str(value)[:40]!r}") from None
+
+
+def with_matchers(expr: Expr, matchers: dict[str, str]) -> Expr:
+    """The same expression with `matchers` added to every selector in it (an instance
+    filter), so the engine reads only those nodes' series."""
+    if isinstance(expr, Selector):
+        return replace(expr, matchers={**(expr.matchers or {}), **matchers})
+    if isinstance(expr, Scalar):
+        return expr
+    changes = {f.name: with_matchers(getattr(expr, f.name), matchers) for f in fields(expr)
+               if isinstance(getattr(expr, f.name), Expr)}
+    return replace(expr, **changes)
+
+
+def node_regex(nodes: Iterable[str]) -> str:
+    """A matcher value for `instance=~`: the nodes' names, RE2-escaped (the leading `~`
+    marks a regex matcher in rules/promql.py)."""
+    return "~" + "|".join(re.escape(node) for node in sorted(nodes))
+
+
+def window_grid(end: float, seconds: float, step: float) -> list[int]:
+    """The range query's instants (ms) over a `seconds` window ending at `end`."""
+    count = max(2, int(seconds // step) + 1)
+    first = end - (count - 1) * step
+    return [int(round((first + k * step) * 1000)) for k in range(count)]
+
+
+def evaluation_steps(timestamps: list[int]) -> list[int]:
+    """The steps the in-process engine judges on samples at `timestamps`: those with a
+    full rate window behind them (engine.evaluation_steps)."""
+    return engine.evaluation_steps(timestamps, engine.rate_window_ms(timestamps))
+
+
+# Where the source has data in the window: the in-process engine judges the instants its
+# samples exist at, so a node scraped for a minute is judged on that minute, not found
+# "not persistent" over five.
+PRESENCE = Count(Selector("fleetscope_exporter_build_info"))
+
+
+@dataclass
+class _Candidate:
+    """A firing label set waiting for its evidence."""
+
+    finding: engine.Finding
+    at_ms: int
+    vectors: list[Vector] = field(default_factory=list)
+
+
+@dataclass
+class RemoteDiagnosis:
+    findings: list[engine.Finding]
+    not_evaluated: list[dict]
+    nodes: list[str]
+    window: tuple[float, float]
+    stats: QueryStats
+    fleet_findings: list[dict] = field(default_factory=list)
+
+
+def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
+                    step: float = STEP_SECONDS, deadline_seconds: float = DEADLINE_SECONDS,
+                    max_answer_bytes: int = MAX_ANSWER_BYTES,
+                    parallel: int = PARALLEL_QUERIES, now: float | None = None,
+                    settle_seconds: float = SETTLE_SECONDS,
+                    rules: tuple[Rule, ...] = CATALOG) -> RemoteDiagnosis:
+    """Every rule evaluated by the engine at `base` over the `seconds` before `now` less
+    `settle_seconds`, for one node (`node`, its instance label) or the whole fleet."""
+    client = QueryClient(base, deadline_seconds, max_answer_bytes)
+    scope = {NODE_LABEL: node} if node else {}
+    now = time.time() if now is None else now
+    # Instants step apart ending now: the settled window ends `settle_seconds` earlier.
+    now = round(now, 3)
+    count = max(2, int(seconds // step) + 1)
+    settle_steps = math.ceil(settle_seconds / step)
+    instants = [int(round((now - k * step) * 1000)) for k in range(count + settle_steps)][::-1]
+    presence = client.query_range(with_matchers(PRESENCE, scope).promql(),
+                                  instants[0] / 1000, now, step)
+    seen = sorted({int(round(_number(p[0]) * 1000)) for s in presence
+                   for p in s.get("values") or []})
+    # A source younger than the window is judged on all it has, up to now; an older one
+    # on the settled window.
+    grid = instants[:count] if seen and seen[0] <= instants[0] else instants[-count:]
+    end = grid[-1] / 1000
+    window = (grid[0] / 1000, end)
+    stamps = [t for t in seen if grid[0] <= t <= grid[-1]] or grid
+    steps = evaluation_steps(stamps)
+    # The fleet's metric names straight from the index; a node's from its own series.
+    scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
+    present = set(client.label_values("__name__", scope_match, window[0], window[1]))
+    names = Series()
+    names.by_name = {name: {} for name in present}
+
+    not_evaluated: list[dict] = []
+    queries: list[tuple[Rule, int, str, Expr, str]] = []
+    for rule in rules:
+        missing = engine.missing_signals(rule, names)
+        if missing:
+            not_evaluated.append({"rule": rule.id, "reason": _missing_reason(missing)})
+            continue
+        if rule.needs_rates and stamps[-1] == stamps[0]:
+            not_evaluated.append({"rule": rule.id,
+                                  "reason": "one sample only: rates need at least two"})
+            continue
+        for tier, (severity, condition, summary) in enumerate(rule.severities()):
+            expr = with_matchers(condition, scope) if scope else condition
+            queries.append((rule, tier, severity, expr, summary))
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        answers = _condition_answers(client, pool, queries, steps, step, scope)
+        candidates = _candidates(queries, answers, steps)
+        _fetch_evidence(client, pool, candidates, scope)
+
+    findings: list[engine.Finding] = []
+    by_rule_node: dict[tuple[str, str], list[engine.Finding]] = {}
+    for candidate in candidates:
+        finding = candidate.finding
+        finding.evidence = engine.evidence_from(finding.rule, finding.labels,
+                                                candidate.vectors)
+        finding.confidence = engine._confidence(finding.rule, finding.evidence)
+        by_rule_node.setdefault((finding.rule.id, finding.node), []).append(finding)
+    findings = [engine._merge(same) for same in by_rule_node.values()]
+    findings.sort(key=engine.rank_key(rules))
+    if node:
+        return RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
+    nodes = client.label_values(NODE_LABEL, ("fleetscope_exporter_build_info",
+                                             "fleetscope_cpu_info"), window[0], window[1])
+    nodes = sorted(set(nodes) | {f.node for f in findings})
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        info = list(pool.map(lambda name: [dict(labels_of(s)) for s in client.query(name, end)],
+                             ATTRIBUTE_METRICS))
+    attributes = fleet_findings.node_attributes(*info, node_label=NODE_LABEL)
+    shared = fleet_findings.fleet_findings([f.to_json() for f in findings], attributes)
+    return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared)
+
+
+def probe_steps(step_count: int, hold: float) -> int:
+    """How many of the last steps any label set that persists must show up in at least
+    once: held at `need` of `step_count` steps, it is absent at no more than
+    step_count - need of them."""
+    need = max(1, math.ceil(hold * step_count))
+    return step_count - need + 1
+
+
+def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
+                       steps: list[int], step: float, scope: dict[str, str]) -> list[list]:
+    """Each condition's range answer over the steps. A state rule's condition is first
+    queried over the last few steps only (probe_steps: a quarter of the window, the
+    cheaper query), then over the whole window for the nodes it named there: the engine
+    evaluates the expensive window for the suspects alone, and misses none (conditions
+    aggregate by instance, so a node's answer does not depend on the others)."""
+    start_s, end_s = steps[0] / 1000, steps[-1] / 1000
+
+    def probe(query) -> list | None:
+        rule, expr = query[0], query[3]
+        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
+        if scope or probes >= len(steps):
+            return client.query_range(expr.promql(), start_s, end_s, step)
+        return client.query_range(expr.promql(), steps[-probes] / 1000, end_s, step)
+
+    probed = list(pool.map(probe, queries))
+    jobs = []
+    for index, (query, result) in enumerate(zip(queries, probed, strict=True)):
+        rule = query[0]
+        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
+        if scope or probes >= len(steps) or not result:
+            continue  # already the whole window (or nothing fires)
+        labels = [dict(labels_of(series)) for series in result]
+        probed[index] = []  # replaced by the whole-window answers below
+        if any(NODE_LABEL not in one for one in labels):
+            jobs.append((index, query[3]))  # not per node: the whole window, unfiltered
+            continue
+        nodes = sorted({one[NODE_LABEL] for one in labels})
+        for first in range(0, len(nodes), NODES_PER_QUERY):
+            chunk = nodes[first:first + NODES_PER_QUERY]
+            jobs.append((index, with_matchers(query[3], {NODE_LABEL: node_regex(chunk)})))
+    windows = pool.map(lambda job: client.query_range(job[1].promql(), start_s, end_s, step),
+                       jobs)
+    for (index, _expr), result in zip(jobs, windows, strict=True):
+        probed[index] = probed[index] + result
+    return probed
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _missing_reason(missing: list[str]) -> str:
+    hints = sorted({hint for prefix, hint in engine.MISSING_HINTS
+                    if any(name.startswith(prefix) for name in missing)})
+    reason = f"signals absent from this source: {', '.join(missing)}"
+    return reason + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
+    """Firing label sets of every rule, the most severe tier per node, as the in-process
+    engine picks them."""
+    step_set = set(steps)
+    out: list[_Candidate] = []
+    tier_of: dict[tuple[str, str], int] = {}  # (rule, node) -> the tier that holds there
+    for (rule, tier, severity, _expr, summary), result in zip(queries, answers, strict=True):
+        per_step: dict[int, Vector] = {}
+        for series in result:
+            labels = labels_of(series)
+            for point in series.get("values") or []:
+                at_ms = int(round(_number(point[0]) * 1000))
+                if at_ms in step_set:
+                    per_step.setdefault(at_ms, {})[labels] = _number(point[1])
+        hold = engine.HOLD_FRACTION if rule.for_seconds else 0.0
+        held = engine.held_label_sets(sorted(per_step.items()), len(steps), hold)
+        for labels, record in sorted(held.items()):
+            finding_labels = dict(labels)
+            node = finding_labels.get(NODE_LABEL, "?")
+            if tier_of.setdefault((rule.id, node), tier) != tier:
+                continue  # a more severe tier already holds on this node
+            finding = engine.Finding(rule, node, finding_labels, record.value, rule.confidence,
+                                     severity=severity, summary_template=summary,
+                                     held_ratio=record.steps / len(steps))
+            for kind, label in rule.subject_labels.items():
+                if label in finding_labels:
+                    finding.subjects[kind].append(
+                        engine._subject_value(kind, finding_labels[label]))
+            out.append(_Candidate(finding, record.last_ms))
+    return out
+
+
+def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
+                    candidates: list[_Candidate], scope: dict[str, str]) -> None:
+    """Each evidence expression once per (rule, time) for up to NODES_PER_QUERY firing
+    nodes at a time, then split back to the findings by their labels."""
+    groups: dict[tuple[str, int], list[_Candidate]] = {}
+    for candidate in candidates:
+        groups.setdefault((candidate.finding.rule.id, candidate.at_ms), []).append(candidate)
+    jobs = []
+    for (_rule_id, at_ms), members in groups.items():
+        rule = members[0].finding.rule
+        nodes = sorted({m.finding.node for m in members})
+        for first in range(0, len(nodes), NODES_PER_QUERY):
+            chunk = nodes[first:first + NODES_PER_QUERY]
+            matcher = scope or {NODE_LABEL: node_regex(chunk)}
+            for index, item in enumerate(rule.evidence):
+                jobs.append((members, set(chunk), index,
+                             with_matchers(item.expr, matcher).promql(), at_ms / 1000))
+    answers = pool.map(lambda job: client.query(job[3], job[4]), jobs)
+    vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples
+    for (members, chunk, index, _query, _at), result in zip(jobs, answers, strict=True):
+        vector = {labels_of(s): _number((s.get("value") or [0, "NaN"])[1]) for s in result}
+        for member in members:
+            if member.finding.node in chunk:
+                vectors[(id(member), index)] = vector
+    for candidate in candidates:
+        candidate.vectors = [vectors.get((id(candidate), index), {})
+                             for index in range(len(candidate.finding.rule.evidence))]
+

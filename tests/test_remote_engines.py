@@ -1,0 +1,250 @@
+"""Rules evaluated on a real Prometheus and a real VictoriaMetrics find exactly what the
+in-process engine finds on the same data, for every rule.
+
+A small simulated fleet (bench/fleet_prometheus.py: the exporter's collectors replaying the
+scenario bundles, every rule's fault on known nodes, two CPU steppings) is loaded into both
+engines on 127.0.0.1. `fleetscope diagnose --prometheus URL --fleet` (engine-side) is
+compared with the old path (every series fetched, rules in Python) on each engine, and with
+what the in-process engine finds on one node of each profile.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetscope.diagnose import engine, remote
+from fleetscope.diagnose.prometheus import prometheus_series
+from fleetscope.rules.catalog import CATALOG
+from tests.conftest import require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+NODES = 64
+MINUTES = 12
+SECONDS = 300
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("fleet_prometheus",
+                                                  REPO / "bench" / "fleet_prometheus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Both engines over the same samples; stopped after the module."""
+    require_tool("promtool")
+    require_tool("prometheus")
+    require_tool("victoria-metrics")
+    bench = _bench()
+    workdir = tmp_path_factory.mktemp("fleet")
+    nodes, profiles, start_s, points = bench.build(NODES, MINUTES, workdir, False,
+                                                   ["prometheus", "vm"])
+    engines = {}
+    try:
+        engines["prometheus"] = bench.start_prometheus(workdir / "fleet.om", workdir)
+        engines["victoriametrics"] = bench.start_victoria(workdir / "fleet.prom", workdir)
+        end_s = (time.time() - bench.SETTLE_SECONDS) // bench.STEP_S * bench.STEP_S
+        expected = bench.expected_findings(profiles, start_s, points, SECONDS, end_s)
+        yield {"bench": bench, "nodes": nodes, "engines": engines, "expected": expected,
+               "start_s": start_s}
+    finally:
+        for process in engines.values():
+            process.stop()
+
+
+def _diagnose(url: str) -> tuple[int, dict]:
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--prometheus",
+                             url, "--fleet", "--json"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode in (0, 1, 2), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def _keyed(findings: list[dict]) -> set[tuple[str, str, str]]:
+    return {(f["rule"], f["node"], f["severity"]) for f in findings}
+
+
+def _in_process(url: str, at: float, monkeypatch) -> list[dict]:
+    """The old path (every series fetched, rules in Python) over the window ending at `at`."""
+    from fleetscope.diagnose import prometheus
+
+    class _Clock:  # the old path reads the window's end from the wall clock
+        @staticmethod
+        def time() -> float:
+            return at
+
+    monkeypatch.setattr(prometheus, "time", _Clock)
+    # The old path fetched the conditions' metrics only; evidence-only ones too here, so
+    # both sides have the same evidence to show.
+    metrics = set().union(*(rule.requires() for rule in CATALOG),
+                          *(item.expr.metrics() for rule in CATALOG for item in rule.evidence))
+    series, _ = prometheus_series(url, metrics, SECONDS, None, timeout=120)
+    findings, _ = engine.evaluate(series, "?")
+    return [f.to_json() for f in findings]
+
+
+@pytest.mark.parametrize("name", ["prometheus", "victoriametrics"])
+def test_engine_side_finds_what_the_in_process_engine_finds(fleet, name, monkeypatch):
+    url = fleet["engines"][name].url
+    code, document = _diagnose(url)
+    # The same window on both sides, a minute back (VictoriaMetrics hides its newest 30 s).
+    at = time.time() // 15 * 15 - 60
+    answer = remote.diagnose_remote(url, SECONDS, now=at, settle_seconds=0)
+    # The in-process engine on the raw samples (read back from Prometheus: VictoriaMetrics
+    # resamples a range query of a raw series onto its own step, the engine's input then
+    # differs from the samples stored).
+    in_process = _in_process(fleet["engines"]["prometheus"].url, at, monkeypatch)
+    ours = [f.to_json() for f in answer.findings]
+    assert _keyed(ours) == _keyed(in_process) == _keyed(document["findings"])
+    # Fed through either engine's range queries, the old path finds the same nodes.
+    assert _keyed(_in_process(url, at, monkeypatch)) == _keyed(in_process)
+    # ...and that is each node's injected fault, nothing on the healthy nodes.
+    assert fleet["bench"].check(document, fleet["nodes"], fleet["expected"]) == []
+    assert {f["rule"] for f in document["findings"]} == {rule.id for rule in CATALOG}
+    assert code == 2 and document["status"] == "critical"
+    # The same evidence values: the engine computes what Python computed.
+    ours = {(f["rule"], f["node"]): f["evidence"] for f in ours}
+    theirs = {(f["rule"], f["node"]): f["evidence"] for f in in_process}
+    for key, evidence in ours.items():
+        assert [e["signal"] for e in evidence] == [e["signal"] for e in theirs[key]], key
+        for a, b in zip(evidence, theirs[key], strict=True):
+            assert a["value"] == pytest.approx(b["value"], rel=1e-6, abs=1e-9), key
+    assert document["query_engine"]["queries"] > 0
+
+
+def test_both_engines_agree_and_answer_with_the_findings_only(fleet):
+    documents = {name: _diagnose(e.url)[1] for name, e in fleet["engines"].items()}
+    prometheus, victoria = documents["prometheus"], documents["victoriametrics"]
+    assert _keyed(prometheus["findings"]) == _keyed(victoria["findings"])
+    assert prometheus["fleet_findings"] == victoria["fleet_findings"]
+    assert len(prometheus["nodes"]) == NODES
+    # Answer size follows the findings: far less than the fleet's samples of one metric.
+    assert prometheus["query_engine"]["bytes_received"] < 200_000
+
+
+def test_fleet_finding_names_the_older_stepping(fleet):
+    document = _diagnose(fleet["engines"]["prometheus"].url)[1]
+    old = [n for n in fleet["nodes"] if n.stepping == "r1p0"]
+    isa = next(e for e in document["fleet_findings"] if e["rule"] == "isa-mismatch")
+    assert isa["nodes"] == len(old)
+    assert isa["factor"]["attribute"] == "cpu"
+    assert isa["factor"]["value"] == "HiSilicon Kunpeng 920 stepping r1p0"
+    assert isa["factor"]["firing_elsewhere"] == 0
+    assert isa["summary"].startswith(f"isa-mismatch on {len(old)} nodes, all HiSilicon "
+                                     "Kunpeng 920 stepping r1p0")
+    # The report leads with it.
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--prometheus",
+                             fleet["engines"]["prometheus"].url, "--fleet"],
+                            capture_output=True, text=True, timeout=300)
+    text = result.stdout
+    first = text.index("fleet: isa-mismatch on")
+    assert first < text.index("Primary diagnosis")
+    header_end = text.index("CRITICAL") + len("CRITICAL")
+    assert text[header_end:].lstrip().startswith("fleet: ")  # right under the status line
+
+
+def test_one_node_and_an_unknown_node(fleet):
+    url = fleet["engines"]["prometheus"].url
+    node = next(n for n in fleet["nodes"] if n.profile == "fd-exhaustion")
+    answer = remote.diagnose_remote(url, SECONDS, node.instance)
+    assert {f.rule.id for f in answer.findings} == fleet["expected"]["fd-exhaustion"]
+    assert answer.nodes == [node.instance]
+    # Every query of a one-node diagnosis is filtered to that node.
+    nobody = remote.diagnose_remote(url, SECONDS, "nowhere:9105")
+    assert nobody.findings == [] and len(nobody.not_evaluated) == len(CATALOG)
+
+
+@pytest.mark.parametrize("name", ["prometheus", "victoriametrics"])
+def test_each_rule_condition_is_the_same_on_both_engines(fleet, name):
+    """Every rule tier's condition, as range-queried: the label sets per step match between
+    PromQL and MetricsQL (the rules use no construct where the two differ on data scraped
+    at the rules' step; see test_metricsql_rate_differs_off_the_step)."""
+    client = remote.QueryClient(fleet["engines"]["prometheus"].url)
+    other = remote.QueryClient(fleet["engines"][name].url)
+    end = time.time() // 15 * 15
+    for rule in CATALOG:
+        for _, condition, _ in rule.severities():
+            promql = condition.promql()
+            a = {remote.labels_of(s): len(s["values"])
+                 for s in client.query_range(promql, end - SECONDS, end, 15)}
+            b = {remote.labels_of(s): len(s["values"])
+                 for s in other.query_range(promql, end - SECONDS, end, 15)}
+            assert a == b, (rule.id, promql)
+
+
+def test_metricsql_increase_differs_where_a_series_begins(fleet):
+    """Where MetricsQL and PromQL differ on an expression we use: `increase()` (and `rate()`)
+    over a window that reaches back past a series' first sample. Prometheus extrapolates
+    from the samples inside the window (half an interval past the first one); VictoriaMetrics
+    counts from the first sample without extrapolating. Away from a series' start both give
+    the counter's slope times the window on these counters, which is what the rules compare
+    with their thresholds; a node whose exporter just started reads differently on the two
+    engines for the first rate window, and the rules' thresholds are far from both."""
+    node = next(n for n in fleet["nodes"] if n.profile == "healthy-busy")
+    selector = f'fleetscope_pressure_stall_seconds_total{{instance="{node.instance}",' \
+               'resource="cpu",stall="some"}'
+    start = fleet["start_s"]
+    values = {}
+    for name, process in fleet["engines"].items():
+        client = remote.QueryClient(process.url)
+        values[name] = [float(client.query(f"increase({selector}[1m])", at)[0]["value"][1])
+                        for at in (start + 30, start + 300)]
+    prometheus, victoria = values["prometheus"], values["victoriametrics"]
+    assert prometheus[1] == pytest.approx(victoria[1], rel=1e-6)  # inside the data: same
+    assert prometheus[0] != pytest.approx(victoria[0], rel=1e-3)  # at the start: not
+    assert prometheus[0] == pytest.approx(prometheus[1] * 37.5 / 60, rel=1e-6)
+
+
+def _isa(*args) -> tuple[int, dict]:
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "isa", *args, "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_isa_fleet_lists_the_steppings_and_their_baseline(fleet):
+    url = fleet["engines"]["prometheus"].url
+    code, document = _isa("fleet", "--prometheus", url)
+    assert code == 0
+    old = sum(n.stepping == "r1p0" for n in fleet["nodes"])
+    counts = {g["cpus"][0]["cpu"]: g["nodes"] for g in document["groups"]}
+    assert counts == {"HiSilicon Kunpeng 920 stepping r1p1": NODES - old,
+                      "HiSilicon Kunpeng 920 stepping r1p0": old}
+    arm = document["baseline"]["aarch64"]
+    assert arm["nodes"] == NODES
+    assert "asimddp" not in arm["features"] and "atomics" in arm["features"]
+    assert "+lse" in arm["march"] and "+dotprod" not in arm["march"]
+    # VictoriaMetrics answers the same.
+    assert _isa("fleet", "--prometheus", fleet["engines"]["victoriametrics"].url)[1] == document
+
+
+def test_isa_check_names_the_groups_a_binary_would_crash_on(fleet, tmp_path):
+    from tests.test_isa import EM_AARCH64, make_elf
+
+    url = fleet["engines"]["prometheus"].url
+    ldadd, sdot, ret = (struct.pack("<I", w) for w in (0xB8200041, 0x4E829420, 0xD65F03C0))
+    dotprod = tmp_path / "agent-dotprod"
+    dotprod.write_bytes(make_elf(EM_AARCH64, ldadd + sdot + ret))
+    code, document = _isa("check", str(dotprod), "--prometheus", url)
+    old = sum(n.stepping == "r1p0" for n in fleet["nodes"])
+    assert code == 1
+    assert document["check"]["nodes_that_would_crash"] == old
+    lacking = [g for g in document["check"]["groups"] if not g["can_run"]]
+    assert [(g["cpus"][0]["cpu"], g["missing"]) for g in lacking] == [
+        ("HiSilicon Kunpeng 920 stepping r1p0", ["DotProd"])]
+    # Built for the baseline (LSE only): every node runs it.
+    baseline = tmp_path / "agent-baseline"
+    baseline.write_bytes(make_elf(EM_AARCH64, ldadd + ret))
+    code, document = _isa("check", str(baseline), "--prometheus", url)
+    assert code == 0 and document["check"]["nodes_that_would_crash"] == 0
