@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import time
 
 from fleetscope.collectors.base import bundle_roots
 from fleetscope.config import Config, ConfigError, default_config_path, load_config
@@ -38,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"live: how long to sample, once a second (default "
                         f"{LIVE_SECONDS:g}: a condition must hold across most of the window); "
                         f"Prometheus: how far back (default {PROMETHEUS_SECONDS:g})")
+    parser.add_argument("--evaluate", choices=("engine", "local"), default="engine",
+                        help="with --prometheus: engine (default) sends each rule to the query "
+                        "engine and fetches evidence for the firing nodes only; local fetches "
+                        "every series the rules read and evaluates here (a small fleet, or an "
+                        "engine without the query API features the rules use)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="with --prometheus: one deadline for all its queries together "
                         "(default 30)")
@@ -130,9 +136,25 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             enricher = Enricher(bundle_config, bundle_roots(bundle.samples[0].directory),
                                 bundle_roots(bundle.samples[-1].directory), series)
             source = "bundle"
+        elif args.prometheus and args.evaluate == "local":
+            # Every series the rules read fetched, the rules evaluated here.
+            from .prometheus import PrometheusError, prometheus_series
+
+            metrics = set().union(*(rule.requires() for rule in CATALOG))
+            try:
+                series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
+                                                  None if args.fleet else args.node,
+                                                  timeout=args.timeout)
+            except PrometheusError as err:
+                return _fail(str(err))
+            if args.node and not nodes:
+                nodes = [args.node]
+            end = time.time()
+            window = (end - args.seconds, end)
+            source = "prometheus"
         elif args.prometheus:
             # The query engine evaluates the rules and returns the firing nodes alone
-            # (diagnose/remote.py); prometheus_series stays for the in-process path.
+            # (diagnose/remote.py).
             from . import remote
 
             try:

@@ -70,7 +70,7 @@ def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, 
     return connection, parts.path.rstrip("/")
 
 
-def _fetch(base: str, path: str, params: dict, deadline: Deadline) -> bytes:
+def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
     """The body of one GET, within the deadline and MAX_ANSWER_BYTES."""
     left = deadline.left()
     if left <= 0:
@@ -147,7 +147,7 @@ def _get(base: str, path: str, params: dict, timeout: float | Deadline) -> dict:
     shared with the command's other queries."""
     deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
     try:
-        body = _fetch(base, path, params, deadline)
+        body = fetch(base, path, params, deadline)
     except TimeoutError:
         raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
                               f"{deadline.seconds:g} s (--timeout)") from None

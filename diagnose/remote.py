@@ -25,7 +25,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
 
-from . import engine, fleet_findings
+from . import engine, fleet_findings, prometheus
 
 NODE_LABEL = NODE_LABELS[0]
 STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
@@ -79,64 +78,40 @@ class QueryClient:
     def __init__(self, base: str, deadline_seconds: float = DEADLINE_SECONDS,
                  max_answer_bytes: int = MAX_ANSWER_BYTES):
         self.base = base.rstrip("/")
-        self.deadline = time.monotonic() + deadline_seconds
+        self._deadline = prometheus.Deadline(deadline_seconds)
         self.deadline_seconds = deadline_seconds
         self.max_answer_bytes = max_answer_bytes
         self.stats = QueryStats()
 
     def request(self, path: str, params: list[tuple[str, str]] | dict,
-                post: bool = True) -> dict:
-        """The `data` of a successful answer; RemoteError otherwise. Queries go as POST
-        forms (an instance regex of 200 nodes is past some proxies' URL limits)."""
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise RemoteError(f"query engine at {self.base} did not answer within the "
-                              f"{self.deadline_seconds:g} s deadline")
-        form = urllib.parse.urlencode(params)
-        headers = {"Accept-Encoding": "gzip"}
-        if post:
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-            request = urllib.request.Request(f"{self.base}{path}", data=form.encode(),
-                                             method="POST", headers=headers)
-        else:  # label values: GET only in Prometheus 2.x
-            request = urllib.request.Request(f"{self.base}{path}?{form}", headers=headers)
+                post: bool = False) -> dict | list:
+        """The `data` of a successful answer; RemoteError otherwise. The transport is the
+        hardened one of diagnose/prometheus.py: one deadline for the whole command (a
+        watchdog closes a socket that trickles), answers capped, every shape checked."""
         try:
-            with urllib.request.urlopen(request, timeout=remaining) as response:
-                raw = response.read(self.max_answer_bytes + 1)
-                encoding = response.headers.get("Content-Encoding", "")
-        except urllib.error.HTTPError as err:
-            raise RemoteError(f"query engine at {self.base} answered HTTP {err.code} to "
-                              f"{path}: {_error_text(err)}") from None
+            body = prometheus.fetch(self.base, path, params, self._deadline)
         except TimeoutError:
-            raise RemoteError(f"query engine at {self.base} did not answer within the "
-                              f"{self.deadline_seconds:g} s deadline") from None
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            if isinstance(reason, TimeoutError):
-                raise RemoteError(f"query engine at {self.base} did not answer within the "
-                                  f"{self.deadline_seconds:g} s deadline") from None
-            raise RemoteError(f"query engine at {self.base} is unreachable: {reason}") from None
-        self.stats.add(len(raw))
-        if len(raw) > self.max_answer_bytes:
+            raise RemoteError(f"query engine at {self.base} did not answer within "
+                              f"{self.deadline_seconds:g} s (--timeout), the deadline for all "
+                              "its queries") from None
+        except prometheus.PrometheusError as err:
+            raise RemoteError(str(err)) from None
+        self.stats.add(len(body))
+        if len(body) > self.max_answer_bytes:
             raise self._too_large(path)
-        if encoding == "gzip":
+        if path.startswith("/api/v1/label/"):  # its data is a list of values
             try:
-                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                raw = inflater.decompress(raw, self.max_answer_bytes + 1)
-            except zlib.error:
-                raise RemoteError(f"query engine at {self.base} sent a corrupt gzip "
-                                  "answer") from None
-            if len(raw) > self.max_answer_bytes:
-                raise self._too_large(path)
+                document = json.loads(body)
+            except (ValueError, RecursionError):
+                raise RemoteError(f"query engine at {self.base} did not answer JSON") from None
+            data = document.get("data") if isinstance(document, dict) else None
+            if not isinstance(data, list) or document.get("status") != "success":
+                raise RemoteError(f"query engine at {self.base} gave no label values")
+            return data
         try:
-            document = json.loads(raw)
-        except ValueError:
-            raise RemoteError(f"query engine at {self.base} did not answer JSON") from None
-        if not isinstance(document, dict) or document.get("status") != "success" \
-                or not isinstance(document.get("data"), (dict, list)):
-            error = document.get("error") if isinstance(document, dict) else None
-            raise RemoteError(f"query failed at {self.base}: {error or 'unexpected answer'}")
-        return document["data"]
+            return prometheus.parse_answer(self.base, body)
+        except prometheus.PrometheusError as err:
+            raise RemoteError(str(err)) from None
 
     def _too_large(self, path: str) -> RemoteError:
         return RemoteError(f"query engine at {self.base} answered {path} with more than "
@@ -171,7 +146,7 @@ def _error_text(err: urllib.error.HTTPError) -> str:
 
 def _result(data, kind: str) -> list[dict]:
     if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-        raise RemoteError("query engine answered without a result list")
+        raise RemoteError("query engine answered a result that is not a list")
     if data.get("resultType") not in (kind, None):
         raise RemoteError(f"query engine answered a {data.get('resultType')}, not a {kind}")
     return data["result"]
