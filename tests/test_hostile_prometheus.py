@@ -22,6 +22,10 @@ from tests.hostile_corpus import run
 STOP = threading.Event()
 
 
+# The in-process path (every series fetched): its answers are parsed point by point.
+LOCAL = ("--evaluate", "local")
+
+
 def _matrix(name: str, values, metric=None) -> dict:
     metric = {"__name__": name, "instance": "n1"} if metric is None else metric
     return {"status": "success", "data": {"resultType": "matrix",
@@ -155,7 +159,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("mode", sorted(REFUSED))
 def test_bad_answers_are_one_line(prometheus, mode):
-    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", "--evaluate", "local", "--node", "n1"],
+    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1"],
                  timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 3, result.stderr[-2000:]
@@ -168,7 +172,7 @@ def test_bad_answers_are_one_line(prometheus, mode):
 
 @pytest.mark.parametrize("mode", ["non-numeric", "nan-values", "no-metric", "empty"])
 def test_bad_points_are_skipped_and_the_rest_diagnosed(prometheus, mode):
-    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", "--evaluate", "local", "--node", "n1",
+    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1",
                   "--json"], timeout=120)
     # A diagnosis (exit 3 when nothing could be evaluated: status "unknown"), not an error.
     assert result.returncode in (0, 1, 2, 3), result.stderr[-2000:]
@@ -182,7 +186,7 @@ def test_bad_points_are_skipped_and_the_rest_diagnosed(prometheus, mode):
 def test_one_deadline_for_all_queries(prometheus, mode):
     """A server answering a byte every 0.5 s, or every query in 1 s (22 queries), ends at
     the --timeout with one line instead of holding the command."""
-    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", "--evaluate", "local", "--node", "n1",
+    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1",
                   "--timeout", "3"], timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 3, result.stderr[-2000:]
