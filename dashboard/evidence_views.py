@@ -170,6 +170,15 @@ VIEWS: dict[str, tuple[Panel, ...]] = {
         Panel("Cores over 90 % busy", Max(_sel("fleetscope_cpu_saturated_cores"), by=NODE),
               "cores", 1.0),
     ),
+    "cpu-saturation": (
+        Panel("Time tasks waited for a CPU (PSI cpu some)",
+              Sum(Rate(_sel("fleetscope_pressure_stall_seconds_total",
+                            {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE),
+              "ratio", catalog.PSI_CPU_SOME),
+        Panel("Median core busy", Max(_sel("fleetscope_cpu_core_busy_ratio", {"stat": "p50"}),
+                                      by=NODE), "ratio", catalog.SATURATED_MEDIAN_CORE),
+        Panel("Runnable tasks", Max(_sel("fleetscope_procs_running"), by=NODE), "tasks", None),
+    ),
 }
 
 

@@ -23,6 +23,8 @@ SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 # Why a family of signals is usually missing, for not_evaluated reasons.
 MISSING_HINTS = (
     ("fleetscope_pool_", "no workload pools in the config, or no process matched them"),
+    ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root or "
+                                        "CAP_SYS_PTRACE), or a bundle recorded without them"),
     ("fleetscope_irq_online_pool", "no online pool in the config, or no process matched it"),
     ("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues (a bundle "
                "carries them as agent.prom)"),
@@ -69,6 +71,12 @@ class Finding:
             "evidence": self.evidence,
             "subjects": {kind: self.subjects.get(kind, []) for kind in SUBJECT_KINDS},
         }
+
+
+def _usual_reason(name: str) -> tuple[str, str]:
+    """(prefix, hint) of the most specific MISSING_HINTS entry for a metric name."""
+    matches = [(prefix, hint) for prefix, hint in MISSING_HINTS if name.startswith(prefix)]
+    return max(matches, key=lambda item: len(item[0]), default=("", ""))
 
 
 def _hint(prefix: str, hint: str, series: Series) -> str:
@@ -210,8 +218,8 @@ def evaluate(series: Series, hostname: str, *,
     for rule in rules:
         missing = missing_signals(rule, series)
         if missing:
-            hints = sorted({_hint(prefix, hint, series) for prefix, hint in MISSING_HINTS
-                            if any(name.startswith(prefix) for name in missing)})
+            hints = sorted({_hint(*_usual_reason(name), series) for name in missing
+                            if _usual_reason(name)[1]})
             reason = f"signals absent from this source: {', '.join(missing)}"
             not_evaluated.append({"rule": rule.id,
                                   "reason": reason + (f" ({'; '.join(hints)})" if hints

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -300,17 +301,30 @@ ADDRESS_SPACE_LIMIT = 4096 * MIB  # a runaway probe fails here instead of eating
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 60.0) -> Result:
     """Run a fleetscope command in a child, measuring its peak RSS (wait4's ru_maxrss)."""
-    import resource
     import tempfile
     import time
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetscope", *argv], stdout=out,
-                                stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, preexec_fn=limit)
+    # ru_maxrss of a child forked from this test process starts at this process's size
+    # (Linux keeps the pre-exec high-water mark across exec), and a long test run grows to
+    # hundreds of MiB. So a small launcher forks the command from its own fresh memory,
+    # waits for it and writes the command's own peak to a file; it ends with its status.
+    launcher = (
+        "import os, resource, sys\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        f"    resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE_LIMIT}, "
+        f"{ADDRESS_SPACE_LIMIT}))\n"
+        "    os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
+        "_, status, usage = os.wait4(pid, 0)\n"
+        "code = os.waitstatus_to_exitcode(status)\n"
+        "with open(sys.argv[1], 'w') as out:\n"
+        "    out.write(f'{usage.ru_maxrss} {code}')\n"
+        "os._exit(code & 0xFF)\n")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
+        proc = subprocess.Popen([sys.executable, "-c", launcher, peak.name, "-m", "fleetscope",
+                                 *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
         deadline = time.monotonic() + timeout
         status = rusage = None
         while time.monotonic() < deadline:
@@ -319,15 +333,19 @@ def run(argv: list[str], env: dict | None = None, timeout: float = 60.0) -> Resu
                 break
             time.sleep(0.05)
         else:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the command
             _, status, rusage = os.wait4(proc.pid, 0)
             status = None
         proc.returncode = 0  # reaped by wait4 already
         out.seek(0)
         err.seek(0)
         code = os.waitstatus_to_exitcode(status) if status is not None else None
+        measured = peak.read().split()
+        maxrss_kib = rusage.ru_maxrss
+        if code is not None and len(measured) == 2:  # the command's own peak and status
+            maxrss_kib, code = int(measured[0]), int(measured[1])
         return Result(code, out.read().decode("utf-8", "replace"),
-                      err.read().decode("utf-8", "replace"), rusage.ru_maxrss / 1024)
+                      err.read().decode("utf-8", "replace"), maxrss_kib / 1024)
 
 
 def commands(case: Case, base_bundle: Path) -> dict[str, list[str]]:

@@ -70,7 +70,8 @@ def test_runbook_paths_and_long_words_are_never_split(document, width):
 def test_evidence_reads_in_units(document):
     text = "\n".join(render(document, 100))
     assert re.search(r"online pool run-queue delay per process\s+\d+ ms/s\s+> 50 ms/s", text)
-    assert re.search(r"SIGILL crashes in the kernel log\s+\d+ crashes", text)
+    # (a long signal wraps in its column: the value stands beside its first line)
+    assert re.search(r"SIGILL crashes in the(\s+kernel log)?\s+\d+ crashes", text)
     assert "e+" not in text and "0.989258" not in text
 
 
@@ -82,7 +83,7 @@ def test_alike_findings_are_one_block_naming_every_node(document):
     fleet["nodes"] = [f"r067n{n:02d}" for n in range(32)]
     assert [len(g) for g in group_findings(fleet["findings"])] == [32, 1]
     lines = render(fleet, 100)
-    titles = [line for line in lines if re.match(r"\s+\d+\s+(CRITICAL|WARNING)", line)]
+    titles = [line for line in lines if re.match(r"\s+\d+\s+(CRITICAL|WARNING|INFO)", line)]
     assert len(titles) == 2 and "isa-mismatch on 32 nodes" in titles[0]
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("nodes"))
     nodes = " ".join(lines[start:start + 3])
@@ -91,10 +92,13 @@ def test_alike_findings_are_one_block_naming_every_node(document):
 
 def test_not_evaluated_rules_are_grouped_by_cause(document):
     text = "\n".join(render(document, 100))
+    # the rules whose only reason is the missing agent runtime (others add their own)
     agent = [item["rule"] for item in document["not_evaluated"]
-             if "agent runtime metrics" in item["reason"]]
+             if item["reason"].endswith("(a bundle carries them as agent.prom))")]
+    mixed = [item for item in document["not_evaluated"]
+             if "agent runtime metrics" in item["reason"] and item["rule"] not in agent]
     assert len(agent) >= 2
-    assert text.count("no agent runtime metrics") == 1
+    assert 1 <= text.count("no agent runtime metrics") <= 1 + len(mixed)
     assert ", ".join(agent) in text.replace("\n  ", " ")
 
 
