@@ -20,9 +20,11 @@ Sources, each optional on its own:
   is each crash's Unix time (fleetscope_sigill_last_crash_timestamp_seconds). A bundle's
   samples carry /proc/stat, so a bundle converts its static/dmesg.txt the same way.
 
-Label values stay bounded: the binary label keeps the first MAX_BINARIES names (the most
-frequent first among those seen together), the rest count as binary="other"; a name once
-given its own series keeps it, so no counter ever goes down.
+Label values stay bounded: at most MAX_BINARIES binaries have their own series, the ones that
+crashed most recently (a node's ring can hold dozens of old names; the binary crashing now is
+the one an SRE needs named). When a new binary crashes and every name is taken, the binary
+whose latest crash is oldest folds into binary="other": its series ends, "other" grows by its
+count and keeps the later of the two crash times, so no series' counter ever goes down.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class CpuFeaturesCollector(Collector):
         self._kmsg: _Kmsg | None = None
         self._counts: Counter[str] = Counter()  # live kernel log: crashes since the start
         self._last: dict[str, float] = {}  # live kernel log: latest crash time per label
+        self._seen: dict[str, int] = {}  # live kernel log: position of each label's latest crash
+        self._position = 0  # crashes read so far from the live kernel log
         self._suppressed = 0
         self._dmesg: tuple[str, KernelLogScan] | None = None
 
@@ -241,8 +245,8 @@ class CpuFeaturesCollector(Collector):
             raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
         scan = scan_kernel_log(text, f"/{KMSG}")
         self._suppressed += scan.suppressed
-        _admit(self._counts, Counter(crash.binary for crash in scan.crashes))
-        _latest(self._last, self._counts, scan, boot)
+        self._position = _account(self._counts, self._last, self._seen, scan, boot,
+                                  self._position)
         return dict(self._counts), dict(self._last), self._suppressed
 
     def _read_dmesg(self, scrape: Scrape, boot: float | None
@@ -253,9 +257,8 @@ class CpuFeaturesCollector(Collector):
             cached = self._dmesg = (text, scan_kernel_log(text, f"/{DMESG}"))
         scan = cached[1]
         counts: Counter[str] = Counter()
-        _admit(counts, Counter(crash.binary for crash in scan.crashes))
         last: dict[str, float] = {}
-        _latest(last, counts, scan, boot)
+        _account(counts, last, {}, scan, boot, 0)
         return dict(counts), last, scan.suppressed
 
 
@@ -266,28 +269,32 @@ def _boot_time(scrape: Scrape) -> float | None:
         return None
 
 
-def _latest(last: dict[str, float], counts: Counter[str], scan: KernelLogScan,
-            boot: float | None) -> None:
-    """Raise each label's latest crash time with the crashes of `scan` (the binary's own
-    label, or "other" for a binary that did not get one)."""
+def _account(counts: Counter[str], last: dict[str, float], seen: dict[str, int],
+             scan: KernelLogScan, boot: float | None, position: int) -> int:
+    """Add the crashes of `scan` (in log order, numbered from `position`) to `counts` and
+    `last`, keeping own series for the MAX_BINARIES most recently crashed binaries (ties: more
+    crashes, then name); returns the next position."""
+    new: Counter[str] = Counter()
+    for crash in scan.crashes:
+        new[crash.binary] += 1
+        seen[crash.binary] = position
+        position += 1
+    named = {binary for binary in counts if binary != "other"} | (set(new) - {"other"})
+    ranked = sorted(named, key=lambda b: (-seen.get(b, -1), -(counts[b] + new[b]), b))
+    keep = set(ranked[:MAX_BINARIES])
+    for binary in ranked[MAX_BINARIES:]:  # fold the stalest names into "other"
+        if binary in counts:
+            counts["other"] += counts.pop(binary)
+            if binary in last:
+                last["other"] = max(last.get("other", 0.0), last.pop(binary))
+        seen.pop(binary, None)
+    for binary, count in new.items():
+        counts[binary if binary in keep else "other"] += count
     for crash in scan.crashes:
         when = wall_clock(crash, boot)
         if when is None:
             continue
-        label = crash.binary if crash.binary in counts and crash.binary != "other" else "other"
+        label = crash.binary if crash.binary in keep else "other"
         if when > last.get(label, 0.0):
             last[label] = when
-
-
-def _admit(counts: Counter[str], new: Counter[str]) -> None:
-    """Add new crashes to `counts`, giving a binary its own series while fewer than
-    MAX_BINARIES have one (most crashes first, then by name), else counting it as "other"."""
-    admitted = len(counts) - (1 if "other" in counts else 0)
-    for binary, count in sorted(new.items(), key=lambda item: (-item[1], item[0])):
-        if binary in counts and binary != "other":
-            counts[binary] += count
-        elif admitted < MAX_BINARIES and binary != "other":
-            counts[binary] = count
-            admitted += 1
-        else:
-            counts["other"] += count
+    return position

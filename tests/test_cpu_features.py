@@ -490,6 +490,8 @@ def test_last_crash_time_needs_the_boot_time(collector, tmp_path):
 
 
 def test_binary_label_is_bounded(collector, tmp_path, monkeypatch):
+    # Five binaries, bin0 crashing first (and most often), bin4 last: the three that crashed
+    # most recently keep their names, the older two count as "other".
     monkeypatch.setattr(cpu_features_module, "MAX_BINARIES", 3)
     lines = []
     for index, repeat in enumerate([5, 4, 3, 2, 1]):
@@ -498,11 +500,43 @@ def test_binary_label_is_bounded(collector, tmp_path, monkeypatch):
     parsed, _ = _collect(collector, _root(tmp_path, dmesg="\n".join(lines) + "\n"))
     crashes = {k: v for k, v in parsed.items() if k.startswith("fleetscope_sigill_crashes")}
     assert crashes == {
-        'fleetscope_sigill_crashes_total{binary="bin0"}': 5,
-        'fleetscope_sigill_crashes_total{binary="bin1"}': 4,
         'fleetscope_sigill_crashes_total{binary="bin2"}': 3,
-        'fleetscope_sigill_crashes_total{binary="other"}': 3,
+        'fleetscope_sigill_crashes_total{binary="bin3"}': 2,
+        'fleetscope_sigill_crashes_total{binary="bin4"}': 1,
+        'fleetscope_sigill_crashes_total{binary="other"}': 9,
     }
+
+
+def test_new_crash_is_named_when_the_ring_filled_every_label(collector, tmp_path, monkeypatch):
+    # Reproduces a live failure: a long-running node's ring held more old crashing binaries
+    # than the label cap, so a binary crashing now was counted only as "other". It must get
+    # its own series; the binary whose latest crash is oldest folds into "other" (whose count
+    # and crash time take it over), and no remaining series' counter goes down.
+    monkeypatch.setattr(cpu_features_module, "MAX_BINARIES", 3)
+    root = _root(tmp_path)
+    (root / "proc" / "stat").write_text("btime 1700000000\n")
+    (root / "dev").mkdir()
+    device = root / "dev" / "kmsg"
+    body = SIGILL_LINES[2][0]  # "traps: dmesg[1466] trap invalid opcode ..."
+    records = [f"6,{seq},{seq * 1_000_000},-;" + body.replace("dmesg[", f"old{seq}[")
+               for seq in range(1, 5)]  # old1 .. old4, one crash each, old1 first
+    device.write_text("\n".join(records) + "\n")
+    first, _ = _collect(collector, root)
+    named = {k for k in first if k.startswith("fleetscope_sigill_crashes_total")}
+    assert named == {f'fleetscope_sigill_crashes_total{{binary="{b}"}}'
+                     for b in ("old2", "old3", "old4", "other")}
+    with device.open("a") as handle:
+        handle.write("6,9,9000000,-;" + body.replace("dmesg[", "fresh_bin[") + "\n")
+    after, _ = _collect(collector, root)
+    assert after['fleetscope_sigill_crashes_total{binary="fresh_bin"}'] == 1
+    assert f'{LAST}{{binary="fresh_bin"}}' in after
+    assert after[f'{LAST}{{binary="fresh_bin"}}'] == pytest.approx(1700000009)
+    assert 'fleetscope_sigill_crashes_total{binary="old2"}' not in after
+    assert after['fleetscope_sigill_crashes_total{binary="other"}'] == 2  # old1 + old2
+    assert after[f'{LAST}{{binary="other"}}'] == pytest.approx(1700000002)
+    for key, value in first.items():
+        if key.startswith("fleetscope_sigill_crashes_total") and key in after:
+            assert after[key] >= value
 
 
 def test_kmsg_is_read_incrementally(collector, tmp_path, monkeypatch):
