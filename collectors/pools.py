@@ -34,7 +34,9 @@ all. The cgroup's cpu.pressure covers every thread of the cgroup.
 Network waits: a thread parked in a recv/poll/connect on a connected TCP socket is tracked
 across scrapes while it stays in the same call (same syscall and arguments, no CPU time used);
 `fleetscope_pool_blocked_network_threads` counts those parked longer than the config's
-`blocked_call_seconds`, so the exported alert and the engine use one threshold. A wait first
+`blocked_call_seconds`, so the exported alert and the engine use one threshold. A wait on a
+`work_queue_peers` address (the redis_url's among them) is a worker waiting for its next task
+(BLPOP, XREADGROUP BLOCK): not a network wait. A wait first
 seen counts from when its connection went silent (tcp_info, collectors/tasks.py). A thread
 that has not run since the last scrape is still in the same call, so its syscall is not read
 again. A bundle replayed sample by sample through one collector gives the same durations.
@@ -502,6 +504,8 @@ class PoolsCollector(Collector):
             except (NotAvailable, ParseError) as err:
                 tally.fail(err)
                 return
+            if wait is not None and wait.peer in self.config.work_queue_peers:
+                wait = None  # waiting on the work queue for the next task: idle
         self._parked_next[key] = (runtime, wait)
         if wait is not None:
             waits[key] = (wait.signature, runtime, wait.idle_seconds)

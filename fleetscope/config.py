@@ -18,8 +18,10 @@ before anything walks or serialises it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,10 @@ class Config:
     # A worker thread parked in one network call longer than this is blocked (the warning
     # tier of worker-blocked-external-call; the heartbeat's 120 s stays critical).
     blocked_call_seconds: float = 30.0
+    # Peers ("ip:port", as /proc/net/tcp shows them) a worker waits on for its next task, not
+    # for an answer: the work queue (the redis_url's address is added). A thread parked in
+    # BLPOP/XREADGROUP there is idle, not blocked in an external call.
+    work_queue_peers: tuple[str, ...] = ()
     redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.redact)
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
@@ -89,10 +95,51 @@ _KNOWN_KEYS = {
     "saturated_core_busy_ratio",
     "collectors",
     "blocked_call_seconds",
+    "work_queue_peers",
     "redact",
 }
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
+
+
+def _peer(host: str, port: int) -> str:
+    """`host:port` as the TCP table prints it: IPv6 in brackets, IPv4-mapped as IPv4."""
+    address = ipaddress.ip_address(host)
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def _work_queue_peers(raw: dict) -> tuple[str, ...]:
+    peers: list[str] = []
+    listed = raw.get("work_queue_peers") or []
+    if not isinstance(listed, list):
+        raise ConfigError("work_queue_peers must be a list of ip:port")
+    for entry in listed:
+        host, sep, port = str(entry).rpartition(":") if isinstance(entry, str) else ("", "", "")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError
+            peers.append(_peer(host, int(port)))
+        except ValueError:
+            raise ConfigError(f"work_queue_peers: {str(entry)[:60]!r} is not ip:port (an IP "
+                              "address, as the node's TCP table shows the peer)") from None
+    url = raw.get("redis_url")
+    if isinstance(url, str) and url.startswith(("redis://", "rediss://")):
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            host, port = parsed.hostname, parsed.port or 6379
+        except ValueError:
+            host = None
+        # Only an address can be matched: a host name would need a DNS lookup at start-up.
+        hosts = ["127.0.0.1", "::1"] if host == "localhost" else [host] if host else []
+        for name in hosts:
+            try:
+                peers.append(_peer(name, port))
+            except ValueError:
+                pass
+    return tuple(dict.fromkeys(peers))
 
 
 def check_bounded(raw: Any, what: str = "the config") -> None:
@@ -239,6 +286,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         blocked_call_seconds=_number(raw, "blocked_call_seconds", 30.0, 0.0, 86400.0),
+        work_queue_peers=_work_queue_peers(raw),
         redact=tuple(redact),
         raw=raw,
     )

@@ -34,10 +34,11 @@ from fleetscope.collectors.parsers.process import (
     parse_wchan,
 )
 from fleetscope.collectors.tasks import WaitTracker
-from fleetscope.config import parse_config
+from fleetscope.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from tests.conftest import samples
+from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.fuzzing import parser_fuzz_tests
 from tests.test_pools import STATUS_REAL, write, write_process
 
@@ -564,9 +565,74 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
 
 # ---- config and subjects ------------------------------------------------------------------
 
-def test_blocked_call_seconds_is_a_config_key_with_a_default():
-    from fleetscope.config import ConfigError
+QUEUE_WORKER = r"""
+import socket, sys, threading, time
+import redis
+port, url = int(sys.argv[1]), sys.argv[2]
+def next_task():                 # a queue consumer waiting for work: BLPOP on the work queue
+    redis.Redis.from_url(url).blpop(["tasks:idle-queue"], timeout=0)
+def tool_call():                 # an external call that never answers
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /tool HTTP/1.0\r\n\r\n")
+    s.recv(4096)
+for target in (next_task, tool_call):
+    threading.Thread(target=target, name=target.__name__, daemon=True).start()
+time.sleep(0.5)
+print("ready", flush=True)
+time.sleep(60)
+"""
 
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_worker_waiting_on_its_work_queue_is_idle_not_blocked(tmp_path, exporter_factory,
+                                                               redis_url):  # noqa: F811
+    # Reproduces a false alarm: a consumer parked in BLPOP on a real Redis (the work queue the
+    # config names) counted as a thread blocked in an external call. With the redis_url set,
+    # only the thread waiting on the silent tool endpoint is; without it both are.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    marker = f"fleetscope-queue-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(QUEUE_WORKER)
+    child = subprocess.Popen([sys.executable, str(script), str(silent.getsockname()[1]),
+                              redis_url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        waiting = f"fleetscope_pool_network_wait_threads{{{AGENTS}}}"
+        blocked = f"fleetscope_pool_blocked_network_threads{{{AGENTS}}}"
+        plain = exporter_factory("/", _config(marker))
+        queued = exporter_factory("/", {**_config(marker), "redis_url": redis_url})
+        deadline = time.monotonic() + 30
+        while True:
+            without, with_queue = samples(plain.text()), samples(queued.text())
+            if without.get(blocked, 0) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert without[waiting] == 2 and without[blocked] == 2
+        assert with_queue[waiting] == 1 and with_queue[blocked] == 1
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+        silent.close()
+
+
+def test_work_queue_peers_are_addresses_as_the_tcp_table_prints_them():
+    config = parse_config({"redis_url": "redis://localhost:6380/0",
+                           "work_queue_peers": ["10.0.0.5:6379", "[::ffff:10.0.0.6]:6379"]})
+    assert config.work_queue_peers == ("10.0.0.5:6379", "10.0.0.6:6379", "127.0.0.1:6380",
+                                       "[::1]:6380")
+    assert parse_config({"redis_url": "redis://10.1.2.3/0"}).work_queue_peers == (
+        "10.1.2.3:6379",)
+    assert parse_config({"redis_url": "redis://queue.svc/0"}).work_queue_peers == ()
+    for bad in (["queue.svc:6379"], ["10.0.0.5"], ["10.0.0.5:0"], "10.0.0.5:6379", [6379]):
+        with pytest.raises(ConfigError, match="work_queue_peers"):
+            parse_config({"work_queue_peers": bad})
+
+
+def test_blocked_call_seconds_is_a_config_key_with_a_default():
     assert parse_config({}).blocked_call_seconds == 30.0
     assert parse_config({"blocked_call_seconds": 2}).blocked_call_seconds == 2.0
     for bad in (-1, "30", True):
