@@ -38,8 +38,8 @@ from fleetscope.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
 from tests.conftest import samples
-from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.fuzzing import parser_fuzz_tests
+from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_pools import STATUS_REAL, write, write_process
 
 # ---- real samples -----------------------------------------------------------------------
