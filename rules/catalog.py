@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .promql import Delta, Expr, Max, Rate, Recent, Selector, SetOp, Sum, Time
+from .promql import AvgOverTime, Delta, Expr, Max, Rate, Recent, Selector, SetOp, Sum, Time
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
 NODE = NODE_LABELS
@@ -158,7 +158,16 @@ def busy_ratio(stat: str) -> Expr:
 _CORE_WAIT = Max(Selector("fleetscope_schedstat_core_waiting_ratio", {"stat": "max"}), by=NODE)
 _PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
                              {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
-_UNEVEN = ((busy_ratio("max") - busy_ratio("p50") > CORE_IMBALANCE_SPREAD)
+def busy_ratio_over_window(stat: str) -> Expr:
+    return Max(AvgOverTime(Selector("fleetscope_cpu_core_busy_ratio", {"stat": stat}), WINDOW),
+               by=NODE)
+
+
+# The spread of the window's mean, not of one interval: a bursty process on the median core
+# (busy 0.15-0.57 from one second to the next beside a pinned hog on a 2-core node) would
+# otherwise decide each step alone.
+_SPREAD = busy_ratio_over_window("max") - busy_ratio_over_window("p50")
+_UNEVEN = ((_SPREAD > CORE_IMBALANCE_SPREAD)
            .and_on(Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE) >= 1, NODE))
 CORE_IMBALANCE = Rule(
     id="core-imbalance",
@@ -177,7 +186,7 @@ CORE_IMBALANCE = Rule(
                | _UNEVEN.and_on(_PSI_CPU > CORE_IMBALANCE_PSI, NODE)
                .unless(Max(Selector("fleetscope_schedstat_core_waiting_ratio"), by=NODE), NODE)),
     evidence=(
-        Evidence("busiest core minus median core busy", busy_ratio("max") - busy_ratio("p50"),
+        Evidence("busiest core minus median core busy (window mean)", _SPREAD,
                  CORE_IMBALANCE_SPREAD, "ratio"),
         Evidence("run-queue wait on the most contended core", _CORE_WAIT, CORE_WAIT, "s/s"),
         Evidence("CPU pressure (PSI cpu some)", _PSI_CPU, CORE_IMBALANCE_PSI, "ratio"),

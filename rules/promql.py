@@ -315,6 +315,30 @@ class Rate(Expr):
         return self.selector.metrics()
 
 
+@dataclass(eq=False)
+class AvgOverTime(Expr):
+    """avg_over_time(selector[window]): a gauge's mean over the window, so one sample of a
+    bursty gauge (a core's busy share in a 1-second interval) cannot decide alone."""
+
+    selector: Selector
+    window_seconds: int
+
+    def promql(self) -> str:
+        return f"avg_over_time({self.selector.promql()}[{_duration(self.window_seconds)}])"
+
+    def evaluate(self, series, at_ms):
+        start = at_ms - series.window_ms(self.window_seconds)
+        out: Vector = {}
+        for labels, points in self.selector.matching(series):
+            values = [v for t, v in points if start <= t <= at_ms]
+            if values:
+                out[labels] = _avg(values)
+        return out
+
+    def metrics(self):
+        return self.selector.metrics()
+
+
 def _sum(values: list[float]) -> float:
     total = 0.0
     for value in values:  # in series order, as Prometheus adds: the last bits must agree

@@ -16,6 +16,7 @@ import yaml
 
 from fleetscope.rules.promql import (
     Avg,
+    AvgOverTime,
     Count,
     Delta,
     Max,
@@ -69,6 +70,9 @@ EXPRESSIONS = [
     (Selector("queue_depth") > 0).unless(Selector("queue_depth", offset_seconds=120)),
     Delta(Selector("queue_depth"), 60),
     Delta(Selector("queue_depth", {"pool": "chat"}), 120) > 0,
+    AvgOverTime(Selector("queue_depth"), 60),
+    Max(AvgOverTime(Selector("queue_depth", {"class": "online"}), 90), by=("class",)) > 20,
+    AvgOverTime(Selector("stale_gauge"), 60),
     Time() - Selector("queue_depth") * 10,
     (Selector("queue_depth") > 5).and_on(Sum(Selector("queue_depth"), by=("pool",)) > 20,
                                          ("pool",)),
