@@ -108,3 +108,11 @@ def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touch
 def test_a_rule_id_registers_once():
     with pytest.raises(ValueError, match="registered already"):
         CATALOG.register(CATALOG[0])
+
+
+def test_the_runbooks_readme_table_matches_the_registry():
+    text = (RUNBOOKS / "README.md").read_text()
+    rows = re.findall(r"^\| \[([a-z-]+)\]\(([a-z-]+)\.md\) \|", text, flags=re.M)
+    assert all(name == link for name, link in rows), rows
+    assert [name for name, _ in rows] and {name for name, _ in rows} == set(RULE_IDS)
+    assert len(rows) == len(RULE_IDS)
