@@ -12,6 +12,8 @@ have no `instance` label and fall into one group.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .promql import AvgOverTime, Delta, Expr, Max, Rate, Recent, Selector, SetOp, Sum, Time
@@ -560,8 +562,70 @@ COLD_START = Rule(
     for_seconds=0,  # an event: a slow load in the last 5 minutes is the finding
 )
 
+class Registry(Sequence):
+    """The catalog: every registered rule, in rank order (ties between equally severe, equally
+    confident findings go to the rule ranked first: causes first). A live sequence: what
+    imports it (the engine, `rules list`, `rules export`, the console) sees a rule registered
+    later, e.g. a throwaway rule in a test."""
+
+    def __init__(self) -> None:
+        self._rules: dict[str, tuple[float, int, Rule]] = {}
+
+    def register(self, rule: Rule, rank: float | None = None) -> Rule:
+        if rule.id in self._rules:
+            raise ValueError(f"rule {rule.id} is registered already")
+        rank = float(len(self._rules)) if rank is None else rank
+        self._rules[rule.id] = (rank, len(self._rules), rule)
+        return rule
+
+    def unregister(self, rule_id: str) -> None:
+        del self._rules[rule_id]
+
+    @contextmanager
+    def registered(self, rule: Rule, rank: float | None = None) -> Iterator[Rule]:
+        """Register a rule for the length of a block (tests)."""
+        self.register(rule, rank)
+        try:
+            yield rule
+        finally:
+            self.unregister(rule.id)
+
+    def _ordered(self) -> list[Rule]:
+        return [rule for _, _, rule in sorted(self._rules.values(), key=lambda e: e[:2])]
+
+    def __getitem__(self, index):
+        return self._ordered()[index]
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self._ordered())
+
+    def ids(self) -> tuple[str, ...]:
+        return tuple(rule.id for rule in self)
+
+
+class _Ids(Sequence):
+    """RULE_IDS: the registered rule ids, derived from the registry (never hand-listed)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def __getitem__(self, index):
+        return self._registry.ids()[index]
+
+    def __len__(self) -> int:
+        return len(self._registry)
+
+    def __repr__(self) -> str:
+        return repr(self._registry.ids())
+
+
+CATALOG = Registry()
+register = CATALOG.register
 # Order breaks ties between equally severe, equally confident findings: causes first.
-CATALOG: tuple[Rule, ...] = (
+for _rule in (
     ISA_MISMATCH,
     WORKER_BLOCKED,
     FD_EXHAUSTION,
@@ -577,15 +641,17 @@ CATALOG: tuple[Rule, ...] = (
     COLD_START,
     CPU_SATURATION,
     CORE_IMBALANCE,
-)
+):
+    register(_rule)
 
-RULE_IDS = (
+RULE_IDS = _Ids(CATALOG)
+# CONTRACT section 7: the ids the catalog holds at least (it may hold more, e.g.
+# cpu-saturation).
+CONTRACT_RULE_IDS = (
     "worker-blocked-external-call", "numa-remote-access", "memory-bandwidth-saturation",
     "isa-mismatch", "offline-preemption", "roce-congestion", "queue-backlog",
     "thread-oversubscription", "fd-exhaustion", "core-imbalance", "irq-core-overlap",
     "session-affinity-loss", "quantization-tool-errors", "cold-start",
-    # beyond CONTRACT section 7:
-    "cpu-saturation",
 )
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
-from fleetscope.rules.catalog import CATALOG, RULE_IDS
+import jsonschema
+import pytest
+import yaml
+
+from fleetscope import cli
+from fleetscope.rules.catalog import CATALOG, CONTRACT_RULE_IDS, RULE_IDS, Evidence, Rule
+from fleetscope.rules.promql import Max, Selector
+from tests.diagnosis_schema import diagnosis_schema
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 SECTIONS = ("## What it means", "## Confirm by hand", "## Fix", "## Verify the fix")
@@ -15,6 +24,7 @@ def test_every_contract_rule_is_in_the_catalog_once():
     ids = [rule.id for rule in CATALOG]
     assert len(ids) == len(set(ids))
     assert set(ids) == set(RULE_IDS)
+    assert set(CONTRACT_RULE_IDS) <= set(ids)
 
 
 def test_every_rule_has_a_runbook_and_every_runbook_a_rule():
@@ -36,3 +46,73 @@ def test_rules_have_what_an_on_call_engineer_needs():
         assert rule.evidence, rule.id
         assert 0 < rule.confidence < 1
         assert rule.condition.metrics(), rule.id
+
+
+def _throwaway_rule() -> Rule:
+    busy = Max(Selector("fleetscope_cpu_core_busy_ratio", {"stat": "p50"}), by=("instance",))
+    return Rule(id="throwaway-test-rule", severity="warning", symptom="a symptom only a test has",
+                cause="c", action="a", summary="median core {value:.0%} busy",
+                condition=busy > 0.9, evidence=(Evidence("median core busy", busy, 0.9,
+                                                         "ratio"),))
+
+
+def _cli(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(list(argv)) == 0
+    return out.getvalue()
+
+
+def _finding(rule_id: str) -> dict:
+    return {"format": "fleetscope-diagnosis/1", "source": "bundle", "nodes": ["n"],
+            "window": {"start": 0.0, "end": 1.0}, "status": "warning",
+            "findings": [{"rule": rule_id, "severity": "warning", "node": "n", "confidence": 0.5,
+                          "summary": "s", "cause": "c", "action": "a",
+                          "runbook": f"runbooks/{rule_id}.md", "evidence": [],
+                          "subjects": {k: [] for k in ("pids", "cgroups", "cpus", "numa_nodes",
+                                                       "interfaces", "devices", "binaries")}}],
+            "not_evaluated": []}
+
+
+def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touched(tmp_path):
+    """One registration: `rules list`, `rules export`, the schema and the console's rule list
+    all see the rule, and none of them once it is gone."""
+    pytest.importorskip("pandas")
+    from fleetscope.dashboard import data
+
+    rule = _throwaway_rule()
+    before = len(CATALOG)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_finding(rule.id), diagnosis_schema())
+    with CATALOG.registered(rule):
+        assert len(CATALOG) == before + 1 and rule.id in RULE_IDS
+        listed = {line.split()[0]: line for line in _cli("rules", "list").splitlines()}
+        assert rule.id in listed and "a symptom only a test has" in listed[rule.id]
+        exported = tmp_path / "rules.yml"
+        _cli("rules", "export", "-o", str(exported))
+        alerts = {a["labels"]["fleetscope_rule"]: a
+                  for g in yaml.safe_load(exported.read_text())["groups"] for a in g["rules"]
+                  if "alert" in a}
+        assert alerts[rule.id]["alert"] == "FleetscopeThrowawayTestRule"
+        assert alerts[rule.id]["expr"] == rule.condition.promql()
+        assert alerts[rule.id]["annotations"]["runbook_url"].endswith(f"/{rule.id}.md")
+        jsonschema.validate(_finding(rule.id), diagnosis_schema())
+        table = data.rule_table()
+        assert rule.id in set(table["rule"]) and len(table) == before + 1
+    assert rule.id not in RULE_IDS and len(CATALOG) == before
+    assert rule.id not in _cli("rules", "list")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_finding(rule.id), diagnosis_schema())
+
+
+def test_a_rule_id_registers_once():
+    with pytest.raises(ValueError, match="registered already"):
+        CATALOG.register(CATALOG[0])
+
+
+def test_the_runbooks_readme_table_matches_the_registry():
+    text = (RUNBOOKS / "README.md").read_text()
+    rows = re.findall(r"^\| \[([a-z-]+)\]\(([a-z-]+)\.md\) \|", text, flags=re.M)
+    assert all(name == link for name, link in rows), rows
+    assert [name for name, _ in rows] and {name for name, _ in rows} == set(RULE_IDS)
+    assert len(rows) == len(RULE_IDS)

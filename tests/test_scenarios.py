@@ -19,12 +19,12 @@ import pytest
 
 from fleetscope.rules.catalog import CATALOG, by_id
 from tests.conftest import FIXTURES
+from tests.diagnosis_schema import diagnosis_schema
 
 SCENARIOS = FIXTURES / "scenarios"
 GENERATOR = FIXTURES / "make_scenarios.py"
 HEALTHY = ("healthy-idle", "healthy-busy")
 RULE_IDS = sorted(rule.id for rule in CATALOG)
-SCHEMA = json.loads((Path(__file__).parent / "schemas" / "diagnosis.schema.json").read_text())
 EXIT = {"critical": 2, "warning": 1}
 
 # What each primary finding must name (CONTRACT section 5 subjects), where the rule or the
@@ -86,7 +86,7 @@ def test_one_bundle_per_rule_and_two_healthy_ones():
 @pytest.mark.parametrize("rule_id", RULE_IDS)
 def test_rule_scenario_gives_that_rule_first(rule_id):
     code, document, stderr = diagnose(rule_id)
-    jsonschema.validate(document, SCHEMA)
+    jsonschema.validate(document, diagnosis_schema())
     assert document["source"] == "bundle" and document["nodes"]
     findings = document["findings"]
     assert findings, f"{rule_id}: no finding ({document['not_evaluated']})"
@@ -136,7 +136,7 @@ def test_rule_scenario_is_clean(rule_id):
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_scenario_is_ok(name):
     code, document, stderr = diagnose(name)
-    jsonschema.validate(document, SCHEMA)
+    jsonschema.validate(document, diagnosis_schema())
     assert document["status"] == "ok", document["findings"]
     assert code == 0, stderr
     assert not [f for f in document["findings"] if f["severity"] in ("warning", "critical")]
