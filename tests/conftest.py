@@ -1,4 +1,8 @@
-"""Shared test helpers: real exporter processes on 127.0.0.1, fixture bundles, tool checks."""
+"""Shared test helpers: real exporter processes on 127.0.0.1, fixture bundles, tool checks.
+
+The generated fixture trees (BUNDLES, SCENARIOS) are not committed: the session fixture
+`generated_trees` writes them once per test session into GENERATED, a temporary directory
+(tests/fixture_trees.py; their hashes are in tests/fixtures/generated.sha256)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -13,8 +18,26 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import fixture_trees
+
 FIXTURES = Path(__file__).parent / "fixtures"
-BUNDLES = FIXTURES / "bundles"
+# One directory per session, named in the environment so child processes of the tests (which
+# may import this module) agree on it instead of making their own.
+_OWN = "FLEETSCOPE_TEST_GENERATED" not in os.environ
+GENERATED = Path(os.environ.setdefault("FLEETSCOPE_TEST_GENERATED",
+                                       tempfile.mkdtemp(prefix="fleetscope-fixtures-")))
+BUNDLES = GENERATED / "bundles"
+SCENARIOS = GENERATED / "scenarios"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def generated_trees():
+    """Write the generated bundles and scenarios once for the whole session."""
+    if not (SCENARIOS / "README.md").is_file() or not (BUNDLES / "README.md").is_file():
+        fixture_trees.generate(GENERATED)
+    yield GENERATED
+    if _OWN:
+        shutil.rmtree(GENERATED, ignore_errors=True)
 
 
 def require_tool(name: str) -> str:

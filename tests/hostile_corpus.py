@@ -3,7 +3,7 @@ hand fleetscope, generated on demand (nothing large is committed).
 
     python -m tests.hostile_corpus DIR      # build the corpus in DIR and list it
 
-Every case is built from the real `kunpeng-128` fixture bundle (see tests/fixtures/bundles)
+Every case is built from the `kunpeng-128` fixture bundle (tests/fixtures/make_bundles.py)
 with one thing broken, so whatever the case does not break still diagnoses. Each case says
 what a correct fleetscope does with it: `refuse` (exit 3 and exactly one stderr line) or
 `diagnose` (a diagnosis, exit 0-2, or a clean refusal), and which text must never appear in
@@ -22,7 +22,9 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FIXTURE = Path(__file__).parent / "fixtures" / "bundles" / "kunpeng-128"
+from tests.conftest import BUNDLES
+
+FIXTURE = BUNDLES / "kunpeng-128"  # generated once per test session (tests/conftest.py)
 OUTSIDE_SECRET = "TOPSECRET-OUTSIDE-7f3a"  # content of files outside every bundle
 MIB = 1024 * 1024
 
@@ -388,6 +390,10 @@ if __name__ == "__main__":
     # A before/after table: every case through every command.
     import tempfile
 
+    from tests import fixture_trees
+
+    if not FIXTURE.is_dir():
+        fixture_trees.generate(BUNDLES.parent)
     with tempfile.TemporaryDirectory(prefix="hostile-") as scratch:
         corpus = build(Path(scratch) / "corpus", big=int(os.environ.get("HOSTILE_BIG", 2048 * MIB)))
         shm = Path(scratch) / "shm"

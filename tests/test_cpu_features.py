@@ -39,7 +39,10 @@ from tests.fuzzing import parser_fuzz_tests
 
 # One x86 stanza of the x86-256 fixture (AMD EPYC 7763, Zen 3 KVM guest; format of
 # arch/x86/kernel/cpu/proc.c show_cpuinfo(), see tests/fixtures/bundles/README.md).
-X86_EPYC = (BUNDLES / "x86-256" / "static" / "proc" / "cpuinfo").read_text().split("\n\n")[0]
+def _x86_epyc() -> str:
+    """The first stanza of the generated x86-256 bundle's cpuinfo (read when a test runs: the
+    bundle is written by the session fixture, after collection)."""
+    return (BUNDLES / "x86-256" / "static" / "proc" / "cpuinfo").read_text().split("\n\n")[0]
 
 # Verbatim from a Sapphire Rapids KVM guest (Linux 6.18, 2 vCPUs), first stanza.
 X86_XEON = """\
@@ -124,13 +127,13 @@ Hardware\t: Qualcomm Technologies, Inc MSM8953
 
 
 def _x86_stanza(number: int, stepping: int, microcode: str = "0xa0011d1") -> str:
-    stanza = re.sub(r"(?m)^processor\t: \d+", f"processor\t: {number}", X86_EPYC)
+    stanza = re.sub(r"(?m)^processor\t: \d+", f"processor\t: {number}", _x86_epyc())
     stanza = re.sub(r"(?m)^stepping\t: \d+", f"stepping\t: {stepping}", stanza)
     return re.sub(r"(?m)^microcode\t: \S+", f"microcode\t: {microcode}", stanza) + "\n\n"
 
 
 def test_x86_cpuinfo_real_samples():
-    epyc = parse_cpuinfo(X86_EPYC)
+    epyc = parse_cpuinfo(_x86_epyc())
     model = epyc.model
     assert (model.arch, model.vendor, model.model_name) == (
         "x86_64", "AuthenticAMD", "AMD EPYC 7763 64-Core Processor")

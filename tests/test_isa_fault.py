@@ -31,7 +31,7 @@ from fleetscope.isa_fault import (
     from_code_word,
     in_binary,
 )
-from tests.conftest import FIXTURES, require_tool
+from tests.conftest import FIXTURES, SCENARIOS, require_tool
 from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, make_elf
 
 KMSG = FIXTURES / "kmsg"  # real public kernel logs; origins in its README.md
@@ -350,7 +350,7 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
 def test_scenario_bundle_names_the_faulting_instruction_without_the_binary():
     # The isa-mismatch scenario: a Kunpeng 920 node (no SVE), arm64 5.10 lines without the
     # file offset, and the bytes `bundle record` kept; the library itself is not in the bundle.
-    document = _diagnose("--bundle", str(FIXTURES / "scenarios" / "isa-mismatch"))
+    document = _diagnose("--bundle", str(SCENARIOS / "isa-mismatch"))
     finding = document["findings"][0]
     assert finding["rule"] == "isa-mismatch"
     assert finding["subjects"]["binaries"] == ["libagentcore.so"]

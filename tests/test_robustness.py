@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,6 +32,35 @@ def _scrape(root, per_core="full"):
     exporter = Exporter(str(root), parse_config({"per_core": per_core}))
     text = render(exporter.collect())
     return samples(text)
+
+
+class _Crashes(logging.Handler):
+    """The collector crashes the exporter records (fleetscope.exporter logs each exception that
+    is not one of the parsers' own error types, ParseError or NotAvailable, as "collector %s
+    crashed" with its traceback): a scrape's exit status alone cannot tell them apart."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.crashes: list[tuple[str, str]] = []
+
+    def emit(self, record):
+        if record.msg == "collector %s crashed" and record.exc_info:
+            self.crashes.append((record.args[0], record.exc_info[0].__name__))
+
+
+def _scrape_checked(root, per_core="full"):
+    """_scrape(), and assert that every collector error recorded is a parser's own error type."""
+    logger = logging.getLogger("fleetscope.exporter")
+    handler, level = _Crashes(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        parsed = _scrape(root, per_core)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert not handler.crashes, f"collectors crashed, not a ParseError: {handler.crashes}"
+    return parsed
 
 
 def _success(parsed, collector):
@@ -106,13 +137,33 @@ def garbage_root(tmp_path_factory):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(source=st.sampled_from(SOURCES), content=st.binary(max_size=300))
 def test_garbage_in_any_source_never_breaks_a_scrape(garbage_root, source, content):
-    path = garbage_root / source
+    _check_garbage(garbage_root, source, content)
+
+
+def _check_garbage(root, source, content):
+    path = root / source
     original = path.read_bytes()
     try:
         path.write_bytes(content)
         for per_core in ("full", "summary"):
-            parsed = _scrape(garbage_root, per_core)
+            parsed = _scrape_checked(root, per_core)
             assert {_success(parsed, "cpu"), _success(parsed, "pressure")} <= {0, 1}
             assert "fleetscope_exporter_build_info{version=" in "".join(parsed)
     finally:
         path.write_bytes(original)
+
+
+def test_garbage_check_catches_a_crashing_parser(garbage_root, monkeypatch):
+    # The check above must fail on a parser bug: an IndexError in parse_loadavg is swallowed by
+    # the exporter (the pressure collector reports success 0, as for a ParseError), so only the
+    # recorded error type tells the two apart.
+    from fleetscope.collectors.pressure import PressureCollector
+
+    def crashing(text):
+        return text.split()[99]  # IndexError
+
+    monkeypatch.setattr(sys.modules[PressureCollector.__module__], "parse_loadavg", crashing)
+    with pytest.raises(AssertionError, match=r"\('pressure', 'IndexError'\)"):
+        _check_garbage(garbage_root, "proc/loadavg", b"0.20 0.18 0.12 1/80 11206\n")
+    monkeypatch.undo()
+    _check_garbage(garbage_root, "proc/loadavg", b"0.20 0.18 0.12 1/80 11206\n")

@@ -24,11 +24,10 @@ from fleetscope.diagnose.evidence import bundle_series
 from fleetscope.rules.catalog import CATALOG, WINDOW
 from fleetscope.rules.export import rule_file
 from fleetscope.rules.promql import strip_name
-from tests.conftest import FIXTURES, require_tool
+from tests.conftest import SCENARIOS, require_tool
+from tests.fixture_trees import scenario_names
 
-SCENARIOS = FIXTURES / "scenarios"
-SCENARIO_NAMES = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").exists()) \
-    if SCENARIOS.exists() else []
+SCENARIO_NAMES = scenario_names()  # from the manifest: known at collection, before generation
 
 
 def test_every_rule_has_a_scenario_and_there_are_healthy_ones():

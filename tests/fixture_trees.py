@@ -1,0 +1,90 @@
+"""The generated fixture trees: written once per test session, proven by a hash manifest.
+
+    python -m tests.fixture_trees DIR              # write bundles/ and scenarios/ into DIR
+    python -m tests.fixture_trees --manifest       # rewrite tests/fixtures/generated.sha256
+
+`tests/fixtures/make_bundles.py` writes the two `fleetscope-bundle/1` fixtures (x86-256,
+kunpeng-128) and `tests/fixtures/make_scenarios.py` one scenario bundle per rule; neither tree is
+committed. The test session writes both into a temporary directory (the session fixture in
+tests/conftest.py); `tests/fixtures/generated.sha256` holds one line per generated file, in the
+format of `sha256sum` (`<sha256>  <path>`, paths relative to that directory, sorted), and
+tests/test_fixture_trees.py checks that the generators reproduce it exactly.
+
+The other trees beside the generators stay committed, each with its origin note: verbatim
+public samples and real captures (agent/, ethtool/, kmsg/, capture/), small constructed
+trees (rdma/, perf/) and the golden outputs (e2e/).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MANIFEST = FIXTURES / "generated.sha256"
+GENERATORS = {"bundles": FIXTURES / "make_bundles.py",
+              "scenarios": FIXTURES / "make_scenarios.py"}
+REFRESH = "python -m tests.fixture_trees --manifest"
+
+
+def generate(out: Path) -> Path:
+    """Run both generators (each in its own interpreter, as a user runs it) into out/<tree>."""
+    out.mkdir(parents=True, exist_ok=True)
+    for tree, script in GENERATORS.items():
+        result = subprocess.run([sys.executable, str(script), "--out", str(out / tree)],
+                                capture_output=True, text=True, timeout=1200)
+        if result.returncode != 0:
+            raise RuntimeError(f"{script.name} failed:\n{result.stderr[-4000:]}")
+    return out
+
+
+def hashes(root: Path) -> dict[str, str]:
+    """{path relative to root: sha256 hex} of every file under root."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def render_manifest(table: dict[str, str]) -> str:
+    return "".join(f"{digest}  {path}\n" for path, digest in sorted(table.items()))
+
+
+def read_manifest(path: Path = MANIFEST) -> dict[str, str]:
+    table = {}
+    for line in path.read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        table[name] = digest
+    return table
+
+
+def scenario_names(path: Path = MANIFEST) -> list[str]:
+    """The scenario bundles the generator writes, from the manifest (no generation needed, so
+    tests can be parametrised with them at collection time)."""
+    return sorted({name.split("/")[1] for name in read_manifest(path)
+                   if name.startswith("scenarios/") and name.count("/") == 2
+                   and name.endswith("/meta.json")})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path, help="directory to write the trees into")
+    parser.add_argument("--manifest", action="store_true",
+                        help=f"regenerate into a temporary directory and rewrite {MANIFEST.name}")
+    args = parser.parse_args(argv)
+    if args.manifest:
+        with tempfile.TemporaryDirectory(prefix="fleetscope-fixtures-") as tmp:
+            MANIFEST.write_text(render_manifest(hashes(generate(Path(tmp)))))
+        print(f"wrote {MANIFEST}: {len(read_manifest())} files")
+    elif args.out:
+        generate(args.out)
+        print(f"wrote {len(hashes(args.out))} files into {args.out}")
+    else:
+        parser.error("give DIR or --manifest")
+
+
+if __name__ == "__main__":
+    main()
