@@ -14,6 +14,7 @@ from .perf import PerfCollector
 from .pools import PoolsCollector
 from .pressure import PressureCollector
 from .rdma import RdmaCollector
+from .source import EvidenceSource, LiveHost, RecordedSample, evidence_source
 from .tcp import TcpCollector
 from .tuning import TuningCollector
 
@@ -27,4 +28,5 @@ COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
 COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
 COLLECTORS[PerfCollector.name] = PerfCollector
 
-__all__ = ["COLLECTORS", "Collector", "NotAvailable", "Scrape", "bundle_roots"]
+__all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
+           "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

@@ -7,11 +7,12 @@ Inputs:
     redis_url, redis_queues   TYPE, then LLEN (lists) or XLEN + XINFO GROUPS (streams)
     agent.prom          in a bundle sample: the same text, recorded (CONTRACT section 3)
 
-Live (root "/", or a root that is neither a bundle sample nor holds agent.prom, e.g. `/host`
-in a container): fetches `agent_metrics_url` and asks Redis, both at once and never longer
-than `agent_timeout_seconds` in all; a slow endpoint leaves its request finishing in the
-background and this scrape reports the source unavailable. Replay (a bundle sample, or a
-fixture root with agent.prom): reads `agent.prom` from the root and touches no network.
+Live (`scrape.evidence.live`: `--root /`, `/host` in a container): fetches
+`agent_metrics_url` and asks Redis, both at once and never longer than
+`agent_timeout_seconds` in all; a slow endpoint leaves its request finishing in the
+background and this scrape reports the source unavailable. Replay (a recorded sample: a
+bundle sample, or a fixture root with agent.prom): reads `agent.prom` from the root and
+touches no network.
 
 Re-exported as they are: the families named `agent_*` (CONTRACT section 4) and `gen_ai_*`
 (OpenTelemetry GenAI conventions); everything else on the endpoint (target_info, process_*)
@@ -60,6 +61,7 @@ from fleetscope.exposition import Family, format_value, gauge, labels, render
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
+from .source import LiveHost
 
 AGENT_PROM = "agent.prom"
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -426,17 +428,10 @@ class AgentCollector(Collector):
         self._client_lock = threading.Lock()
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        if self._replaying(scrape):
-            yield from self._replay(scrape)
-        else:
+        if scrape.evidence.live:
             yield from self._live(scrape)
-
-    @staticmethod
-    def _replaying(scrape: Scrape) -> bool:
-        root = scrape.roots[0]
-        if root == os.path.abspath(os.sep):
-            return False
-        return len(scrape.roots) > 1 or os.path.isfile(os.path.join(root, AGENT_PROM))
+        else:
+            yield from self._replay(scrape)
 
     def _default_pool(self) -> str:
         pools = self.config.pools
@@ -560,6 +555,6 @@ def agent_prom(config) -> str:
     """What a bundle recorder writes as `agent.prom`: this node's agent_* and gen_ai_*
     families, live (runtime endpoint merged with Redis queue depths), in the text format."""
     collector = AgentCollector(config)
-    families = [f for f in collector._live(Scrape((os.path.abspath(os.sep),)))
+    families = [f for f in collector._live(Scrape(LiveHost()))
                 if f.name.startswith(KEPT_PREFIXES)]
     return render(families)

@@ -14,11 +14,14 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetscope.exposition import Family
 
 from .parsers import ParseError
+
+if TYPE_CHECKING:
+    from .source import EvidenceSource
 
 T = TypeVar("T")
 
@@ -119,31 +122,36 @@ def bundle_roots(root: str) -> tuple[str, ...]:
 
     A bundle sample directory (`<bundle>/samples/s0003`) holds what changes; what was captured
     once (cpuinfo, topology) sits in `<bundle>/static/`, and is looked up there when a sample
-    lacks it (bundle format, CONTRACT section 3).
+    lacks it (bundle format, CONTRACT section 3). The roots of `source.recorded_sample(root)`.
     """
-    root = os.path.abspath(root)
-    bundle = os.path.dirname(os.path.dirname(root))
-    try:
-        meta = load_meta(os.path.join(bundle, "meta.json"))
-    except (OSError, ValueError):
-        return (root,)
-    if isinstance(meta, dict) and meta.get("format") == BUNDLE_FORMAT:
-        return (root, os.path.join(bundle, "static"))
-    return (root,)
+    from .source import recorded_sample
+
+    return recorded_sample(root).roots
 
 
 class Scrape:
-    """What one collection pass sees: the roots, the time, and a memo of shared reads.
+    """What one collection pass sees: the evidence source, the time, and a memo of shared
+    reads.
 
-    `time` is the wall time of a live scrape or the recorded time of a bundle sample, so
-    rates computed by collectors are right in both.
+    `evidence` (collectors/source.py) says whether this is the live node or a recorded
+    sample, runs commands (a live host only), and gives the roots files are read under: a
+    tuple of roots alone is a source of files only, which runs nothing. `time` is the wall
+    time of a live scrape or the recorded time of a bundle sample, so rates computed by
+    collectors are right in both.
     """
 
-    def __init__(self, roots: tuple[str, ...], now: float | None = None):
-        self.roots = roots
+    def __init__(self, evidence: EvidenceSource | tuple[str, ...], now: float | None = None):
+        if isinstance(evidence, (tuple, list)):
+            from .source import EvidenceSource
+
+            evidence = EvidenceSource(tuple(evidence))
+        self.evidence = evidence
+        roots = self.roots = evidence.roots
         # Resolved roots: a file read must resolve inside the root it was found under (no
-        # links out of a bundle). "/" contains everything, so a live node pays nothing.
-        self._real_roots = {root: (None if os.path.abspath(root) == os.sep
+        # links out of a bundle). A live host's root is the host's own, links included (a
+        # container's /host, a directory of links to /proc and /sys), and "/" contains
+        # everything: a live node pays nothing.
+        self._real_roots = {root: (None if evidence.live or os.path.abspath(root) == os.sep
                                    else os.path.realpath(root)) for root in roots}
         self.time = time.time() if now is None else now
         self._memo: dict[str, Any] = {}

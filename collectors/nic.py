@@ -25,21 +25,19 @@ global ones only when global pause is on: a missing series means "not enabled", 
 rx pause = the switch tells this host to stop (the network is congested); tx pause = this
 host's receive path cannot keep up (PCIe, memory bandwidth, CPU).
 
-Live (root "/"): runs `ethtool -S IFACE` for each interface at once, no shell, each killed
-with its process group at `command_timeout_seconds` and reported; an interface that timed
-out is not retried for a while, so a hung driver does not stall every scrape. Replay (any
-other root): reads `cmd/ethtool-S-<iface>.txt`, as `fleetscope bundle record` writes it.
+Live (`scrape.evidence.live`: `--root /`, `/host` in a container): the evidence source runs
+`ethtool -S IFACE` for each interface at once, no shell, each killed with its process group
+at `command_timeout_seconds` and reported; an interface that timed out is not retried for a
+while, so a hung driver does not stall every scrape. Recorded (a bundle sample, a fixture
+tree): reads `cmd/ethtool-S-<iface>.txt`, as `fleetscope bundle record` writes it.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -50,8 +48,9 @@ from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.net import parse_ethtool_stats
 from .rdma import NET_DIR, rdma_ports
+from .source import KILL_GRACE_SECONDS, CommandTimeout, EvidenceSource
 
-log = logging.getLogger("fleetscope.collectors.nic")
+__all__ = ["KILL_GRACE_SECONDS", "NicCollector", "run_ethtool"]
 
 CONFIG_KEY = "ethtool_interfaces"  # list of interface names or globs, e.g. ["ens1f*"]
 CMD_DIR = "cmd"
@@ -59,7 +58,6 @@ REPLAY_PREFIX, REPLAY_SUFFIX = "ethtool-S-", ".txt"
 # ethtool lives in sbin, which a non-root PATH may lack; standard FHS locations.
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 ETHTOOL_HINT = "install ethtool (Debian/Ubuntu package `ethtool`)"
-KILL_GRACE_SECONDS = 1.0  # wait for a SIGKILLed ethtool; one stuck in the driver is left
 RETRY_AFTER_TIMEOUT_SECONDS = 60.0  # at least; or 6 timeouts, whichever is longer
 
 PFC_PAUSE = (re.compile(r"(rx|tx)_prio([0-7])_pause"),  # mlx5
@@ -105,79 +103,27 @@ def configured_interfaces(raw: dict) -> tuple[str, ...]:
     return tuple(value)
 
 
-def is_live(scrape: Scrape) -> bool:
-    return os.path.abspath(scrape.roots[0]) == os.sep
-
-
 def ethtool_binary() -> str | None:
     """Resolved at call time: PATH first (tests put a fake there), then the sbin dirs."""
     return shutil.which("ethtool") or shutil.which("ethtool", path=os.pathsep.join(SBIN_DIRS))
 
 
-class EthtoolTimeout(NotAvailable):
-    pass
+EthtoolTimeout = CommandTimeout
 
 
-def run_ethtool(interfaces: list[str], timeout: float) -> dict[str, str | NotAvailable]:
-    """`ethtool -S` for each interface, in parallel, all within `timeout` seconds.
-
-    Each child runs in its own session, so a timeout kills its whole process group, and each
-    is drained by its own thread, so a slow one never blocks the others on a full pipe. A
-    child that does not die within KILL_GRACE_SECONDS (stuck in the driver) is left to be
-    reaped by subprocess's cleanup; the scrape goes on.
-    """
+def run_ethtool(host: EvidenceSource, interfaces: list[str], timeout: float
+                ) -> dict[str, str | NotAvailable]:
+    """`ethtool -S` for each interface, run by the evidence source (a live host) in
+    parallel, all within `timeout` seconds, each in its own process group (killed whole at
+    the timeout: CommandTimeout)."""
     binary = ethtool_binary()
     if binary is None:
         return dict.fromkeys(interfaces, NotAvailable(f"ethtool is not installed: {ETHTOOL_HINT}"))
-    deadline = time.monotonic() + timeout
-    results: dict[str, str | NotAvailable] = {}
-    threads = [threading.Thread(target=_run_one, args=(binary, iface, timeout, deadline, results),
-                                name=f"ethtool-{iface}", daemon=True) for iface in interfaces]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {iface: results.get(iface, NotAvailable(f"ethtool -S {iface} failed"))
-            for iface in interfaces}
-
-
-def _run_one(binary: str, iface: str, timeout: float, deadline: float, results: dict) -> None:
     env = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
-    try:
-        proc = subprocess.Popen([binary, "-S", iface], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                start_new_session=True)
-    except OSError as err:
-        results[iface] = NotAvailable(f"cannot run {binary}: {err.strerror or err}")
-        return
-    try:
-        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        results[iface] = EthtoolTimeout(
-            f"ethtool -S {iface} did not finish within {timeout:g} s "
-            "(command_timeout_seconds); killed")
-        return
-    if proc.returncode != 0:
-        message = err.decode("utf-8", "replace").strip().splitlines()
-        results[iface] = NotAvailable(f"ethtool -S {iface} exited {proc.returncode}"
-                                      + (f": {message[-1][:200]}" if message else ""))
-        return
-    results[iface] = out.decode("utf-8", "replace")
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    try:
-        proc.communicate(timeout=KILL_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        log.warning("ethtool (pid %d) survived SIGKILL; it is stuck in the kernel", proc.pid)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+    outputs = host.run_commands({iface: (f"ethtool -S {iface}", [binary, "-S", iface])
+                                 for iface in interfaces}, timeout, env)
+    return {iface: out if isinstance(out, NotAvailable) else out.decode("utf-8", "replace")
+            for iface, out in outputs.items()}
 
 
 class NicCollector(Collector):
@@ -199,7 +145,8 @@ class NicCollector(Collector):
                 raise NotAvailable(self._config_error)
         texts: dict[str, str | NotAvailable] = {}
         with scrape.source(self.name, "ethtool"):
-            texts = self._read_live(scrape) if is_live(scrape) else self._read_replay(scrape)
+            texts = self._read_live(scrape) if scrape.evidence.live \
+                else self._read_replay(scrape)
         if texts:
             yield from self._families(scrape, texts)
 
@@ -230,7 +177,7 @@ class NicCollector(Collector):
             for i in interfaces if i not in due
         }
         timeout = self.config.command_timeout_seconds
-        results.update(run_ethtool(due, timeout))
+        results.update(run_ethtool(scrape.evidence, due, timeout))
         with self._lock:
             for iface in due:
                 if isinstance(results[iface], EthtoolTimeout):

@@ -2,7 +2,8 @@
 instructions per cycle, from hardware counters read with `perf stat`; plus resctrl's
 memory-bandwidth byte counters where resctrl is mounted.
 
-On the live node (`--root /`) a background thread runs, back to back,
+On a live host (`scrape.evidence.live`: `--root /`, `/host` in a container) a background
+thread runs, back to back,
 
     perf stat -x, -a --per-socket -e <events> -- sleep <perf_window_seconds>
 
@@ -11,12 +12,12 @@ scrape. A perf that outlives `command_timeout_seconds` is killed (with its `slee
 counted in `fleetscope_perf_runs_total{outcome="timeout"}`, logged once. After a failed run,
 or a run where no event could be counted, the next one waits a minute.
 
-On a recorded root (a fixture tree or a bundle sample, any `--root` other than `/`) perf is
-not run: the collector reads `cmd/perf-stat.csv` (the bundle's perf output for the interval
-ending at that sample) and takes the window length from `cmd/perf-stat.args` (the perf
-command line, one argument per line: the `sleep N` at its end), or else from the bundle's
-`meta.json` `interval_s` (CONTRACT section 3: the perf window is the sample interval). A
-recorded window is reported with age 0: it ends at the sample.
+On a recorded sample (a fixture tree or a bundle sample) perf is not run: the collector reads
+`cmd/perf-stat.csv` (the bundle's perf output for the interval ending at that sample) and
+takes the window length from `cmd/perf-stat.args` (the perf command line, one argument per
+line: the `sleep N` at its end), or else from the sample's interval (the bundle's meta.json
+`interval_s`, as the evidence source carries it; CONTRACT section 3: the perf window is the
+sample interval). A recorded window is reported with age 0: it ends at the sample.
 
 Events are chosen from what the kernel offers under /sys/bus/event_source/devices (names
 checked in each PMU's `events/` or `format/` directory; perf resolves the names itself):
@@ -66,12 +67,10 @@ so DIMM count x speed overstates the peak on exactly the machines that have more
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -95,6 +94,7 @@ from .parsers.perf import (
     unit_bytes,
 )
 from .platform import derived_peak
+from .source import EvidenceSource, kill
 
 log = logging.getLogger("fleetscope.collectors.perf")
 
@@ -430,9 +430,11 @@ def _stderr_summary(stderr: bytes) -> str:
 
 
 class PerfSampler:
-    """Runs `perf stat` window after window in a daemon thread; keeps the last result."""
+    """Runs `perf stat` window after window in a daemon thread; keeps the last result. The
+    command is spawned by the evidence source (a live host; a recorded sample refuses)."""
 
-    def __init__(self, argv: list[str], window: float, timeout: float):
+    def __init__(self, host: EvidenceSource, argv: list[str], window: float, timeout: float):
+        self.host = host
         self.argv = argv
         self.window = window
         self.timeout = timeout
@@ -466,17 +468,13 @@ class PerfSampler:
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # perf and its `sleep`: own process group
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill(proc, grace=None)  # perf and its `sleep`: own process group
 
     def run_once(self) -> bool:
         """One window; True when at least one event was counted."""
         env = dict(os.environ, LC_ALL="C")  # "%.2f" must print a decimal point
         try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
+            proc = self.host.spawn(self.argv, env)
         except OSError as err:
             self._failed("failed", f"cannot run {self.argv[0]}: {err.strerror or err}")
             return False
@@ -535,26 +533,6 @@ class _Live:
     sampler: PerfSampler | None = None
 
 
-def _is_live(scrape: Scrape) -> bool:
-    return os.path.realpath(scrape.roots[0]) == "/"
-
-
-def _bundle_interval(scrape: Scrape) -> float | None:
-    """`interval_s` of the bundle a sample belongs to (its roots end with <bundle>/static)."""
-    for root in scrape.roots[1:]:
-        if os.path.basename(root) != "static":
-            continue
-        try:
-            with open(os.path.join(os.path.dirname(root), "meta.json"), encoding="utf-8") as f:
-                interval = json.load(f).get("interval_s")
-        except (OSError, ValueError, AttributeError):
-            return None
-        if isinstance(interval, (int, float)) and not isinstance(interval, bool) \
-                and 0 < interval < 86400:
-            return float(interval)
-    return None
-
-
 class PerfCollector(Collector):
     name = "perf"
 
@@ -580,7 +558,7 @@ class PerfCollector(Collector):
         return (derived[0], derived[1]) if derived else (None, "")
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        if _is_live(scrape):
+        if scrape.evidence.live:
             yield from self._collect_live(scrape)
         else:
             yield from self._collect_recorded(scrape)
@@ -607,8 +585,8 @@ class PerfCollector(Collector):
                          "elsewhere linux-tools or perf)")
         selection = select_events(scrape)
         window = self.config.perf_window_seconds
-        sampler = PerfSampler(perf_stat_argv(perf, selection.events, window), window,
-                              self.config.command_timeout_seconds)
+        sampler = PerfSampler(scrape.evidence, perf_stat_argv(perf, selection.events, window),
+                              window, self.config.command_timeout_seconds)
         sampler.start()
         return _Live(None, selection, sampler)
 
@@ -652,7 +630,7 @@ class PerfCollector(Collector):
             return sleep_seconds(parse_perf_args(scrape.read_text(RECORDED_ARGS)))
         except NotAvailable:
             pass
-        interval = _bundle_interval(scrape)
+        interval = scrape.evidence.interval_s
         if interval is None:
             raise NotAvailable(f"/{RECORDED_CSV} has no window length: no /{RECORDED_ARGS} "
                                "and no bundle meta.json interval_s")

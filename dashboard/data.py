@@ -259,12 +259,12 @@ def load_bundle(path: str) -> Snapshot:
                             bundle_roots(bundle.samples[-1].directory), series)
         found, not_evaluated = engine.evaluate(series, bundle.hostname, enrich=enricher)
         # The node view also wants every core: the same replay with `per_core: full`.
-        exporter = Exporter(bundle.samples[0].directory,
+        exporter = Exporter(bundle.source(bundle.samples[0]),
                             replace(replay_config(config), per_core="full"))
         history = Series()
         cache = _LabelCache()
         for sample in bundle.samples:
-            families = exporter.collect(now=sample.time, roots=bundle_roots(sample.directory))
+            families = exporter.collect(now=sample.time, source=bundle.source(sample))
             add_families(history, families, int(round(sample.time * 1000)), cache)
         hostname = bundle.hostname
         samples = len(bundle.samples)

@@ -12,7 +12,8 @@ directory is removed on every exit path, including Ctrl-C and SIGTERM (the CLI t
 into SystemExit so cleanups run). Inside a directory bundle only regular files resolving
 inside it are read (collectors.base.Scrape).
 Replaying runs the exporter's collectors over each sample directory through `--root`, so a
-bundle yields exactly the series a live node would have exported.
+bundle yields exactly the series a live node would have exported; each sample is an explicit
+RecordedSample (`Bundle.source`), so nothing is run or contacted.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 
 from fleetscope.collectors.base import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, load_meta
+from fleetscope.collectors.source import RecordedSample
 from fleetscope.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
@@ -54,6 +56,12 @@ class Bundle:
     config_raw: dict
     _tempdir: str | None = None
     redacted: dict = field(default_factory=dict)  # what `bundle record` redacted, by kind
+
+    def source(self, sample: Sample) -> RecordedSample:
+        """The evidence source replaying `sample`: its directory, then the bundle's static/,
+        and the bundle's interval (the perf window of a sample without perf-stat.args)."""
+        return RecordedSample(sample.directory, os.path.join(self.root, "static"),
+                              self.interval_s)
 
     def config(self, override: Config | None = None) -> Config:
         """The recorded config (CONTRACT: diagnosis uses it unless --config overrides)."""

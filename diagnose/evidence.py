@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetscope.collectors.base import bundle_roots
+from fleetscope.collectors.source import LiveHost
 from fleetscope.config import Config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import Family
@@ -58,11 +58,11 @@ def add_families(series: Series, families: list[Family], timestamp_ms: int,
 def bundle_series(bundle: Bundle, config: Config,
                   progress: Callable[[int, int], None] | None = None) -> Series:
     """Replay every sample of a bundle through the collectors."""
-    exporter = Exporter(bundle.samples[0].directory, replay_config(config))
+    exporter = Exporter(bundle.source(bundle.samples[0]), replay_config(config))
     series = Series()
     cache = _LabelCache()
     for index, sample in enumerate(bundle.samples):
-        families = exporter.collect(now=sample.time, roots=bundle_roots(sample.directory))
+        families = exporter.collect(now=sample.time, source=bundle.source(sample))
         add_families(series, families, int(round(sample.time * 1000)), cache)
         if progress:
             progress(index + 1, len(bundle.samples))
@@ -117,7 +117,7 @@ def live_series(config: Config, seconds: float, interval: float, root: str = "/"
     """Sample this node through the collectors for `seconds`, every `interval`, on the
     clock: a sample that comes too late gives up its slot rather than bunching up with the
     next, and sampling ends at a deadline with what it has (at least two samples)."""
-    exporter = Exporter(root, replay_config(config))
+    exporter = Exporter(LiveHost(root), replay_config(config))
     series = Series()
     cache = _LabelCache()
     count = max(2, int(seconds / interval) + 1)

@@ -9,7 +9,9 @@
     agent.prom                the agent runtime's metrics, with Redis queue depths merged
 
 perf runs in the background across each interval, so recording does not stretch it. Each
-part fails alone: a node without perf or ethtool records the rest.
+part fails alone: a node without perf or ethtool records the rest. Commands are run by the
+evidence source (collectors/source.py): a live host (`/`, `/host` in a container) runs them,
+a recorded root (a fixture tree) has none to run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import subprocess
 
 from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.source import EvidenceSource, kill
 from fleetscope.config import Config
 
 log = logging.getLogger("fleetscope.bundle")
@@ -44,10 +47,14 @@ class CommandOutputs:
     """Adds cmd/ and agent.prom to each sample; call `sample(dir, interval)` per sample and
     `close()` at the end."""
 
-    def __init__(self, config: Config, root: str = "/"):
+    def __init__(self, config: Config, source: EvidenceSource):
         self.config = config
-        self.root = root
-        self.live = os.path.abspath(root) == os.sep
+        self.source = source
+        self.root = source.roots[0]
+        self.live = source.live
+        # The isa check looks for the crashed binaries on this file system and reads this
+        # CPU: only when the root is this file system's.
+        self.own_root = self.live and os.path.abspath(self.root) == os.sep
         self._perf: subprocess.Popen | None = None
         self._perf_argv: list[str] | None = None
 
@@ -57,13 +64,11 @@ class CommandOutputs:
         perf = os.environ.get("FLEETSCOPE_PERF") or shutil.which("perf")
         if not perf:
             return
-        selection = select_events(Scrape((self.root,)))
+        selection = select_events(Scrape(self.source))
         self._perf_argv = perf_stat_argv(perf, selection.events, interval)
         try:
-            self._perf = subprocess.Popen(self._perf_argv, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL,
-                                          env={**os.environ, "LC_ALL": "C"})
-        except OSError as err:
+            self._perf = self.source.spawn(self._perf_argv, {**os.environ, "LC_ALL": "C"})
+        except (OSError, NotAvailable) as err:
             log.warning("perf could not start: %s", err)
             self._perf = None
 
@@ -74,7 +79,7 @@ class CommandOutputs:
         try:
             output, _ = process.communicate(timeout=self.config.command_timeout_seconds)
         except subprocess.TimeoutExpired:
-            process.kill()
+            kill(process, grace=None)  # perf and its `sleep`
             process.communicate()
             log.warning("perf stat did not finish within %gs: killed",
                         self.config.command_timeout_seconds)
@@ -88,10 +93,11 @@ class CommandOutputs:
     def _ethtool(self, sample_dir: str) -> None:
         from fleetscope.collectors.nic import NicCollector, run_ethtool
 
-        interfaces = NicCollector(self.config).interfaces(Scrape((self.root,)))
+        interfaces = NicCollector(self.config).interfaces(Scrape(self.source))
         if not interfaces:
             return
-        for iface, text in run_ethtool(interfaces, self.config.command_timeout_seconds).items():
+        timeout = self.config.command_timeout_seconds
+        for iface, text in run_ethtool(self.source, interfaces, timeout).items():
             if isinstance(text, NotAvailable):
                 continue
             os.makedirs(os.path.join(sample_dir, "cmd"), exist_ok=True)
@@ -112,7 +118,7 @@ class CommandOutputs:
         """Once per bundle: `isa check` of every binary the kernel log saw die of SIGILL that
         can be found on this node, against this node's CPU (cmd/isa-check-<binary>.json).
         The binary stays behind; the bundle carries what it needs that the CPU lacks."""
-        if not dmesg or not self.live:
+        if not dmesg or not self.own_root:
             return
         from fleetscope.collectors.parsers import ParseError
         from fleetscope.collectors.parsers.kmsg import scan_kernel_log
@@ -157,6 +163,6 @@ class CommandOutputs:
 
     def close(self) -> None:
         if self._perf is not None:
-            self._perf.kill()
+            kill(self._perf, grace=None)
             self._perf.communicate()
             self._perf = None

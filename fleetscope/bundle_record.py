@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from fleetscope.collectors.base import BUNDLE_FORMAT, Scrape
 from fleetscope.collectors.processes import pool_processes
+from fleetscope.collectors.source import EvidenceSource, evidence_source
 from fleetscope.config import Config
 from fleetscope.redact import Redactor
 
@@ -124,11 +125,12 @@ def _copy_cmdline(root: str, relative: str, destination: str, redactor: Redactor
 
 
 def _capture_processes(root: str, destination: str, config: Config, now: float,
-                       redactor: Redactor | None = None) -> None:
+                       redactor: Redactor | None = None,
+                       source: EvidenceSource | None = None) -> None:
     """Per-process files for pool members and for the heaviest CPU users (a node's thousands
     of idle processes would only cost tens of thousands of files), numa_maps and fd counts for
     pool members, and the pool cgroups' CPU files."""
-    scrape = Scrape((root,), now)
+    scrape = Scrape(source or (root,), now)
     pool_members = pool_processes(scrape, config.pools)
     members = {p.pid for p in pool_members}
     cgroups = {p.cgroup for p in pool_members if p.cgroup}
@@ -272,7 +274,10 @@ def record(output: str, seconds: float, interval: float, config: Config, root: s
     partial = _open_archive(output, force) if as_tar else _prepare_directory(output)
     # Everything recorded is private to its owner: files 0600, directories 0700.
     umask = os.umask(0o077)
-    commands = CommandOutputs(config, root)
+    # Decided once, here: `/` or a host mount (`/host`) is a live host whose commands run;
+    # a fixture tree given as the root is recorded, and nothing is run on its behalf.
+    source = evidence_source(root)
+    commands = CommandOutputs(config, source)
     try:
         _record(output, seconds, interval, config, root, progress, commands, partial, force)
         partial = None
@@ -360,14 +365,14 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             os.makedirs(sample_dir, exist_ok=True)
             copy_globs(root, SAMPLE_GLOBS, sample_dir)
             if os.path.isdir(os.path.join(root, "proc")):
-                _capture_processes(root, sample_dir, config, now, redactor)
+                _capture_processes(root, sample_dir, config, now, redactor, commands.source)
             commands.sample(sample_dir, interval)
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
                 progress(index + 1, count)
         # The kernel log last, so it holds what happened during the window (a crash loop's
         # SIGILLs are the incident, not history).
-        dmesg = _run(["dmesg"], config.command_timeout_seconds) if root == "/" else None
+        dmesg = _run(["dmesg"], config.command_timeout_seconds) if commands.live else None
         if dmesg is None and os.path.isfile(os.path.join(root, "dmesg.txt")):
             with open(os.path.join(root, "dmesg.txt"), encoding="utf-8", errors="replace") as f:
                 dmesg = f.read()
@@ -375,7 +380,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
                 out.write(dmesg)
         commands.static(static, dmesg)
-        if dmesg is not None and root == "/":
+        if dmesg is not None and commands.own_root:
             capture_sigill_faults(static, dmesg)
         _record_meta(bundle_dir, interval, samples, config, redactor)
         if as_tar:

@@ -48,7 +48,7 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
     # SIGTERM (systemd, kubelet) ends the server like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(args.listen, args.root, config, web)
+        serve(args.listen, args.root, config, web, args.evidence)
     except KeyboardInterrupt:
         return 0
     except (NotADirectoryError, OSError) as err:
@@ -220,6 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="prefix for every /proc and /sys read: a host mount (/host), a fixture tree or a "
         "bundle sample directory (default /)",
+    )
+    exporter.add_argument(
+        "--evidence",
+        choices=("auto", "live", "recorded"),
+        default="auto",
+        help="what the root is: live (this host: run perf and ethtool, ask the agent "
+        "endpoint and Redis), recorded (a bundle sample or fixture tree: read its recorded "
+        "command outputs, run nothing), or auto (default): recorded when the root holds "
+        "recorded evidence (a bundle sample, cmd/ or agent.prom) or no kernel /proc, else live",
     )
     exporter.add_argument("--config", metavar="FILE", help="node config YAML (pools, per_core...; "
                           "default $FLEETSCOPE_CONFIG or /etc/fleetscope/config.yaml if present)")

@@ -25,8 +25,13 @@ from urllib.parse import urlsplit
 from prometheus_client import ProcessCollector
 
 from fleetscope import __version__
-from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape, bundle_roots
+from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.source import (
+    EvidenceSource,
+    evidence_source,
+    recorded_sample,
+)
 from fleetscope.config import Config
 from fleetscope.exposition import (
     OPENMETRICS_CONTENT_TYPE,
@@ -45,10 +50,16 @@ MAX_CONNECTIONS = 64
 
 
 class Exporter:
-    """Collects every enabled collector into metric families; no HTTP here."""
+    """Collects every enabled collector into metric families; no HTTP here.
 
-    def __init__(self, root: str, config: Config):
-        self.roots = bundle_roots(root)
+    The evidence source is decided once, here: a source given by the caller (a LiveHost, a
+    bundle's RecordedSample), or `evidence_source(root, evidence)` for `--root DIR
+    --evidence auto|live|recorded` (collectors/source.py says what auto takes for live)."""
+
+    def __init__(self, root: str | EvidenceSource, config: Config, evidence: str = "auto"):
+        self.source = root if isinstance(root, EvidenceSource) \
+            else evidence_source(root, evidence)
+        self.roots = self.source.roots
         self.config = config
         enabled = config.collectors
         self.collectors = [
@@ -60,10 +71,13 @@ class Exporter:
         self._problems: dict[tuple[str, str], str] = {}
         self._problems_lock = threading.Lock()
 
-    def collect(self, now: float | None = None, roots: tuple[str, ...] | None = None
-                ) -> list[Family]:
-        """One pass of every collector. `now` and `roots` replay a recorded sample."""
-        scrape = Scrape(roots or self.roots, now)
+    def collect(self, now: float | None = None, roots: tuple[str, ...] | None = None,
+                source: EvidenceSource | None = None) -> list[Family]:
+        """One pass of every collector. `now` and `source` (or the `roots` of one, as
+        `bundle_roots` gives them) replay a recorded sample."""
+        if source is None and roots:
+            source = _recorded(tuple(roots))
+        scrape = Scrape(source or self.source, now)
         families: list[Family] = []
         durations: list[tuple[str, float]] = []
         for collector in self.collectors:
@@ -131,6 +145,12 @@ class Exporter:
     def render(self, openmetrics: bool = False) -> bytes:
         body = render(self.collect() + self._own_process(), openmetrics)
         return (body + "# EOF\n" if openmetrics else body).encode()
+
+
+def _recorded(roots: tuple[str, ...]) -> EvidenceSource:
+    """The recorded sample whose roots these are (a bundle sample: with its interval)."""
+    sample = recorded_sample(roots[0])
+    return sample if sample.roots == roots else EvidenceSource(roots)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -303,11 +323,14 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(listen: str, root: str, config: Config, web: WebConfig) -> None:
+def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str = "auto"
+          ) -> None:
     """Start the exporter and serve until interrupted."""
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root} is not a directory")
-    exporter = Exporter(root, config)
+    exporter = Exporter(root, config, evidence)
+    log.info("evidence source: %s %s", "live host" if exporter.source.live
+             else "recorded sample", exporter.source.roots[0])
     exporter.collect()  # first snapshot for interval metrics; logs what this node lacks
     server = ExporterServer(parse_listen(listen), exporter, web)
     print(f"fleetscope exporter listening on {server.url()}", flush=True)

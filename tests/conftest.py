@@ -109,6 +109,19 @@ def exporter_factory(tmp_path):
         process.stop()
 
 
+def scrape_until_perf_ran(exporter: ExporterProcess, seconds: float = 20.0
+                          ) -> tuple[dict[str, float], float]:
+    """Scrape until the exporter's perf sampler completed a run (or `seconds` passed):
+    (the last scrape's samples, the runs counted over every outcome)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        parsed = samples(exporter.text())
+        runs = sum(v for k, v in parsed.items() if k.startswith("fleetscope_perf_runs_total"))
+        if runs or time.monotonic() > deadline:
+            return parsed, runs
+        time.sleep(0.2)
+
+
 def samples(text: str) -> dict[str, float]:
     """Parse exposition text into {'name{labels}': value}, with prometheus-client's parser."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -200,6 +200,7 @@ def test_daemonset_runs_the_exporter_on_every_node_in_container_mode():
     main = container()
     args = build_parser().parse_args(main["args"])
     assert args.root == "/host" and args.config == "/etc/fleetscope/config.yaml"
+    assert args.evidence == "live"  # perf and ethtool run on the node, not replayed
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     for host_path in ("/proc", "/sys", "/dev/kmsg"):

@@ -42,10 +42,11 @@ from fleetscope.collectors.perf import (
     select_events,
     summarize,
 )
+from fleetscope.collectors.source import LiveHost
 from fleetscope.config import parse_config
 from fleetscope.exporter import Exporter
 from fleetscope.exposition import render
-from tests.conftest import BUNDLES, FIXTURES, require_tool, samples
+from tests.conftest import BUNDLES, FIXTURES, require_tool, samples, scrape_until_perf_ran
 from tests.fuzzing import parser_fuzz_tests
 
 PERF_FIXTURES = FIXTURES / "perf"
@@ -474,7 +475,7 @@ def _live_collector(config: dict) -> PerfCollector:
 
 
 def _collect(collector) -> tuple[dict, Scrape]:
-    scrape = Scrape(("/",))
+    scrape = Scrape(LiveHost("/"))
     return samples(render(list(collector.collect(scrape)))), scrape
 
 
@@ -495,13 +496,7 @@ def test_real_perf_runs_and_the_exporter_serves_everything_else(exporter_factory
     perf = require_tool("perf")
     hardware = _hardware_events_work(perf)
     exporter = exporter_factory("/", {"perf_window_seconds": 0.2})
-    deadline = time.monotonic() + 20
-    while True:
-        parsed = samples(exporter.text())
-        runs = sum(v for k, v in parsed.items() if k.startswith("fleetscope_perf_runs_total"))
-        if runs or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    parsed, runs = scrape_until_perf_ran(exporter)
     assert runs >= 1, "perf stat never completed a run"
     # The rest of the exporter is untouched.
     assert parsed['fleetscope_scrape_collector_success{collector="cpu"}'] == 1

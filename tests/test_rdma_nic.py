@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from fleetscope.collectors import COLLECTORS, Scrape, bundle_roots
+from fleetscope.collectors import COLLECTORS, Scrape, evidence_source
 from fleetscope.collectors import nic as nic_module
 from fleetscope.collectors.nic import NicCollector
 from fleetscope.collectors.parsers import ParseError, net
@@ -195,7 +195,7 @@ def _config(**raw) -> Config:
 
 
 def _collect(collector, root, now=None) -> tuple[dict[str, float], Scrape]:
-    scrape = Scrape(bundle_roots(str(root)), now)
+    scrape = Scrape(evidence_source(str(root)), now)  # "/" is live, a fixture tree recorded
     families = list(collector.collect(scrape))
     return samples(render(families)), scrape
 
