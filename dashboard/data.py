@@ -239,7 +239,7 @@ def load_bundle(path: str) -> Snapshot:
     from fleetscope.collectors.base import bundle_roots
     from fleetscope.diagnose.bundle import BundleError, open_bundle, replay_config
     from fleetscope.diagnose.enrich import Enricher
-    from fleetscope.diagnose.evidence import _LabelCache, add_families, bundle_series
+    from fleetscope.diagnose.evidence import add_families, bundle_series
     from fleetscope.exporter import Exporter
 
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
@@ -262,10 +262,9 @@ def load_bundle(path: str) -> Snapshot:
         exporter = Exporter(bundle.samples[0].directory,
                             replace(replay_config(config), per_core="full"))
         history = Series()
-        cache = _LabelCache()
         for sample in bundle.samples:
             families = exporter.collect(now=sample.time, roots=bundle_roots(sample.directory))
-            add_families(history, families, int(round(sample.time * 1000)), cache)
+            add_families(history, families, int(round(sample.time * 1000)))
         hostname = bundle.hostname
         samples = len(bundle.samples)
     fleet = with_instance(series, hostname)
