@@ -57,7 +57,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetscope import __version__
-from fleetscope.exposition import Family, format_value, gauge, labels, render
+from fleetscope.exposition import Family, LabelSet, format_value, gauge, label_set, labels, render
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
@@ -89,18 +89,16 @@ class AgentFamily:
     samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
 
     def to_family(self) -> Family:
+        """The family as data: every sample keeps its own name (`_bucket`, `_sum`...)."""
         family = Family(self.name, self.type, self.help)
-        lines = [f"{name}{{{_label_string(sample_labels)}}} {format_value(value)}"
-                 if sample_labels else f"{name} {format_value(value)}"
-                 for name, sample_labels, value in self.samples]
-        if lines:
-            family.blocks.append("\n".join(lines))
+        family.named_samples = [(name, _label_set(sample_labels), value)
+                                for name, sample_labels, value in self.samples]
         return family
 
 
-def _label_string(pairs: dict[str, str]) -> str:
+def _label_set(pairs: dict[str, str]) -> LabelSet:
     ordered = sorted(pairs, key=lambda key: (key in ("le", "quantile"), key))
-    return labels(**{key: pairs[key] for key in ordered})
+    return label_set(tuple(ordered), tuple([pairs[key] for key in ordered]))
 
 
 def parse_agent_exposition(text: str) -> list[AgentFamily]:

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.exposition import Family, LabelSet, counter, gauge, labels
 
 from .base import Collector, Scrape
 from .parsers.procfs import CPU_STAT_FIELDS
@@ -78,7 +78,7 @@ class CpuCollector(Collector):
         self._lock = threading.Lock()
         self._previous: tuple[float, dict] | None = None
         self._interval: CoreInterval | None = None
-        self._templates: dict[int, tuple[str, str]] = {}
+        self._label_sets: dict[int, tuple[tuple[LabelSet, ...], tuple[LabelSet, ...]]] = {}
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         stat = proc_stat(scrape)
@@ -96,41 +96,35 @@ class CpuCollector(Collector):
             yield from self._distribution(interval)
 
     def _per_core(self, cpus: dict, hz: int) -> Iterator[Family]:
-        seconds = counter(
-            "fleetscope_cpu_seconds_total",
-            "Seconds each CPU spent in each mode (/proc/stat; user includes guest).",
-        )
-        guest = counter(
-            "fleetscope_cpu_guest_seconds_total",
-            "Seconds each CPU spent running guests; already counted in user/nice.",
-        )
-        # Thousands of samples on a big node: each CPU's lines come from one template made
-        # once and filled with the values in one % operation. This is the bulk of a full-mode
-        # scrape's CPU time, and most of that is turning floats into text.
-        templates = self._templates
-        mode_blocks, guest_blocks = seconds.blocks, guest.blocks
-        for cpu, ticks in cpus.items():
-            template = templates.get(cpu)
-            if template is None:
-                template = templates[cpu] = self._template(cpu)
-            mode_blocks.append(template[0] % tuple([t / hz for t in ticks[:8]]))
-            guest_blocks.append(template[1] % (ticks[GUEST] / hz, ticks[GUEST_NICE] / hz))
-        yield seconds
-        yield guest
-
-    def _template(self, cpu: int) -> tuple[str, str]:
         # With USER_HZ 100 (every Linux arch fleetscope runs on) seconds have exactly two
         # decimals, and "%.2f" prints them faster than repr finds the shortest form.
-        value = "%.2f" if self.ticks_per_second == 100 else "%r"
-        modes = "\n".join(
-            f"fleetscope_cpu_seconds_total{{{labels(cpu=cpu, mode=mode)}}} {value}"
-            for mode in MODES
+        value_format = "%.2f" if hz == 100 else "%r"
+        seconds = Family(
+            "fleetscope_cpu_seconds_total", "counter",
+            "Seconds each CPU spent in each mode (/proc/stat; user includes guest).",
+            value_format,
         )
-        guest = "\n".join(
-            f"fleetscope_cpu_guest_seconds_total{{{labels(cpu=cpu, mode=mode)}}} {value}"
-            for mode in ("user", "nice")
+        guest = Family(
+            "fleetscope_cpu_guest_seconds_total", "counter",
+            "Seconds each CPU spent running guests; already counted in user/nice.",
+            value_format,
         )
-        return modes, guest
+        # Thousands of samples on a big node: each CPU's label sets are made once, and the
+        # families render in one % operation (exposition.render with a value_format). This
+        # is the bulk of a full-mode scrape's CPU time, and most of that is turning floats
+        # into text.
+        label_sets = self._label_sets
+        add_modes, add_guest = seconds.samples.extend, guest.samples.extend
+        for cpu, ticks in cpus.items():
+            sets = label_sets.get(cpu)
+            if sets is None:
+                sets = label_sets[cpu] = (
+                    tuple(labels(cpu=cpu, mode=mode) for mode in MODES),
+                    (labels(cpu=cpu, mode="user"), labels(cpu=cpu, mode="nice")))
+            add_modes(zip(sets[0], [t / hz for t in ticks[:8]], strict=True))
+            add_guest(zip(sets[1], (ticks[GUEST] / hz, ticks[GUEST_NICE] / hz), strict=True))
+        yield seconds
+        yield guest
 
     def _per_numa_node(self, node_of: dict[int, str], cpus: dict, hz: int) -> Iterator[Family]:
         rows_by_node: dict[str, list[tuple[int, ...]]] = {}

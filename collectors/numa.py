@@ -156,8 +156,8 @@ class NumaCollector(Collector):
                 continue
             local, remote, _ = per_pool[pool]
             pool_labels = labels(pool=pool.name, **{"class": pool.workload_class})
-            memory.add(local, f"{pool_labels},locality=\"local\"")
-            memory.add(remote, f"{pool_labels},locality=\"remote\"")
+            memory.add(local, pool_labels.plus(locality="local"))
+            memory.add(remote, pool_labels.plus(locality="remote"))
             ratio.add(round(remote / (local + remote), 6) if local + remote else 0.0, pool_labels)
         age = gauge("fleetscope_pool_numa_maps_age_seconds",
                     "Age of the numa_maps reading behind the pool memory metrics.")

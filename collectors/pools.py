@@ -483,8 +483,8 @@ class PoolsCollector(Collector):
             for pool in pools:
                 value = totals.get(pool.name, 0)
                 value = value / divisor if divisor != 1 else value
-                suffix = f',kind="{kind}"' if kind else ""
-                family.add(value, pool_labels[pool.name] + suffix)
+                base = pool_labels[pool.name]
+                family.add(value, base.plus(kind=kind) if kind else base)
         families.extend(self._cgroups(scrape, state, pool_labels, now))
         return families
 
@@ -718,6 +718,6 @@ class PoolsCollector(Collector):
         for kind in ("some", "full"):
             totals = self._stall[kind].update(stall_input[kind], now)
             for name, total in totals.items():
-                stalled.add(total / 1e6, f'{pool_labels[name]},stall="{kind}"')
+                stalled.add(total / 1e6, pool_labels[name].plus(stall=kind))
         families.append(stalled)
         return [f for f in families if f.samples]

@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.exposition import Family, LabelSet, counter, gauge, labels, seconds_from_ns
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
@@ -41,19 +41,13 @@ def elapsed_ticks(scrape: Scrape) -> dict[int, int]:
         return {}
 
 
-def _ns(nanoseconds: int) -> str:
-    """Nanoseconds as exact seconds, formatted from integers (cheaper than from floats)."""
-    seconds, rest = divmod(nanoseconds, 1_000_000_000)
-    return f"{seconds}.{rest:09d}"
-
-
 class PressureCollector(Collector):
     name = "pressure"
 
     def __init__(self, config):
         super().__init__(config)
         self.full = config.per_core == "full"
-        self._cpu_labels: dict[int, str] = {}
+        self._cpu_labels: dict[int, LabelSet] = {}
         self.ticks_per_second = os.sysconf("SC_CLK_TCK")
         self._lock = threading.Lock()
         # (time, cpu -> (run-queue wait ns, the CPU's /proc/stat ticks))
@@ -142,8 +136,8 @@ class PressureCollector(Collector):
             cpu_labels = self._cpu_labels
             for cpu, stats in cpus.items():
                 cpu_label = cpu_labels.get(cpu) or cpu_labels.setdefault(cpu, labels(cpu=cpu))
-                running.blocks.append(f"{running.name}{{{cpu_label}}} {_ns(stats.running_ns)}")
-                waiting.blocks.append(f"{waiting.name}{{{cpu_label}}} {_ns(stats.waiting_ns)}")
+                running.samples.append((cpu_label, seconds_from_ns(stats.running_ns)))
+                waiting.samples.append((cpu_label, seconds_from_ns(stats.waiting_ns)))
             yield running
             yield waiting
         with scrape.source(self.name, NODE_DIR):

@@ -15,6 +15,7 @@ same code draws a simulated fleet, a bundle and a Prometheus server.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -22,13 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from fleetscope.dashboard import evidence_views, units
 from fleetscope.diagnose import engine
-from fleetscope.rules.catalog import CATALOG, by_id
-from fleetscope.rules.promql import Series
+from fleetscope.rules.catalog import CATALOG, WINDOW, by_id
+from fleetscope.rules.promql import (
+    HistogramQuantile,
+    Rate,
+    Selector,
+    Series,
+    Sum,
+    bucket_bound,
+    bucket_quantile,
+    extrapolated_delta,
+)
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
@@ -50,6 +59,10 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "P99 session latency (online)": ("s", "histogram_quantile(0.99, "
                                      "agent_session_duration_seconds{class=online})"),
 }
+# The heatmap's latency tile, as a rule would write it.
+P99_ONLINE_SESSION = HistogramQuantile(0.99, Sum(
+    Rate(Selector("agent_session_duration_seconds_bucket", {"class": "online"}), WINDOW),
+    by=("instance", "pool", "le")))
 # Fixed colour ranges so a colour means the same on every fleet and every load.
 SIGNAL_RANGE = {"health": (0, 2), "findings": (0, 4),
                 "busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
@@ -149,10 +162,12 @@ def _span(series: Series) -> tuple[int, int]:
 
 
 def merge(shards: list[Series]) -> Series:
+    """One Series of the shards, rated over the window the engine rated them over."""
     out = Series()
     for shard in shards:
         for name, family in shard.by_name.items():
             out.by_name.setdefault(name, {}).update(family)
+        out.max_window_ms = out.max_window_ms or shard.max_window_ms
     return out
 
 
@@ -239,7 +254,7 @@ def load_bundle(path: str) -> Snapshot:
     from fleetscope.collectors.base import bundle_roots
     from fleetscope.diagnose.bundle import BundleError, open_bundle, replay_config
     from fleetscope.diagnose.enrich import Enricher
-    from fleetscope.diagnose.evidence import _LabelCache, add_families, bundle_series
+    from fleetscope.diagnose.evidence import add_families, bundle_series
     from fleetscope.exporter import Exporter
 
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
@@ -262,12 +277,12 @@ def load_bundle(path: str) -> Snapshot:
         exporter = Exporter(bundle.source(bundle.samples[0]),
                             replace(replay_config(config), per_core="full"))
         history = Series()
-        cache = _LabelCache()
         for sample in bundle.samples:
             families = exporter.collect(now=sample.time, source=bundle.source(sample))
-            add_families(history, families, int(round(sample.time * 1000)), cache)
+            add_families(history, families, int(round(sample.time * 1000)))
         hostname = bundle.hostname
         samples = len(bundle.samples)
+    history.max_window_ms = series.max_window_ms  # the engine's: charts rate as rules do
     fleet = with_instance(series, hostname)
     node = with_instance(history, hostname)
     notes = [f"bundle {path}: {samples} samples of {hostname}"]
@@ -286,7 +301,10 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0) -> Sna
     except PrometheusError as err:
         raise SourceError(str(err)) from None
     first, last = _span(series)
-    found, not_evaluated = evaluate_sharded(split_by_instance(series))
+    shards = split_by_instance(series)
+    found, not_evaluated = evaluate_sharded(shards)
+    # Tiles rate over the window the rules rated over.
+    series.max_window_ms = next((s.max_window_ms for s in shards if s.max_window_ms), None)
 
     def node_loader(instance: str) -> Series:
         try:
@@ -302,32 +320,36 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0) -> Sna
 
 
 # -- frames from series --------------------------------------------------------------------
-def _matches(labels: dict, matchers: dict | None) -> bool:
-    return all(labels.get(k) == v for k, v in (matchers or {}).items())
+# Tiles and rules read the same numbers: every value below is an expression of
+# rules/promql.py (the tree the rule engine evaluates), at the source's last sample, with
+# the rate window the rules use (WINDOW, capped like the engine's by series.max_window_ms).
+def _end_ms(series: Series, name: str) -> int | None:
+    """The last sample time of a metric: where its tiles are evaluated."""
+    ends = [points[-1][0] for points in series.by_name.get(name, {}).values() if points]
+    return max(ends) if ends else None
+
+
+def _rows(vector: dict) -> pd.DataFrame:
+    rows = [{**{k: v for k, v in labels if k != "__name__"}, "value": value}
+            for labels, value in vector.items()]
+    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
+
+
+def _instant(series: Series, expr, name: str) -> pd.DataFrame:
+    at_ms = _end_ms(series, name)
+    return _rows({} if at_ms is None else expr.evaluate(series, at_ms))
 
 
 def latest(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
-    """The last sample of each series of `name`: one row per label set, column `value`."""
-    rows = []
-    for labels, points in series.by_name.get(name, {}).items():
-        as_dict = dict(labels)
-        if points and _matches(as_dict, matchers):
-            as_dict["value"] = points[-1][1]
-            rows.append(as_dict)
-    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
+    """`name{matchers}` now (Prometheus's instant selector at the last sample, 5-minute
+    look-back): one row per label set, column `value`."""
+    return _instant(series, Selector(name, matchers or None), name)
 
 
 def last_rate(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
-    """Per-second increase of counters over the last two samples (resets count from 0)."""
-    rows = []
-    for labels, points in series.by_name.get(name, {}).items():
-        as_dict = dict(labels)
-        if len(points) >= 2 and _matches(as_dict, matchers):
-            (t0, v0), (t1, v1) = points[-2], points[-1]
-            if t1 > t0:
-                as_dict["value"] = (v1 - v0 if v1 >= v0 else v1) / ((t1 - t0) / 1000)
-                rows.append(as_dict)
-    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
+    """`rate(name{matchers}[WINDOW])` now, as the rules compute it (extrapolated, counter
+    resets counted from 0)."""
+    return _instant(series, Rate(Selector(name, matchers or None), WINDOW), name)
 
 
 def _per_instance(frame: pd.DataFrame, how: str = "max") -> pd.Series:
@@ -337,31 +359,17 @@ def _per_instance(frame: pd.DataFrame, how: str = "max") -> pd.Series:
 
 
 def histogram_quantile(q: float, buckets: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Prometheus's histogram_quantile over bucket rates: linear inside the bucket, the
-    highest finite bound when the rank falls in +Inf. Returns `by` columns and `value`."""
+    """Prometheus's histogram_quantile over a frame of bucket rates (`le`, `value`), summed
+    by `by`: rules.promql.bucket_quantile, the function the HistogramQuantile node uses.
+    Returns `by` columns and `value`."""
     if buckets.empty:
         return pd.DataFrame(columns=[*by, "value"])
-    frame = buckets.copy()
-    frame["bound"] = frame["le"].map(lambda le: math.inf if le == "+Inf" else float(le))
-    table = frame.pivot_table(index=by, columns="bound", values="value", aggfunc="sum")
-    bounds = np.asarray(table.columns, dtype=float)
-    counts = np.maximum.accumulate(np.nan_to_num(table.to_numpy()), axis=1)
-    total = counts[:, -1]
-    rank = q * total
-    position = np.argmax(counts >= rank[:, None], axis=1)
-    upper = bounds[position]
-    lower = np.where(position > 0, bounds[np.maximum(position - 1, 0)], 0.0)
-    below = np.where(position > 0, counts[np.arange(len(counts)), np.maximum(position - 1, 0)],
-                     0.0)
-    inside = counts[np.arange(len(counts)), position] - below
-    finite = bounds[np.isfinite(bounds)]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = lower + (upper - lower) * (rank - below) / inside
-    value = np.where(np.isinf(upper), finite.max() if len(finite) else np.nan, value)
-    value = np.where(total > 0, value, np.nan)
-    out = table.index.to_frame(index=False)
-    out["value"] = value
-    return out
+    frame = buckets.assign(bound=buckets["le"].map(lambda le: bucket_bound(str(le))))
+    table = frame.groupby([*by, "bound"])["value"].sum().reset_index()
+    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+             "value": bucket_quantile(q, zip(group["bound"], group["value"], strict=True))}
+            for key, group in table.groupby(by, sort=True)]
+    return pd.DataFrame(rows, columns=[*by, "value"])
 
 
 def _stepping(record: dict) -> str:
@@ -429,12 +437,8 @@ def node_signals(snapshot: Snapshot) -> pd.DataFrame:
             last_rate(series, "fleetscope_nic_pfc_pause_frames_total"), "sum"),
         "queue depth": _per_instance(latest(series, "agent_queue_depth")),
     }
-    buckets = last_rate(series, "agent_session_duration_seconds_bucket", {"class": "online"})
-    if not buckets.empty and "le" in buckets:
-        p99 = histogram_quantile(0.99, buckets, ["instance", "pool"])
-        columns["P99 session latency (online)"] = p99.groupby("instance")["value"].max()
-    else:
-        columns["P99 session latency (online)"] = pd.Series(dtype=float)
+    p99 = _instant(series, P99_ONLINE_SESSION, "agent_session_duration_seconds_bucket")
+    columns["P99 session latency (online)"] = _per_instance(p99.dropna(subset=["value"]))
     frame = pd.DataFrame(columns)
     frame.index.name = "instance"
     return frame.reindex(columns=list(SIGNALS))
@@ -589,17 +593,21 @@ def heatmap(nodes: pd.DataFrame, signals: pd.DataFrame, signal: str) -> dict:
 
 # -- one node ------------------------------------------------------------------------------
 def _frame_of(series: Series, name: str, matchers: dict | None, counter: bool) -> pd.DataFrame:
-    """Long frame: labels..., time (datetime), value (a rate when `counter`)."""
+    """Long frame: labels..., time (datetime), value: the instant selector at each sample,
+    or `rate(...[WINDOW])` at each sample after the first when `counter` (the rule engine's
+    extrapolated rate, so a chart and a rule read the same number at the same time)."""
     rows = []
-    for labels, points in series.by_name.get(name, {}).items():
+    window_ms = series.window_ms(WINDOW)
+    for labels, points in Selector(name, matchers or None).matching(series):
         as_dict = dict(labels)
-        if not _matches(as_dict, matchers):
-            continue
         if counter:
-            for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
-                if t1 > t0:
-                    rows.append({**as_dict, "t_ms": t1,
-                                 "value": (v1 - v0 if v1 >= v0 else v1) / ((t1 - t0) / 1000)})
+            times = [t for t, _ in points]
+            for index in range(1, len(points)):
+                end = times[index]
+                first = bisect.bisect_left(times, end - window_ms, 0, index)
+                value = extrapolated_delta(points[first:index + 1], end - window_ms, end, True)
+                if value is not None:
+                    rows.append({**as_dict, "t_ms": end, "value": value})
         else:
             rows.extend({**as_dict, "t_ms": t, "value": v} for t, v in points)
     frame = pd.DataFrame(rows)

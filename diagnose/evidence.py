@@ -7,7 +7,6 @@ queries fill the same structure.)
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,39 +19,17 @@ from fleetscope.rules.promql import Series
 
 from .bundle import Bundle, replay_config
 
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_UNESCAPE = re.compile(r"\\(.)")
 
-
-def _unescape(value: str) -> str:
-    if "\\" not in value:
-        return value
-    return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
-
-
-class _LabelCache(dict):
-    """Label string -> dict, parsed once: the same label sets recur in every sample."""
-
-    def __missing__(self, label_string: str) -> dict[str, str]:
-        parsed = {k: _unescape(v) for k, v in _LABEL.findall(label_string)}
-        self[label_string] = parsed
-        return parsed
-
-
-def add_families(series: Series, families: list[Family], timestamp_ms: int,
-                 cache: _LabelCache) -> None:
+def add_families(series: Series, families: list[Family], timestamp_ms: int) -> None:
+    """Add one collection pass to `series`: the families' samples as they are (data, no
+    text parsed back), each under its own sample name (a histogram's _bucket/_sum/_count)."""
+    add = series.add_key
     for family in families:
+        for sample_name, label_set, value in family.named_samples:
+            add(sample_name, label_set.key(), timestamp_ms, float(value))
         name = family.name
-        for label_string, value in family.samples:
-            series.add(name, cache[label_string], timestamp_ms, float(value))
-        for block in family.blocks:
-            for line in block.split("\n"):
-                # Block lines carry their own sample name (a histogram's _bucket/_sum/_count).
-                head, _, value = line.rpartition(" ")
-                brace = head.find("{")
-                sample_name = head if brace < 0 else head[:brace]
-                label_string = "" if brace < 0 else head[brace + 1:-1]
-                series.add(sample_name, cache[label_string], timestamp_ms, float(value))
+        for label_set, value in family.samples:
+            add(name, label_set.key(), timestamp_ms, float(value))
 
 
 def bundle_series(bundle: Bundle, config: Config,
@@ -60,10 +37,9 @@ def bundle_series(bundle: Bundle, config: Config,
     """Replay every sample of a bundle through the collectors."""
     exporter = Exporter(bundle.source(bundle.samples[0]), replay_config(config))
     series = Series()
-    cache = _LabelCache()
     for index, sample in enumerate(bundle.samples):
         families = exporter.collect(now=sample.time, source=bundle.source(sample))
-        add_families(series, families, int(round(sample.time * 1000)), cache)
+        add_families(series, families, int(round(sample.time * 1000)))
         if progress:
             progress(index + 1, len(bundle.samples))
     return series
@@ -119,7 +95,6 @@ def live_series(config: Config, seconds: float, interval: float, root: str = "/"
     next, and sampling ends at a deadline with what it has (at least two samples)."""
     exporter = Exporter(LiveHost(root), replay_config(config))
     series = Series()
-    cache = _LabelCache()
     count = max(2, int(seconds / interval) + 1)
     health = health or SamplingHealth(count, seconds)
     health.planned_samples, health.planned_seconds = count, seconds
@@ -137,7 +112,7 @@ def live_series(config: Config, seconds: float, interval: float, root: str = "/"
         health.max_late_seconds = max(health.max_late_seconds, late)
         began = time.monotonic()
         now = time.time()
-        add_families(series, exporter.collect(now=now), int(round(now * 1000)), cache)
+        add_families(series, exporter.collect(now=now), int(round(now * 1000)))
         health.samples += 1
         health.max_collect_seconds = max(health.max_collect_seconds, time.monotonic() - began)
         if progress:

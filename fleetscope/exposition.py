@@ -8,43 +8,151 @@ Renders the classic text format 0.0.4 and OpenMetrics 1.0.0, e.g.
 
 Node state is rendered by hand rather than through prometheus-client's object model: on a
 256-core node a scrape carries thousands of samples, and building a client object per sample
-costs several times more CPU than formatting the line (see bench/). Label strings are built
-once per label set and reused by the collectors that have many samples.
+costs several times more CPU than formatting the line (see bench/).
+
+Families hold data, not text: a sample is a `LabelSet` (label names and values as tuples)
+and a number, so the diagnosis, the console and bundle replay read the values the
+collectors made instead of parsing the text back. A label set renders once (`.text`) and is
+interned, so the collectors' recurring label sets cost one dictionary look-up per scrape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-class Family:
-    """One metric family: a name, a type, a help text and its samples.
+# Interned label sets: (names, values) -> LabelSet. Bounded label values keep this small;
+# past the bound (an agent runtime sending a label per request) it starts over.
+_INTERNED: dict[tuple[tuple[str, ...], tuple[str, ...]], LabelSet] = {}
+MAX_INTERNED = 200_000
 
-    A sample is `(label_string, value)`, the label string already rendered by `labels()`.
-    Counter names end in `_total` as in the text format.
+
+def _escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class LabelSet:
+    """One label set as data: `names` and `values` (tuples of str, in exposition order) and
+    `.text`, the rendered form (`cpu="3",mode="user"`), made once.
+
+    Label sets are interned (`label_set`, `labels`): the same names and values give the same
+    object, so they are compared and hashed by identity; compare `.names`/`.values`, or
+    `key()`, for equality by value.
     """
 
-    __slots__ = ("name", "type", "help", "samples", "blocks")
+    __slots__ = ("names", "values", "text", "_key")
 
-    def __init__(self, name: str, type: str, help: str):
+    def __init__(self, names: tuple[str, ...], values: tuple[str, ...]):
+        self.names = names
+        self.values = values
+        self.text = ",".join(f'{name}="{_escape_label_value(value)}"'
+                             for name, value in zip(names, values, strict=True))
+        self._key: tuple[tuple[str, str], ...] | None = None
+
+    def key(self) -> tuple[tuple[str, str], ...]:
+        """The (name, value) pairs sorted by name: `rules.promql.Labels`."""
+        key = self._key
+        if key is None:
+            key = self._key = tuple(sorted(zip(self.names, self.values, strict=True)))
+        return key
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(zip(self.names, self.values, strict=True))
+
+    def plus(self, **pairs: object) -> LabelSet:
+        """These labels followed by more: labels(pool="p").plus(kind="x")."""
+        return label_set(self.names + tuple(pairs),
+                         self.values + tuple([str(value) for value in pairs.values()]))
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"LabelSet({self.text!r})"
+
+
+def label_set(names: tuple[str, ...], values: tuple[str, ...]) -> LabelSet:
+    """The interned label set of these names and values (str, in exposition order)."""
+    key = (names, values)
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= MAX_INTERNED:
+            _INTERNED.clear()
+        found = _INTERNED[key] = LabelSet(names, values)
+    return found
+
+
+def labels(**pairs: object) -> LabelSet:
+    """A label set: labels(cpu=3, mode="user").text == 'cpu="3",mode="user"'."""
+    return label_set(tuple(pairs), tuple([str(value) for value in pairs.values()]))
+
+
+NO_LABELS = label_set((), ())
+
+
+class Exact(float):
+    """A float that renders as the exact decimal text it was made from (`seconds_from_ns`):
+    nanosecond counters keep all nine digits in the exposition whatever their size."""
+
+    __slots__ = ("text",)
+
+    text: str
+
+
+def seconds_from_ns(nanoseconds: int) -> Exact:
+    """Nanoseconds as exact seconds, formatted from integers (cheaper than from floats)."""
+    seconds, rest = divmod(nanoseconds, 1_000_000_000)
+    text = f"{seconds}.{rest:09d}"
+    value = Exact(text)
+    value.text = text
+    return value
+
+
+class Family:
+    """One metric family: a name, a type, a help text and its samples, as data.
+
+    `samples` are `(LabelSet, value)` under the family's name (counter names end in `_total`
+    as in the text format). `named_samples` are `(sample name, LabelSet, value)` for samples
+    with a name of their own (a histogram's `_bucket`, `_sum`, `_count`); they render first.
+    `value_format`, when set, is the %-format every value of `samples` renders with (e.g.
+    "%.2f" for USER_HZ ticks turned into seconds).
+    """
+
+    __slots__ = ("name", "type", "help", "samples", "named_samples", "value_format")
+
+    def __init__(self, name: str, type: str, help: str, value_format: str | None = None):
         self.name = name
         self.type = type
         self.help = help
-        self.samples: list[tuple[str, float]] = []
-        # Sample lines rendered by the collector itself, for families with thousands of
-        # samples (per-core counters): one string per block of lines, no trailing newline.
-        self.blocks: list[str] = []
+        self.samples: list[tuple[LabelSet, float]] = []
+        self.named_samples: list[tuple[str, LabelSet, float]] = []
+        self.value_format = value_format
 
-    def add(self, value: float, label_string: str = "") -> Family:
-        self.samples.append((label_string, value))
+    def add(self, value: float, label_set: LabelSet = NO_LABELS) -> Family:
+        self.samples.append((label_set, value))
         return self
 
+    def add_named(self, sample_name: str, label_set: LabelSet, value: float) -> Family:
+        self.named_samples.append((sample_name, label_set, value))
+        return self
+
+    def __iter__(self) -> Iterator[tuple[str, LabelSet, float]]:
+        """Every sample as (sample name, labels, value), in exposition order."""
+        yield from self.named_samples
+        name = self.name
+        for label_set_, value in self.samples:
+            yield name, label_set_, value
+
     def __repr__(self) -> str:
-        return f"Family({self.name!r}, {self.type!r}, {len(self.samples)} samples)"
+        count = len(self.samples) + len(self.named_samples)
+        return f"Family({self.name!r}, {self.type!r}, {count} samples)"
 
 
 def counter(name: str, help: str) -> Family:
@@ -55,19 +163,12 @@ def gauge(name: str, help: str) -> Family:
     return Family(name, "gauge", help)
 
 
-def _escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def labels(**pairs: object) -> str:
-    """Render a label set: labels(cpu=3, mode="user") -> 'cpu="3",mode="user"'."""
-    return ",".join(f'{key}="{_escape_label_value(str(value))}"' for key, value in pairs.items())
-
-
 def format_value(value: float) -> str:
     """A sample value as both formats spell it (Go-style +Inf/-Inf/NaN)."""
     if type(value) is int:
         return str(value)
+    if type(value) is Exact:
+        return value.text
     if math.isfinite(value):
         return repr(float(value))
     if math.isnan(value):
@@ -78,6 +179,22 @@ def format_value(value: float) -> str:
 def _escape_help(text: str, openmetrics: bool) -> str:
     text = text.replace("\\", "\\\\").replace("\n", "\\n")
     return text.replace('"', '\\"') if openmetrics else text
+
+
+# Family name -> (the label sets of its samples, the template rendering them): a family
+# with a value_format renders in one % operation while its label sets stay the same.
+_TEMPLATES: dict[str, tuple[tuple[LabelSet, ...], str]] = {}
+
+
+def _template(name: str, label_sets: tuple[LabelSet, ...], value_format: str) -> str:
+    cached = _TEMPLATES.get(name)
+    if cached is not None and cached[0] == label_sets:  # interned: compared by identity
+        return cached[1]
+    template = "\n".join(
+        f"{name}{{{ls.text.replace('%', '%%')}}} {value_format}" if ls.text
+        else f"{name} {value_format}" for ls in label_sets)
+    _TEMPLATES[name] = (label_sets, template)
+    return template
 
 
 def render(families: Iterable[Family], openmetrics: bool = False) -> str:
@@ -92,10 +209,21 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> str:
             type_name = name[:-6]  # OpenMetrics names the family without the suffix
         append(f"# HELP {type_name} {_escape_help(family.help, openmetrics)}")
         append(f"# TYPE {type_name} {family.type}")
-        out.extend(family.blocks)
-        for label_string, value in family.samples:
-            if label_string:
-                append(f"{name}{{{label_string}}} {fmt(value)}")
+        for sample_name, label_set_, value in family.named_samples:
+            text = label_set_.text
+            if text:
+                append(f"{sample_name}{{{text}}} {fmt(value)}")
+            else:
+                append(f"{sample_name} {fmt(value)}")
+        samples = family.samples
+        if family.value_format is not None and samples:
+            template = _template(name, tuple([ls for ls, _ in samples]), family.value_format)
+            append(template % tuple([value for _, value in samples]))
+            continue
+        for label_set_, value in samples:
+            text = label_set_.text
+            if text:
+                append(f"{name}{{{text}}} {fmt(value)}")
             else:
                 append(f"{name} {fmt(value)}")
     if not out:

@@ -61,7 +61,10 @@ class Series:
         return min(window_ms, cap) if cap else window_ms
 
     def add(self, name: str, labels: dict[str, str], timestamp_ms: int, value: float) -> None:
-        key = tuple(sorted(labels.items()))
+        self.add_key(name, tuple(sorted(labels.items())), timestamp_ms, value)
+
+    def add_key(self, name: str, key: Labels, timestamp_ms: int, value: float) -> None:
+        """add() for labels already as sorted (name, value) pairs (a LabelSet's key())."""
         points = self.by_name.setdefault(name, {}).setdefault(key, [])
         if points and points[-1][0] >= timestamp_ms:
             if points[-1][0] == timestamp_ms:
@@ -544,3 +547,74 @@ class Recent(Expr):
 
     def metrics(self):
         return self.age.metrics()
+
+
+def bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
+    """Prometheus's bucketQuantile (promql/quantile.go, 2.x) over (upper bound, cumulative
+    count) pairs: linear inside the bucket the rank falls in, the highest finite bound when
+    it falls in +Inf, NaN without a +Inf bucket or observations."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    merged: dict[float, float] = {}
+    for bound, count in buckets:  # the same bound twice (e.g. "1" and "1.0"): one bucket
+        merged[bound] = merged.get(bound, 0.0) + count
+    ordered = sorted(merged.items())
+    if not ordered or not math.isinf(ordered[-1][0]) or len(ordered) < 2:
+        return math.nan
+    counts, highest = [], -math.inf
+    for _, count in ordered:  # ensureMonotonic: a scrape between bucket updates
+        highest = max(highest, count)
+        counts.append(highest)
+    observations = counts[-1]
+    if not observations > 0:
+        return math.nan
+    rank = q * observations
+    index = next(i for i, count in enumerate(counts) if count >= rank)
+    if index == len(ordered) - 1:
+        return ordered[-2][0]
+    if index == 0 and ordered[0][0] <= 0:
+        return ordered[0][0]
+    start, end, count = 0.0, ordered[index][0], counts[index]
+    if index > 0:
+        start = ordered[index - 1][0]
+        count -= counts[index - 1]
+        rank -= counts[index - 1]
+    return start + (end - start) * (rank / count)
+
+
+def bucket_bound(le: str) -> float:
+    """A bucket's `le` label as its upper bound ("+Inf" too); NaN when it is not a number."""
+    try:
+        return float(le)  # "+Inf" and "Inf" too
+    except ValueError:
+        return math.nan
+
+
+@dataclass(eq=False)
+class HistogramQuantile(Expr):
+    """histogram_quantile(q, buckets): `inner` gives bucket values (rates) with an `le`
+    label; series are grouped by every other label but the name."""
+
+    q: float
+    inner: Expr
+
+    def promql(self) -> str:
+        return f"histogram_quantile({Scalar(self.q).promql()}, {self.inner.promql()})"
+
+    def evaluate(self, series, at_ms):
+        groups: dict[Labels, list[tuple[float, float]]] = {}
+        for labels, value in self.inner.evaluate(series, at_ms).items():
+            le = next((v for k, v in labels if k == "le"), None)
+            bound = math.nan if le is None else bucket_bound(le)
+            if math.isnan(bound):
+                continue  # Prometheus drops series without a usable le
+            key = tuple(pair for pair in labels if pair[0] not in ("le", NAME))
+            groups.setdefault(key, []).append((bound, value))
+        return {key: bucket_quantile(self.q, buckets) for key, buckets in groups.items()}
+
+    def metrics(self):
+        return self.inner.metrics()

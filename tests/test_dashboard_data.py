@@ -116,6 +116,64 @@ def test_rates_and_latest_read_series_like_prometheus():
     assert frame["value"].tolist() == pytest.approx([1.0, 10 / 60])
 
 
+def _agreement_series() -> Series:
+    """One node, 15 s scrapes for 5 minutes: a PFC counter that resets (a NIC driver reload)
+    two scrapes before the end and pauses at an uneven pace, and an online session-latency
+    histogram whose counters reset too (nothing slower than 4 s)."""
+    series = Series()
+    pauses = 0.0
+    buckets = {"0.25": 0.0, "1": 0.0, "4": 0.0, "+Inf": 0.0}
+    for step in range(21):
+        t = step * 15_000
+        pauses = 900.0 if step == 19 else pauses + 2_000 + 300 * (step % 3)
+        series.add("fleetscope_nic_pfc_pause_frames_total",
+                   {"instance": "n1", "interface": "eth0", "priority": "3"}, t, pauses)
+        if step == 18:
+            buckets = dict.fromkeys(buckets, 0.0)
+        added = 0.0
+        for le, grow in zip(buckets, (20 + step % 4, 9, 3 + step % 2, 0), strict=True):
+            added += grow
+            buckets[le] += added
+            series.add("agent_session_duration_seconds_bucket",
+                       {"instance": "n1", "pool": "chat", "class": "online", "le": le},
+                       t, buckets[le])
+    return series
+
+
+def test_console_tiles_and_rules_read_the_same_number():
+    """A tile and a rule over the same series agree, across a counter reset and for a
+    histogram quantile: both are rules.promql expressions with the engine's rate window."""
+    from fleetscope.rules.catalog import WINDOW, by_id
+    from fleetscope.rules.promql import HistogramQuantile, Rate, Selector, Sum
+
+    series = _agreement_series()
+    found, _ = engine.evaluate(series, "n1", rules=(by_id("roce-congestion"),))
+    assert [f.rule.id for f in found] == ["roce-congestion"]
+    rule_value = next(e["value"] for e in found[0].to_json()["evidence"]
+                      if e["signal"] == "PFC pause frames")
+    snapshot = data.Snapshot("bundle", "n1", series, [], [], (0, 300))
+    signals = data.node_signals(snapshot)
+    tile = signals.loc["n1", "PFC pauses /s"]
+    assert tile == pytest.approx(rule_value, rel=1e-6)
+    # Prometheus's rate over the rule's 60 s window ending at the last scrape: the reset
+    # counts from 0, so the increase is (last before reset - first) + what came after.
+    points = series.by_name["fleetscope_nic_pfc_pause_frames_total"]
+    (values,) = ([v for t, v in pts if t >= 240_000] for pts in points.values())
+    assert tile == pytest.approx((values[-3] - values[0] + values[-2] + (values[-1] -
+                                  values[-2])) / 60)
+    # The last two samples alone (the console's old rate) say something else.
+    assert tile != pytest.approx((values[-1] - values[-2]) / 15)
+
+    p99 = HistogramQuantile(0.99, Sum(Rate(Selector("agent_session_duration_seconds_bucket",
+                                                    {"class": "online"}), WINDOW),
+                                      by=("instance", "pool", "le")))
+    (rule_p99,) = p99.evaluate(series, 300_000).values()
+    assert signals.loc["n1", "P99 session latency (online)"] == pytest.approx(rule_p99)
+    assert 1 < rule_p99 < 4  # the rank falls in the (1, 4] bucket: interpolated, not a bound
+    assert data.latest(series, "fleetscope_nic_pfc_pause_frames_total")["value"].tolist() == \
+        [values[-1]]
+
+
 def test_findings_counts_and_health_worst_first(snapshot):
     findings = data.findings_frame(snapshot.findings)
     counts = data.rule_counts(findings)

@@ -21,7 +21,8 @@ from fleetscope.exposition import (
 def _families():
     seconds = counter("fleetscope_test_seconds_total", 'Seconds "quoted" and a \\ backslash.')
     seconds.add(1.5, labels(cpu=0, mode="user")).add(2, labels(cpu=1, mode='we"ird\\\nvalue'))
-    ratio = gauge("fleetscope_test_ratio", "A ratio.").add(math.inf).add(float("nan"), "x=\"1\"")
+    ratio = gauge("fleetscope_test_ratio", "A ratio.").add(math.inf)
+    ratio.add(float("nan"), labels(x="1"))
     return [seconds, ratio]
 
 

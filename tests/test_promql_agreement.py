@@ -19,6 +19,7 @@ from fleetscope.rules.promql import (
     AvgOverTime,
     Count,
     Delta,
+    HistogramQuantile,
     Max,
     Rate,
     Selector,
@@ -50,6 +51,21 @@ def _input_series(seed: int) -> dict[tuple[str, tuple], list[float | None]]:
             float(rng.randint(0, 50)) for _ in range(STEPS)]
     # A gauge that stops being reported: the lookback keeps its last value for 5 minutes.
     data[("stale_gauge", (("pool", "chat"),))] = [3.0, 4.0] + [None] * (STEPS - 2)
+    # A latency histogram per pool, cumulative buckets; "code" restarts at step 6.
+    hist = random.Random(seed + 1000)
+    for pool in ("chat", "code"):
+        counts = [0.0, 0.0, 0.0, 0.0]
+        rows: list[list[float | None]] = [[], [], [], []]
+        for step in range(STEPS):
+            if step == 6 and pool == "code":
+                counts = [0.0, 0.0, 0.0, 0.0]
+            added = 0.0
+            for index in range(4):
+                added += hist.randint(1, 30)  # every bucket grows: observations > 0
+                counts[index] += added
+                rows[index].append(counts[index])
+        for le, values in zip(("0.1", "0.5", "2.5", "+Inf"), rows, strict=True):
+            data[("lat_seconds_bucket", (("le", le), ("pool", pool)))] = values
     return data
 
 
@@ -79,6 +95,10 @@ EXPRESSIONS = [
     (Selector("queue_depth") > 0).unless(Max(Selector("queue_depth"), by=("class",)) > 45,
                                          ("class",)),
     2 * Selector("queue_depth") - Selector("queue_depth"),
+    HistogramQuantile(0.9, Rate(Selector("lat_seconds_bucket"), 60)),
+    HistogramQuantile(0.5, Sum(Rate(Selector("lat_seconds_bucket"), 120), by=("le",))),
+    HistogramQuantile(0.99, Sum(Rate(Selector("lat_seconds_bucket", {"pool": "code"}), 60),
+                                by=("pool", "le"))) > 0.2,
 ]
 
 
