@@ -56,7 +56,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetscope import __version__
-from fleetscope.exposition import Family, format_value, gauge, labels, render
+from fleetscope.core.exposition import Family, format_value, gauge, labels, render
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

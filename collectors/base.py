@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from fleetscope.exposition import Family
+from fleetscope.core.exposition import Family
 
 from .parsers import ParseError
 

@@ -13,7 +13,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fleetscope.dashboard import data, units
+from fleetscope.core import units
+from fleetscope.dashboard import data
 
 HEALTH_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "ok": "#2ca02c"}
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b4"}

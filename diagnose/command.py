@@ -13,12 +13,12 @@ import logging
 import sys
 import time
 
+from fleetscope.bundle.read import BundleError, open_bundle
 from fleetscope.collectors.base import bundle_roots
-from fleetscope.config import Config, ConfigError, default_config_path, load_config
+from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
-from .bundle import BundleError, open_bundle
 from .enrich import Enricher
 from .evidence import SamplingHealth, bundle_series, live_series
 

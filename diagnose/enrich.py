@@ -31,7 +31,7 @@ from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.shared import numa_node_cpus
-from fleetscope.config import Config
+from fleetscope.core.config import Config
 from fleetscope.rules.promql import Selector, Series
 
 from .engine import Finding
@@ -345,7 +345,7 @@ class Enricher:
         waits = self._network_waits(pool)
         stacks: dict[tuple[int, int], object] = {}
         if self.live:
-            from fleetscope.stacks import StacksError, dump
+            from fleetscope.tools.stacks import StacksError, dump
 
             pids = sorted({wait.pid for wait, _ in waits}) or [
                 p.pid for p in self._pool_members(self.last, pool)]
@@ -453,7 +453,7 @@ class Enricher:
 
         from fleetscope.collectors.parsers.cpuinfo import parse_cpuinfo
         from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
-        from fleetscope.isa_fault import crashed_binaries
+        from fleetscope.tools.isa_fault import crashed_binaries
 
         text = self._kernel_log()
         if text is None:
@@ -474,7 +474,7 @@ class Enricher:
         now = timestamps[-1] / 1000 if timestamps else time.time()
         locate = None
         if self.live:
-            from fleetscope.isa import locate_binary as locate
+            from fleetscope.tools.isa import locate_binary as locate
         binaries = crashed_binaries(
             crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
                 captures, list) else [], locate=locate,
@@ -533,7 +533,7 @@ class Enricher:
         except (NotAvailable, ValueError):
             pass
         if document is None and self.live:
-            from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+            from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
 
             path = locate_binary(binary)
             if path is not None:

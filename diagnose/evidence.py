@@ -12,13 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleetscope.bundle.read import Bundle, replay_config
 from fleetscope.collectors.base import bundle_roots
-from fleetscope.config import Config
+from fleetscope.core.config import Config
+from fleetscope.core.exposition import Family
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import Family
 from fleetscope.rules.promql import Series
-
-from .bundle import Bundle, replay_config
 
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = re.compile(r"\\(.)")

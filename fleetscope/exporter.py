@@ -27,8 +27,8 @@ from prometheus_client import ProcessCollector
 from fleetscope import __version__
 from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape, bundle_roots
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.config import Config
-from fleetscope.exposition import (
+from fleetscope.core.config import Config
+from fleetscope.core.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     Family,

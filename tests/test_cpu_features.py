@@ -28,10 +28,10 @@ from fleetscope.collectors.parsers.cpuinfo import (
     psabi_level_name,
 )
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
-from fleetscope.isa import run_isa_check, scan_binary
+from fleetscope.tools.isa import run_isa_check, scan_binary
 from tests.conftest import BUNDLES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 

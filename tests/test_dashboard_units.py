@@ -9,7 +9,8 @@ import time
 import pandas as pd
 import pytest
 
-from fleetscope.dashboard import data, evidence_views, units
+from fleetscope.core import units
+from fleetscope.dashboard import data, evidence_views
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector

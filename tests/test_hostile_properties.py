@@ -17,10 +17,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetscope.bundle.read import BundleError, describe, open_bundle
 from fleetscope.collectors.base import BUNDLE_FORMAT, NotAvailable, RefusedPath, Scrape
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.config import _KNOWN_KEYS, ConfigError, load_config, parse_config
-from fleetscope.diagnose.bundle import BundleError, describe, open_bundle
+from fleetscope.core.config import _KNOWN_KEYS, ConfigError, load_config, parse_config
 from fleetscope.diagnose.prometheus import PrometheusError, add_matrix, parse_answer
 from fleetscope.rules.promql import Series
 

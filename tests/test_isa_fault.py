@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log, wall_clock
-from fleetscope.isa import run_isa_check
-from fleetscope.isa_fault import _Segment as Segment
-from fleetscope.isa_fault import (
+from fleetscope.tools.isa import run_isa_check
+from fleetscope.tools.isa_fault import _Segment as Segment
+from fleetscope.tools.isa_fault import (
     capture,
     crashed_binaries,
     file_offset,

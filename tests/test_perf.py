@@ -42,9 +42,9 @@ from fleetscope.collectors.perf import (
     select_events,
     summarize,
 )
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, FIXTURES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 

@@ -8,7 +8,7 @@ reads through a root reads a sample exactly as it read the live node. What chang
 `dmesg`) and the agent runtime's metrics are stored as those tools print them. A file the
 node lacks is simply absent: the rules that need it are then "not evaluated".
 
-Secrets stay behind (fleetscope.redact): command lines and the recorded config are redacted,
+Secrets stay behind (fleetscope.bundle.redact): command lines and the recorded config are redacted,
 what was redacted is counted in meta.json (`redacted`) for `bundle show`, and
 /proc/<pid>/environ is never read. Files are 0600 in 0700 directories. The output path is
 never clobbered (`--force` replaces an archive by rename, never writing through a symlink),
@@ -31,10 +31,10 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.base import BUNDLE_FORMAT, Scrape
 from fleetscope.collectors.processes import pool_processes
-from fleetscope.config import Config
-from fleetscope.redact import Redactor
+from fleetscope.core.config import Config
 
 STATIC_GLOBS = (
     "proc/cpuinfo", "proc/cmdline",
@@ -237,8 +237,8 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
     so the bundle names the instruction and its extension on a machine without the binary."""
     from fleetscope.collectors.parsers import ParseError
     from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-    from fleetscope.isa import locate_binary
-    from fleetscope.isa_fault import capture
+    from fleetscope.tools.isa import locate_binary
+    from fleetscope.tools.isa_fault import capture
 
     try:
         crashes = scan_kernel_log(dmesg).crashes
@@ -265,7 +265,7 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
            progress: Callable[[int, int], None] | None = None, force: bool = False) -> str:
     """Record a bundle; returns the path written."""
-    from fleetscope.bundle_commands import CommandOutputs
+    from fleetscope.bundle.commands import CommandOutputs
 
     as_tar = output.endswith((".tar.gz", ".tgz"))
     # Checked before the window is recorded: a typo must not cost a 30 s capture.

@@ -721,7 +721,7 @@ def analyse(image: Image, hwcaps_level: int = 0) -> X86Scan:
             use.reason = reason
             _merge(scan.dispatched, name, use)
     if hwcaps_level:
-        from fleetscope.isa import EXTENSIONS
+        from fleetscope.tools.isa import EXTENSIONS
 
         for name in list(scan.needed):
             extension = EXTENSIONS.get(("x86_64", name))

@@ -127,7 +127,7 @@ def cpuinfo_text(group: FeatureSet) -> str:
 
 def check_binary(path: str, groups: list[FeatureSet]) -> dict:
     """Which node groups lack what the binary uses."""
-    from fleetscope import isa
+    from fleetscope.tools import isa
 
     scan = isa.scan_binary(path)
     out = []
@@ -175,7 +175,7 @@ def run(argv: list[str], check: bool) -> int:
         document = {"format": FORMAT, "groups": [g.to_json() for g in groups],
                     "baseline": baseline(groups)}
         if check:
-            from fleetscope.isa import InputError
+            from fleetscope.tools.isa import InputError
 
             try:
                 document["check"] = check_binary(args.binary, groups)

@@ -429,7 +429,7 @@ def _sweep_x86(scan: BinaryScan, code: bytes, base: int, where) -> None:
     """A linear sweep of raw x86-64 code (no ELF around it to find functions in)."""
     import iced_x86 as iced
 
-    from fleetscope.isa_x86 import _Features, sweep
+    from fleetscope.tools.isa_x86 import _Features, sweep
 
     features = _Features(iced)
     formatter = iced.Formatter(iced.FormatterSyntax.INTEL)
@@ -518,7 +518,7 @@ def scan_binary(path: str) -> BinaryScan:
 
 
 def _scan_x86(scan: BinaryScan, elf, path: str, regions) -> None:
-    from fleetscope.isa_x86 import Image, analyse
+    from fleetscope.tools.isa_x86 import Image, analyse
 
     scan.hwcaps_level = hwcaps_level(path)
     result = analyse(Image(elf, path, regions), scan.hwcaps_level)
@@ -803,7 +803,7 @@ def build_isa_parser() -> argparse.ArgumentParser:
 def _check_at(path: str, offset: int, cpu: CpuInfo, as_json: bool) -> int:
     """`isa check BINARY --at OFFSET`: the one instruction a SIGILL line points at."""
     from fleetscope.collectors.parsers.kmsg import SigillCrash
-    from fleetscope.isa_fault import in_binary
+    from fleetscope.tools.isa_fault import in_binary
 
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")

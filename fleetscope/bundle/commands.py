@@ -21,7 +21,7 @@ import shutil
 import subprocess
 
 from fleetscope.collectors.base import NotAvailable, Scrape
-from fleetscope.config import Config
+from fleetscope.core.config import Config
 
 log = logging.getLogger("fleetscope.bundle")
 
@@ -116,7 +116,7 @@ class CommandOutputs:
             return
         from fleetscope.collectors.parsers import ParseError
         from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-        from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+        from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
 
         try:
             crashes = scan_kernel_log(dmesg).crashes
@@ -143,7 +143,7 @@ class CommandOutputs:
                 json.dump(document, out, indent=1)
 
     def sample(self, sample_dir: str, interval: float) -> None:
-        from fleetscope.bundle_record import copy_globs
+        from fleetscope.bundle.record import copy_globs
 
         copy_globs(self.root, NETWORK_GLOBS, sample_dir)
         if not self.live:

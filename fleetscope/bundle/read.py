@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 
 from fleetscope.collectors.base import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, load_meta
-from fleetscope.config import Config, ConfigError, parse_config
+from fleetscope.core.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
 # A 128-core node recorded for 10 minutes is ~100 MB unpacked; numa_maps, the largest file,
@@ -284,7 +284,7 @@ SOURCES = (
 
 def _window_text(start: float, end: float) -> str:
     """Local wall-clock time with its zone (the console's formatting layer, stdlib only)."""
-    from fleetscope.dashboard.units import time_window
+    from fleetscope.core.units import time_window
 
     return time_window(start, end)
 
