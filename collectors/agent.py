@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetscope import __version__
+from fleetscope.agent_runtime import schema
 from fleetscope.core.exposition import Family, format_value, gauge, labels, render
 
 from .base import Collector, NotAvailable, Scrape
@@ -69,10 +70,10 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # Sample-name suffixes each family type may carry (`_created` is optional; dropped).
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum"),
              "summary": ("", "_count", "_sum")}
-STAGE_FAMILY = "agent_stage_duration_seconds"
-QUEUE_FAMILY = "agent_queue_depth"
-GENAI_OPERATION = "gen_ai_client_operation_duration_seconds"
-GENAI_TOOL = "gen_ai_execute_tool_duration_seconds"
+STAGE_FAMILY = schema.STAGE_DURATION.name
+QUEUE_FAMILY = schema.QUEUE_DEPTH.name
+GENAI_OPERATION = schema.GENAI_OPERATION_DURATION
+GENAI_TOOL = schema.GENAI_TOOL_DURATION
 INFERENCE_OPERATIONS = {None, "chat", "generate_content", "text_completion", "embeddings"}
 
 

@@ -40,7 +40,8 @@ API: `AgentSignals(pool, workload_class, agent, provider)` with `session()`, `st
 `inference()`, `tool_call()` (context managers), `record_stage()`, `record_tool_call()`,
 `set_queue_depth()`, `session_migrated()`, `heartbeat_age()`, `current_session()`,
 `exposition()` (with EXPOSITION_CONTENT_TYPE), `shutdown()`; `BadToolArguments`,
-`classify_exception()`; the label values allowed: STAGES, OUTCOMES, CLASSES.
+`classify_exception()`; the label values allowed: STAGES, OUTCOMES, CLASSES. Names, units,
+label values and buckets come from schema.py, which the exporter and the simulators share.
 A session is an in-flight task for the heartbeat gauge: entering or leaving any stage inside
 it, or `Session.beat()`, refreshes its heartbeat, so a worker parked in a tool call shows an
 age that keeps growing (rule `worker-blocked-external-call`).
@@ -73,25 +74,19 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from fleetscope import __version__
-
-STAGES = ("queue_wait", "context_assembly", "inference", "tool_call", "state_io", "model_load",
-          "other")
-OUTCOMES = ("ok", "timeout", "bad_arguments", "error")
-CLASSES = ("online", "offline")
+from fleetscope.agent_runtime import schema
+from fleetscope.agent_runtime.schema import (  # noqa: F401 (part of this module's interface)
+    CLASSES,
+    GENAI_DURATION_BUCKETS,
+    GENAI_TOKEN_BUCKETS,
+    OUTCOMES,
+    SESSION_BUCKETS,
+    STAGE_BUCKETS,
+    STAGES,
+)
 
 # The text format 0.0.4 that exposition() returns (prometheus-client's generate_latest).
 EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-# Seconds. Sessions of online agents last from tens of milliseconds to minutes; stages from
-# a millisecond (state I/O) to minutes (a cold model load).
-SESSION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-                 60, 120, 300)
-# Advised by the GenAI semantic conventions (gen-ai-metrics.md).
-GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                          20.48, 40.96, 81.92)
-GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
-                       16777216, 67108864)
 
 SCOPE = "fleetscope.agent_signals"
 
@@ -226,31 +221,25 @@ class AgentSignals:
         self._pool_attrs = {"pool": pool}
 
         self._queue_depth = meter.create_gauge(
-            "agent_queue_depth", unit="{task}",
-            description="Tasks waiting in a queue of this pool.")
-        self._session_duration = meter.create_histogram(
-            "agent_session_duration_seconds", unit="s",
-            description="Duration of agent sessions, by workload class.",
-            explicit_bucket_boundaries_advisory=SESSION_BUCKETS)
-        self._stage_duration = meter.create_histogram(
-            "agent_stage_duration_seconds", unit="s",
-            description="Time agent sessions spend in each stage.",
-            explicit_bucket_boundaries_advisory=STAGE_BUCKETS)
+            schema.QUEUE_DEPTH.name, unit=schema.QUEUE_DEPTH.unit,
+            description=schema.QUEUE_DEPTH.help)
+        self._session_duration = self._histogram(meter, schema.SESSION_DURATION)
+        self._stage_duration = self._histogram(meter, schema.STAGE_DURATION)
         self._tool_calls = meter.create_counter(
-            "agent_tool_calls_total", unit="{call}",
-            description="Tool calls by tool, model and outcome.")
+            schema.TOOL_CALLS.name, unit=schema.TOOL_CALLS.unit,
+            description=schema.TOOL_CALLS.help)
         self._migrations = meter.create_counter(
-            "agent_session_migrations_total", unit="{session}",
-            description="Sessions that arrived here from another worker or node.")
+            schema.SESSION_MIGRATIONS.name, unit=schema.SESSION_MIGRATIONS.unit,
+            description=schema.SESSION_MIGRATIONS.help)
         meter.create_observable_gauge(
-            "agent_task_heartbeat_age_seconds", callbacks=[self._observe_heartbeat], unit="s",
-            description="Age of the oldest heartbeat among in-flight tasks (0: none in flight).")
+            schema.HEARTBEAT_AGE.name, callbacks=[self._observe_heartbeat],
+            unit=schema.HEARTBEAT_AGE.unit, description=schema.HEARTBEAT_AGE.help)
         self._genai_duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s",
+            schema.GENAI_OPERATION, unit="s",
             description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=GENAI_DURATION_BUCKETS)
         self._genai_tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}",
+            schema.GENAI_TOKENS, unit="{token}",
             description="Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=GENAI_TOKEN_BUCKETS)
 
@@ -261,6 +250,11 @@ class AgentSignals:
             f"fleetscope_agent_session_{id(self)}", default=None)
 
     # -- exposition ---------------------------------------------------------------------
+
+    @staticmethod
+    def _histogram(meter: Any, metric: schema.Metric) -> Any:
+        return meter.create_histogram(metric.name, unit=metric.unit, description=metric.help,
+                                      explicit_bucket_boundaries_advisory=metric.buckets)
 
     def exposition(self) -> bytes:
         """The Prometheus text (format 0.0.4) of this pool's signals, for GET /metrics."""
