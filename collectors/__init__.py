@@ -4,7 +4,7 @@ Importing this package does no I/O; collectors read only inside `collect()`.
 """
 
 from .agent import AgentCollector
-from .base import Collector, NotAvailable, Scrape, bundle_roots
+from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
 from .irq import IrqCollector
@@ -27,4 +27,4 @@ COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
 COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
 COLLECTORS[PerfCollector.name] = PerfCollector
 
-__all__ = ["COLLECTORS", "Collector", "NotAvailable", "Scrape", "bundle_roots"]
+__all__ = ["COLLECTORS", "Collector", "NotAvailable", "Scrape"]

@@ -238,7 +238,7 @@ def load_bundle(path: str) -> Snapshot:
     from dataclasses import replace
 
     from fleetscope.bundle.read import BundleError, open_bundle, replay_config
-    from fleetscope.collectors.base import bundle_roots
+    from fleetscope.core.bundle_format import bundle_roots
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.diagnose.evidence import _LabelCache, add_families, bundle_series
     from fleetscope.exporter import Exporter

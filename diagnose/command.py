@@ -14,7 +14,7 @@ import sys
 import time
 
 from fleetscope.bundle.read import BundleError, open_bundle
-from fleetscope.collectors.base import bundle_roots
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.rules.catalog import CATALOG
 

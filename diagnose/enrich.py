@@ -19,7 +19,7 @@ import logging
 import os
 import re
 
-from fleetscope.collectors.base import NotAvailable, Scrape, bundle_roots
+from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.process import (
     parse_limits,
@@ -31,6 +31,7 @@ from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.shared import numa_node_cpus
+from fleetscope.core.bundle_format import META, bundle_roots, load_meta
 from fleetscope.core.config import Config
 from fleetscope.rules.promql import Selector, Series
 
@@ -422,8 +423,7 @@ class Enricher:
         first = self.first.roots[0]
         bundle = os.path.dirname(os.path.dirname(first))
         try:
-            with open(os.path.join(bundle, "meta.json"), encoding="utf-8") as handle:
-                samples = json.load(handle)["samples"]
+            samples = load_meta(os.path.join(bundle, META))["samples"]
             return [(bundle_roots(os.path.join(bundle, s["dir"])), float(s["time"]))
                     for s in samples]
         except (OSError, ValueError, KeyError, TypeError):

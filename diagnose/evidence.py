@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetscope.bundle.read import Bundle, replay_config
-from fleetscope.collectors.base import bundle_roots
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import Config
 from fleetscope.core.exposition import Family
 from fleetscope.exporter import Exporter

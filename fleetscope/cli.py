@@ -148,7 +148,8 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
 
 
 def _cmd_bundle_show(args: argparse.Namespace) -> int:
-    from fleetscope.bundle.read import BundleError, describe, open_bundle
+    from fleetscope.bundle.read import BundleError, open_bundle
+    from fleetscope.bundle.show import describe
 
     try:
         with open_bundle(args.path) as bundle:

@@ -25,8 +25,9 @@ from urllib.parse import urlsplit
 from prometheus_client import ProcessCollector
 
 from fleetscope import __version__
-from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape, bundle_roots
+from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import Config
 from fleetscope.core.exposition import (
     OPENMETRICS_CONTENT_TYPE,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetscope.collectors import COLLECTORS, bundle_roots
+from fleetscope.collectors import COLLECTORS
 from fleetscope.collectors import perf as perf_collector
 from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
@@ -42,6 +42,7 @@ from fleetscope.collectors.perf import (
     select_events,
     summarize,
 )
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -585,8 +586,9 @@ def test_no_perf_installed(tmp_path, monkeypatch):
 def test_platform_peak_is_derived_from_the_cpu_model_without_config(tmp_path):
     # The Kunpeng fixture bundle: 2 sockets (physical_package_id) of Kunpeng 920, whose 8
     # DDR4-2933 channels per socket give 2 x 8 x 2933e6 x 8 bytes/s.
-    from fleetscope.collectors.base import Scrape, bundle_roots
+    from fleetscope.collectors.base import Scrape
     from fleetscope.collectors.platform import derived_peak
+    from fleetscope.core.bundle_format import bundle_roots
 
     sample = BUNDLES / "kunpeng-128" / "samples" / "s0000"
     peak, origin = derived_peak(Scrape(bundle_roots(str(sample))))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from fleetscope.collectors import COLLECTORS, Scrape, bundle_roots
+from fleetscope.collectors import COLLECTORS, Scrape
 from fleetscope.collectors import nic as nic_module
 from fleetscope.collectors.nic import NicCollector
 from fleetscope.collectors.parsers import ParseError, net
@@ -29,6 +29,7 @@ from fleetscope.collectors.parsers.net import (
 )
 from fleetscope.collectors.rdma import RdmaCollector
 from fleetscope.collectors.tcp import TcpCollector
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import Config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter

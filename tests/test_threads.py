@@ -461,7 +461,7 @@ def test_exporter_shows_blocked_network_threads_and_the_wait_growing(parked_work
 def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_worker,
                                                                       tmp_path):
     from fleetscope.bundle.read import open_bundle
-    from fleetscope.collectors.base import bundle_roots
+    from fleetscope.core.bundle_format import bundle_roots
     from fleetscope.diagnose.engine import Finding
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.diagnose.evidence import bundle_series
