@@ -446,7 +446,7 @@ class Enricher:
     def _isa_mismatch(self, finding: Finding) -> None:
         """One finding per node: every binary the kernel log saw die of SIGILL, its pids,
         crash times, and the instruction that faulted with its extension
-        (fleetscope/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
+        (fleetscope/tools/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
         arm64 Code: word; bytes `bundle record` kept when the binary is not here), else the
         whole-binary `isa check` as a last resort."""
         import time

@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], debug: bool) -> int:
     if argv[:2] == ["isa", "check"] and any(a == "--prometheus" or a.startswith(
-            "--prometheus=") for a in argv[2:]):  # against the fleet (fleetscope/isa_fleet.py)
+            "--prometheus=") for a in argv[2:]):  # against the fleet (diagnose/isa_fleet.py)
         return _isa_fleet(argv[2:], check=True)
     if argv[:2] == ["isa", "fleet"]:  # its own parser too
         return _isa_fleet(argv[2:], check=False)

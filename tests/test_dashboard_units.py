@@ -1,4 +1,4 @@
-"""The console's formatting layer (dashboard/units.py), the per-rule evidence views
+"""The console's formatting layer (fleetscope/core/units.py), the per-rule evidence views
 (dashboard/evidence_views.py), the fleet grouping per rule, runbook links and the demo's clock."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The faulting instruction of a SIGILL (fleetscope/isa_fault.py) and `isa check` on real
+"""The faulting instruction of a SIGILL (fleetscope/tools/isa_fault.py) and `isa check` on real
 binaries of this machine.
 
 Kernel line formats come from real public logs (origins beside each); the live tests build

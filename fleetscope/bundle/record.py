@@ -220,8 +220,9 @@ MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 
 
 def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
     """static/cmd/sigill-faults.json: for the latest SIGILLs in the kernel log, the bytes
-    around the faulting instruction in the binary found on this node (fleetscope/isa_fault.py),
-    so the bundle names the instruction and its extension on a machine without the binary."""
+    around the faulting instruction in the binary found on this node
+    (fleetscope/tools/isa_fault.py), so the bundle names the instruction and its extension
+    on a machine without the binary."""
     from fleetscope.collectors.parsers import ParseError
     from fleetscope.collectors.parsers.kmsg import scan_kernel_log
     from fleetscope.tools.isa import locate_binary

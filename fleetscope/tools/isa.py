@@ -10,7 +10,7 @@ them a CPU lacks (the `isa-mismatch` evidence).
 
 x86-64 is decoded with iced-x86, which knows the CPUID feature of every instruction
 (`Instruction.cpuid_features()`), function by function (.eh_frame and symbols), and code
-that runs only behind runtime dispatch is told apart (fleetscope/isa_x86.py: IFUNC resolvers
+that runs only behind runtime dispatch is told apart (fleetscope/tools/isa_x86.py: IFUNC resolvers
 and targets, branches on CPUID results or the capability words glibc, libgcc and OpenSSL keep,
 glibc-hwcaps variants). "needed" is everything else plus the GNU property note
 GNU_PROPERTY_X86_ISA_1_NEEDED (GCC >= 11 `-mneeded`; glibc >= 2.33 refuses to load a binary
@@ -18,7 +18,7 @@ above the CPU's level); only "needed" decides the exit code. AArch64 is swept wi
 all of it counts as needed.
 
 A missing needed extension is a risk a static look can still get wrong; the faulting
-instruction of a SIGILL (fleetscope/isa_fault.py, from the kernel's trap line) is the proof.
+instruction of a SIGILL (fleetscope/tools/isa_fault.py, from the kernel's trap line) is the proof.
 
 Exit codes: 0 no needed extension missing, 1 a needed extension missing on that CPU (or the
 binary is for another architecture), 2 usage error, 3 unreadable input or not an ELF file.
