@@ -1,2 +1,3 @@
-"""The core every layer may import: the exposition format, the config, display units and
-(later) the bundle format. It imports nothing of fleetscope above it (tests/test_layers.py)."""
+"""The core every layer may import: the exposition format (exposition.py), the config
+(config.py), display units (units.py) and the bundle format (bundle_format.py). It imports
+nothing of fleetscope above it (tests/test_layers.py)."""
