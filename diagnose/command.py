@@ -16,12 +16,12 @@ import time
 from fleetscope.bundle.read import BundleError, open_bundle
 from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
+from fleetscope.core.diagnose_options import LIVE_SECONDS, PROMETHEUS_SECONDS
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
 from .enrich import Enricher
 from .evidence import SamplingHealth, bundle_series, live_series
-from .options import LIVE_SECONDS, PROMETHEUS_SECONDS
 
 EXIT_UNKNOWN = 3
 

@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Diagnosis with evidence and runbooks. Exit 0 ok, 1 warning, "
         "2 critical, 3 could not diagnose.",
     )
-    from fleetscope.diagnose.options import add_arguments
+    from fleetscope.core.diagnose_options import add_arguments
 
     add_arguments(diagnose)
     diagnose.set_defaults(run=_cmd_diagnose)

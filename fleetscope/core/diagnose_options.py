@@ -1,6 +1,7 @@
 """`fleetscope diagnose`'s options, apart from the engine: the command line parser is built
 for every command, and defining these must not import what diagnosing needs (the rules,
-the engine, rich), so `fleetscope exporter` starts without them.
+the engine, rich), so `fleetscope exporter` starts without them. They live in core, not in
+the diagnose package: importing any module of that package loads the package itself.
 
     fleetscope diagnose [--bundle PATH | --prometheus URL [--node NAME | --fleet]]
                         [--seconds N] [--json] [--config FILE]
