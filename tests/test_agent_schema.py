@@ -52,7 +52,12 @@ def test_the_scenario_generator_uses_the_schema_not_a_copy():
     spec = importlib.util.spec_from_file_location("make_scenarios_probe",
                                                   FIXTURES / "make_scenarios.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # dataclasses resolves string annotations through sys.modules[cls.__module__]
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     for name in ("SESSION_BUCKETS", "STAGE_BUCKETS", "GENAI_DURATION_BUCKETS",
                  "GENAI_TOKEN_BUCKETS"):
         assert getattr(module, name) is getattr(schema, name), name
