@@ -114,7 +114,7 @@ def _is_counter(name: str) -> bool:
 
 def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
     """Scenario name -> its series (the exporter's collectors replaying the bundle)."""
-    from fleetscope.diagnose.bundle import open_bundle
+    from fleetscope.bundle.read import open_bundle
     from fleetscope.diagnose.evidence import bundle_series
 
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)

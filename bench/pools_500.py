@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetscope.collectors import COLLECTORS, Scrape  # noqa: E402
-from fleetscope.config import parse_config  # noqa: E402
+from fleetscope.core.config import parse_config  # noqa: E402
 
 POOLS = ("chat-online", "tools-online", "batch-offline", "etl-offline")
 LIFETIME_SECONDS = 120  # the children's own bound, whatever happens to this script

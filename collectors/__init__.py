@@ -4,7 +4,7 @@ Importing this package does no I/O; collectors read only inside `collect()`.
 """
 
 from .agent import AgentCollector
-from .base import Collector, NotAvailable, Scrape, bundle_roots
+from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
 from .irq import IrqCollector

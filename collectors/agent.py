@@ -57,7 +57,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetscope import __version__
-from fleetscope.exposition import Family, LabelSet, format_value, gauge, label_set, labels, render
+from fleetscope.agent_runtime import schema
+from fleetscope.core.exposition import (
+    Family,
+    LabelSet,
+    format_value,
+    gauge,
+    label_set,
+    labels,
+    render,
+)
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
@@ -71,10 +80,10 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # Sample-name suffixes each family type may carry (`_created` is optional; dropped).
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum"),
              "summary": ("", "_count", "_sum")}
-STAGE_FAMILY = "agent_stage_duration_seconds"
-QUEUE_FAMILY = "agent_queue_depth"
-GENAI_OPERATION = "gen_ai_client_operation_duration_seconds"
-GENAI_TOOL = "gen_ai_execute_tool_duration_seconds"
+STAGE_FAMILY = schema.STAGE_DURATION.name
+QUEUE_FAMILY = schema.QUEUE_DEPTH.name
+GENAI_OPERATION = schema.GENAI_OPERATION_DURATION
+GENAI_TOOL = schema.GENAI_TOOL_DURATION
 INFERENCE_OPERATIONS = {None, "chat", "generate_content", "text_completion", "embeddings"}
 
 

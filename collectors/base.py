@@ -8,7 +8,6 @@ root (`--root`), so a fixture tree or a bundle sample replays exactly as a live 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -16,7 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleetscope.exposition import Family
+from fleetscope.core.bundle_format import read_limit
+from fleetscope.core.exposition import Family
 
 from .parsers import ParseError
 
@@ -24,34 +24,6 @@ if TYPE_CHECKING:
     from .source import EvidenceSource
 
 T = TypeVar("T")
-
-BUNDLE_FORMAT = "fleetscope-bundle/1"
-
-# The most the kernel (or the tool) writes in a file a collector reads: a bundle file above
-# its limit is refused, not parsed, so a small archive cannot cost gigabytes of RAM. Looked
-# up by relative path, then by the directory, then by file name; everything else gets
-# DEFAULT_READ_LIMIT (large enough for /proc/interrupts or cpuinfo of a 4,096-CPU machine,
-# and for numa_maps as `bundle record` caps it).
-KIB, MIB = 1024, 1024 * 1024
-DEFAULT_READ_LIMIT = 16 * MIB
-READ_LIMITS = {
-    "proc/stat": 8 * MIB, "proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
-    "stat": 64 * KIB, "status": 64 * KIB, "schedstat": 16 * MIB, "cgroup": 64 * KIB,
-    "limits": 64 * KIB, "cmdline": 4 * MIB, "fd_count": 4 * KIB, "cpulist": 64 * KIB,
-    "numastat": 64 * KIB, "distance": 64 * KIB, "meminfo": 64 * KIB, "cpu.stat": 64 * KIB,
-    "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
-}
-MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
-
-
-def read_limit(relative: str) -> int:
-    """The most bytes read from `relative` (see READ_LIMITS)."""
-    directory, _, name = relative.rpartition("/")
-    for key in (relative, directory, name):
-        if key in READ_LIMITS:
-            return READ_LIMITS[key]
-    return DEFAULT_READ_LIMIT
-
 
 class NotAvailable(Exception):
     """The source does not exist on this machine (no such file, feature off in the kernel).
@@ -73,22 +45,6 @@ def check_relative(relative: str) -> str:
     if relative.startswith("/") or "\0" in relative or ".." in relative.split("/"):
         raise RefusedPath(f"refused path {relative[:80]!r}: it would leave the root")
     return relative
-
-
-def load_meta(path: str) -> Any:
-    """A bundle's meta.json, size-capped; ValueError for anything that is not sane JSON
-    (RecursionError from a document nested thousands deep included)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = handle.read(MAX_META_BYTES + 1)
-    if len(data) > MAX_META_BYTES:
-        raise ValueError(f"larger than {MAX_META_BYTES // MIB} MiB")
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
 
 
 def _read_bounded(fd: int, most: int) -> bytes:
@@ -115,18 +71,6 @@ class Collector:
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         raise NotImplementedError
-
-
-def bundle_roots(root: str) -> tuple[str, ...]:
-    """The directories a root reads from: the root, then its bundle's `static/` if it has one.
-
-    A bundle sample directory (`<bundle>/samples/s0003`) holds what changes; what was captured
-    once (cpuinfo, topology) sits in `<bundle>/static/`, and is looked up there when a sample
-    lacks it (bundle format, CONTRACT section 3). The roots of `source.recorded_sample(root)`.
-    """
-    from .source import recorded_sample
-
-    return recorded_sample(root).roots
 
 
 class Scrape:

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, LabelSet, counter, gauge, labels
+from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels
 
 from .base import Collector, Scrape
 from .parsers.procfs import CPU_STAT_FIELDS

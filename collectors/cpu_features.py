@@ -35,7 +35,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

@@ -42,7 +42,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

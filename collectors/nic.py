@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, labels
+from fleetscope.core.exposition import Family, counter, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

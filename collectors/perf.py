@@ -77,7 +77,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

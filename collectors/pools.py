@@ -58,7 +58,7 @@ import threading
 from collections.abc import Hashable, Iterator
 from typing import NamedTuple
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError, parse_int

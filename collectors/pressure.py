@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, LabelSet, counter, gauge, labels, seconds_from_ns
+from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels, seconds_from_ns
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-from fleetscope.config import Pool
+from fleetscope.core.config import Pool
 
 from .base import NotAvailable, Scrape
 from .parsers import ParseError

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError

@@ -32,7 +32,9 @@ import subprocess
 import threading
 import time
 
-from .base import BUNDLE_FORMAT, NotAvailable, load_meta
+from fleetscope.core.bundle_format import BUNDLE_FORMAT, META, STATIC, load_meta
+
+from .base import NotAvailable
 
 log = logging.getLogger("fleetscope.collectors")
 
@@ -173,11 +175,11 @@ def recorded_sample(directory: str) -> RecordedSample:
     directory = os.path.abspath(directory)
     bundle = os.path.dirname(os.path.dirname(directory))
     try:
-        meta = load_meta(os.path.join(bundle, "meta.json"))
+        meta = load_meta(os.path.join(bundle, META))
     except (OSError, ValueError):
         return RecordedSample(directory)
     if isinstance(meta, dict) and meta.get("format") == BUNDLE_FORMAT:
-        return RecordedSample(directory, os.path.join(bundle, "static"), meta.get("interval_s"))
+        return RecordedSample(directory, os.path.join(bundle, STATIC), meta.get("interval_s"))
     return RecordedSample(directory)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, counter, gauge, labels
+from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, Scrape
 from .parsers.net import parse_netstat

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fleetscope.exposition import Family, gauge, labels
+from fleetscope.core.exposition import Family, gauge, labels
 
 from .base import Collector, Scrape
 from .parsers import ParseError, parse_int

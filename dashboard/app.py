@@ -13,7 +13,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from fleetscope.dashboard import data, state, units
+from fleetscope.core import units
+from fleetscope.dashboard import data, state
 
 HERE = Path(__file__).resolve().parent
 

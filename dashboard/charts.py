@@ -1,6 +1,6 @@
 """Plotly figures for the console pages (no streamlit: the pages call st.plotly_chart).
 
-Every axis, hover label and threshold label takes its format from dashboard/units.py, so a
+Every axis, hover label and threshold label takes its format from fleetscope/core/units.py, so a
 bandwidth axis reads GB/s (not Plotly's "100B"), a ratio reads %, and times are wall-clock
 times in the console's zone with the zone in the axis title.
 """
@@ -13,7 +13,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fleetscope.dashboard import data, units
+from fleetscope.core import units
+from fleetscope.dashboard import data
 
 HEALTH_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "ok": "#2ca02c"}
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b4"}

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fleetscope.dashboard import evidence_views, units
+from fleetscope.core import units
+from fleetscope.dashboard import evidence_views
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, WINDOW, by_id
 from fleetscope.rules.promql import (
@@ -132,7 +133,7 @@ def check_source(spec: str) -> None:
     """Fail early, before a server starts: the bundle exists and opens, the URL answers."""
     kind, argument = parse_source(spec)
     if kind == "bundle":
-        from fleetscope.diagnose.bundle import BundleError, open_bundle
+        from fleetscope.bundle.read import BundleError, open_bundle
 
         try:
             open_bundle(argument).close()
@@ -251,8 +252,8 @@ def load_bundle(path: str) -> Snapshot:
     import logging
     from dataclasses import replace
 
-    from fleetscope.collectors.base import bundle_roots
-    from fleetscope.diagnose.bundle import BundleError, open_bundle, replay_config
+    from fleetscope.bundle.read import BundleError, open_bundle, replay_config
+    from fleetscope.core.bundle_format import bundle_roots
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.diagnose.evidence import add_families, bundle_series
     from fleetscope.exporter import Exporter

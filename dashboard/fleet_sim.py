@@ -30,6 +30,7 @@ from itertools import repeat
 
 import numpy as np
 
+from fleetscope.agent_runtime.schema import SESSION_BUCKETS, STAGES
 from fleetscope.rules.promql import Series
 
 STEP_S = 60  # seconds between scrapes
@@ -95,8 +96,6 @@ class WorkloadPool:
     stages: tuple[tuple[str, float], ...]  # mean seconds per session in each stage
 
 
-STAGES = ("queue_wait", "context_assembly", "inference", "tool_call", "state_io", "model_load",
-          "other")
 WORKLOAD_POOLS = (
     WorkloadPool("chat-online", "online", 24, 4, 25.0, "qwen2.5-7b-instruct-q4_k_m",
                  ("search", "kv_lookup"), "tasks:chat",
@@ -116,7 +115,6 @@ POOL_SLOTS = {"chat": (0, -1), "codegen": (1, -1), "batch": (2, -1), "mixed": (0
 BAD_QUANT_MODEL = "qwen2.5-7b-instruct-q2_k"
 NEW_BINARY = "llama-server"  # built with -march=native on a Kunpeng 920B: SVE everywhere
 
-SESSION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 RDMA_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled",
                  "out_of_sequence", "packet_seq_err")
 MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 
-from fleetscope.collectors.base import NotAvailable, Scrape, bundle_roots
+from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.process import (
     parse_limits,
@@ -31,7 +31,8 @@ from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.shared import numa_node_cpus
-from fleetscope.config import Config
+from fleetscope.core.bundle_format import META, bundle_roots, load_meta
+from fleetscope.core.config import Config
 from fleetscope.rules.promql import Selector, Series
 
 from .engine import Finding
@@ -345,7 +346,7 @@ class Enricher:
         waits = self._network_waits(pool)
         stacks: dict[tuple[int, int], object] = {}
         if self.live:
-            from fleetscope.stacks import StacksError, dump
+            from fleetscope.tools.stacks import StacksError, dump
 
             pids = sorted({wait.pid for wait, _ in waits}) or [
                 p.pid for p in self._pool_members(self.last, pool)]
@@ -422,8 +423,7 @@ class Enricher:
         first = self.first.roots[0]
         bundle = os.path.dirname(os.path.dirname(first))
         try:
-            with open(os.path.join(bundle, "meta.json"), encoding="utf-8") as handle:
-                samples = json.load(handle)["samples"]
+            samples = load_meta(os.path.join(bundle, META))["samples"]
             return [(bundle_roots(os.path.join(bundle, s["dir"])), float(s["time"]))
                     for s in samples]
         except (OSError, ValueError, KeyError, TypeError):
@@ -446,14 +446,14 @@ class Enricher:
     def _isa_mismatch(self, finding: Finding) -> None:
         """One finding per node: every binary the kernel log saw die of SIGILL, its pids,
         crash times, and the instruction that faulted with its extension
-        (fleetscope/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
+        (fleetscope/tools/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
         arm64 Code: word; bytes `bundle record` kept when the binary is not here), else the
         whole-binary `isa check` as a last resort."""
         import time
 
         from fleetscope.collectors.parsers.cpuinfo import parse_cpuinfo
         from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
-        from fleetscope.isa_fault import crashed_binaries
+        from fleetscope.tools.isa_fault import crashed_binaries
 
         text = self._kernel_log()
         if text is None:
@@ -474,7 +474,7 @@ class Enricher:
         now = timestamps[-1] / 1000 if timestamps else time.time()
         locate = None
         if self.live:
-            from fleetscope.isa import locate_binary as locate
+            from fleetscope.tools.isa import locate_binary as locate
         binaries = crashed_binaries(
             crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
                 captures, list) else [], locate=locate,
@@ -533,7 +533,7 @@ class Enricher:
         except (NotAvailable, ValueError):
             pass
         if document is None and self.live:
-            from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+            from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
 
             path = locate_binary(binary)
             if path is not None:

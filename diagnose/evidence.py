@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleetscope.bundle.read import Bundle, replay_config
 from fleetscope.collectors.source import LiveHost
-from fleetscope.config import Config
+from fleetscope.core.config import Config
+from fleetscope.core.exposition import Family
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import Family
 from fleetscope.rules.promql import Series
-
-from .bundle import Bundle, replay_config
 
 
 def add_families(series: Series, families: list[Family], timestamp_ms: int) -> None:

@@ -27,7 +27,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from fleetscope.dashboard import units
+from fleetscope.core import units
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan", "ok": "green",
           "unknown": "magenta"}

@@ -31,7 +31,7 @@ def _fail(message: str) -> int:
 def _cmd_exporter(args: argparse.Namespace) -> int:
     # Imported here so `fleetscope --help` stays fast and the node side loads only what it runs.
     from fleetscope.collectors import COLLECTORS
-    from fleetscope.config import ConfigError, default_config_path, load_config
+    from fleetscope.core.config import ConfigError, default_config_path, load_config
     from fleetscope.exporter import parse_listen, serve
     from fleetscope.webconfig import WebConfig, load_web_config
 
@@ -121,8 +121,8 @@ def _terminate(signum, frame) -> None:
 
 
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
-    from fleetscope.bundle_record import RecordError, record
-    from fleetscope.config import ConfigError, default_config_path, load_config
+    from fleetscope.bundle.record import RecordError, record
+    from fleetscope.core.config import ConfigError, default_config_path, load_config
 
     if not (0 < args.interval <= 3600 and 0 <= args.seconds <= 86400):
         print("fleetscope bundle record: error: --interval must be in (0, 3600] and "
@@ -148,7 +148,8 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
 
 
 def _cmd_bundle_show(args: argparse.Namespace) -> int:
-    from fleetscope.diagnose.bundle import BundleError, describe, open_bundle
+    from fleetscope.bundle.read import BundleError, open_bundle
+    from fleetscope.bundle.show import describe
 
     try:
         with open_bundle(args.path) as bundle:
@@ -170,19 +171,19 @@ def _cmd_console(args: argparse.Namespace) -> int:
 
 
 def _cmd_stacks(args: argparse.Namespace) -> int:
-    from fleetscope.stacks import run_stacks
+    from fleetscope.tools.stacks import run_stacks
 
     return run_stacks(args.pids, args.json)
 
 
 def _isa_fleet(argv: list[str], check: bool) -> int:
-    from fleetscope.isa_fleet import run
+    from fleetscope.diagnose.isa_fleet import run
 
     return run(argv, check)
 
 
 def _cmd_isa_check(args: argparse.Namespace) -> int:
-    from fleetscope.isa import run_isa_check
+    from fleetscope.tools.isa import run_isa_check
 
     return run_isa_check(args.arguments)
 
@@ -244,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Diagnosis with evidence and runbooks. Exit 0 ok, 1 warning, "
         "2 critical, 3 could not diagnose.",
     )
-    from fleetscope.diagnose.command import add_arguments
+    from fleetscope.core.diagnose_options import add_arguments
 
     add_arguments(diagnose)
     diagnose.set_defaults(run=_cmd_diagnose)
@@ -391,12 +392,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], debug: bool) -> int:
     if argv[:2] == ["isa", "check"] and any(a == "--prometheus" or a.startswith(
-            "--prometheus=") for a in argv[2:]):  # against the fleet (fleetscope/isa_fleet.py)
+            "--prometheus=") for a in argv[2:]):  # against the fleet (diagnose/isa_fleet.py)
         return _isa_fleet(argv[2:], check=True)
     if argv[:2] == ["isa", "fleet"]:  # its own parser too
         return _isa_fleet(argv[2:], check=False)
     if argv[:2] == ["isa", "check"]:  # its own parser: options may come first (--help)
-        from fleetscope.isa import run_isa_check
+        from fleetscope.tools.isa import run_isa_check
 
         return run_isa_check(argv[2:])
     parser = build_parser()

@@ -32,8 +32,8 @@ from fleetscope.collectors.source import (
     evidence_source,
     recorded_sample,
 )
-from fleetscope.config import Config
-from fleetscope.exposition import (
+from fleetscope.core.config import Config
+from fleetscope.core.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     Family,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .config import ConfigError
+from fleetscope.core.config import ConfigError
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

@@ -35,9 +35,9 @@ from fleetscope.agent_signals import (
 )
 from fleetscope.collectors.agent import agent_prom, map_genai_stages, parse_agent_exposition
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import FIXTURES, require_tool, samples
 
 AGENT_PROM = FIXTURES / "agent" / "agent.prom"

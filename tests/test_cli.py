@@ -71,7 +71,7 @@ def test_node_side_does_not_import_central_libraries():
     probe = (
         "import sys\n"
         "from fleetscope.exporter import Exporter\n"
-        "from fleetscope.config import parse_config\n"
+        "from fleetscope.core.config import parse_config\n"
         f"Exporter({str(ROOT)!r}, parse_config({{}})).render()\n"
         "heavy = sorted(m for m in ('pandas', 'streamlit', 'plotly') if m in sys.modules)\n"
         "print(','.join(heavy) or 'none')\n"

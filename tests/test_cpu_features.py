@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from fleetscope.collectors import COLLECTORS, Scrape, bundle_roots
+from fleetscope.collectors import COLLECTORS, Scrape
 from fleetscope.collectors import cpu_features as cpu_features_module
 from fleetscope.collectors.cpu_features import CpuFeaturesCollector
 from fleetscope.collectors.parsers import ParseError, cpuinfo, kmsg
@@ -28,10 +28,11 @@ from fleetscope.collectors.parsers.cpuinfo import (
     psabi_level_name,
 )
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-from fleetscope.config import parse_config
+from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
-from fleetscope.isa import run_isa_check, scan_binary
+from fleetscope.tools.isa import run_isa_check, scan_binary
 from tests.conftest import BUNDLES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 

@@ -1,4 +1,4 @@
-"""The console's formatting layer (dashboard/units.py), the per-rule evidence views
+"""The console's formatting layer (fleetscope/core/units.py), the per-rule evidence views
 (dashboard/evidence_views.py), the fleet grouping per rule, runbook links and the demo's clock."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import time
 import pandas as pd
 import pytest
 
-from fleetscope.dashboard import data, evidence_views, units
+from fleetscope.core import units
+from fleetscope.dashboard import data, evidence_views
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector

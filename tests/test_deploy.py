@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fleetscope.cli import build_parser
-from fleetscope.config import load_config
+from fleetscope.core.config import load_config
 from fleetscope.rules.catalog import CATALOG
 from tests.conftest import BUNDLES, require_tool
 from tests.test_prometheus_scrape import _free_port, _wait_for

@@ -9,9 +9,9 @@ import shutil
 from fleetscope.collectors import COLLECTORS
 from fleetscope.collectors.irq import AFFINITY_REFRESH_SECONDS
 from fleetscope.collectors.parsers.interrupts import InterruptsParser, parse_interrupts
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, FIXTURES, samples
 from tests.test_irq_tuning import CHAT, irq_exporter, irq_tree, write
 

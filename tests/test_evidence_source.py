@@ -28,9 +28,9 @@ from fleetscope.collectors.source import (
     evidence_source,
     holds_recorded_evidence,
 )
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import FIXTURES, require_tool, samples, scrape_until_perf_ran
 from tests.test_perf import _bundle as perf_bundle
 

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from fleetscope.exposition import (
+from fleetscope.core.exposition import (
     counter,
     format_value,
     gauge,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import shutil
 
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, samples
 
 STATUS_26231 = "\n" + "".join(f"{key}:\t{value}\n" for key, value in (

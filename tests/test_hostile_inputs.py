@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.diagnose.bundle import MAX_UNPACKED_BYTES
+from fleetscope.bundle.read import MAX_UNPACKED_BYTES
 from tests import hostile_corpus
 from tests.conftest import ExporterProcess
 from tests.hostile_corpus import FIXTURE, OUTSIDE_SECRET, verdict

@@ -17,10 +17,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetscope.collectors.base import BUNDLE_FORMAT, NotAvailable, RefusedPath, Scrape
+from fleetscope.bundle.read import BundleError, open_bundle
+from fleetscope.bundle.show import describe
+from fleetscope.collectors.base import NotAvailable, RefusedPath, Scrape
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.config import _KNOWN_KEYS, ConfigError, load_config, parse_config
-from fleetscope.diagnose.bundle import BundleError, describe, open_bundle
+from fleetscope.core.bundle_format import BUNDLE_FORMAT
+from fleetscope.core.config import _KNOWN_KEYS, ConfigError, load_config, parse_config
 from fleetscope.diagnose.prometheus import PrometheusError, add_matrix, parse_answer
 from fleetscope.rules.promql import Series
 

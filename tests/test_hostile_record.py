@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetscope.bundle.redact import MARK, Redactor
 from fleetscope.collectors.processes import PoolProcess
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
 from fleetscope.diagnose.enrich import Enricher
-from fleetscope.redact import MARK, Redactor
 from tests.hostile_corpus import run
 
 SECRETS = {

@@ -20,9 +20,9 @@ from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers import interrupts as interrupts_parsers
 from fleetscope.collectors.parsers.interrupts import parse_interrupts
 from fleetscope.collectors.tuning import SYSCTLS, sysctl_path
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, require_tool, samples
 from tests.test_pools import write, write_process
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.isa import (
+from fleetscope.tools.isa import (
     EXTENSIONS,
     build_isa_parser,
     run_isa_check,

@@ -1,4 +1,4 @@
-"""The faulting instruction of a SIGILL (fleetscope/isa_fault.py) and `isa check` on real
+"""The faulting instruction of a SIGILL (fleetscope/tools/isa_fault.py) and `isa check` on real
 binaries of this machine.
 
 Kernel line formats come from real public logs (origins beside each); the live tests build
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log, wall_clock
-from fleetscope.isa import run_isa_check
-from fleetscope.isa_fault import _Segment as Segment
-from fleetscope.isa_fault import (
+from fleetscope.tools.isa import run_isa_check
+from fleetscope.tools.isa_fault import _Segment as Segment
+from fleetscope.tools.isa_fault import (
     capture,
     crashed_binaries,
     file_offset,

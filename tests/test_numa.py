@@ -10,9 +10,9 @@ from fleetscope.collectors.parsers.sysfs import (
     parse_node_meminfo,
     parse_numastat,
 )
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import samples
 
 # Verbatim from a 6.18 x86_64 VM (shared/reference/counters.md 2.1, 2.2).

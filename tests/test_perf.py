@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetscope.collectors import COLLECTORS, bundle_roots
+from fleetscope.collectors import COLLECTORS
 from fleetscope.collectors import perf as perf_collector
 from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
@@ -43,9 +43,10 @@ from fleetscope.collectors.perf import (
     summarize,
 )
 from fleetscope.collectors.source import LiveHost
-from fleetscope.config import parse_config
+from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, FIXTURES, require_tool, samples, scrape_until_perf_ran
 from tests.fuzzing import parser_fuzz_tests
 
@@ -580,8 +581,9 @@ def test_no_perf_installed(tmp_path, monkeypatch):
 def test_platform_peak_is_derived_from_the_cpu_model_without_config(tmp_path):
     # The Kunpeng fixture bundle: 2 sockets (physical_package_id) of Kunpeng 920, whose 8
     # DDR4-2933 channels per socket give 2 x 8 x 2933e6 x 8 bytes/s.
-    from fleetscope.collectors.base import Scrape, bundle_roots
+    from fleetscope.collectors.base import Scrape
     from fleetscope.collectors.platform import derived_peak
+    from fleetscope.core.bundle_format import bundle_roots
 
     sample = BUNDLES / "kunpeng-128" / "samples" / "s0000"
     peak, origin = derived_peak(Scrape(bundle_roots(str(sample))))

@@ -24,9 +24,9 @@ from fleetscope.collectors.parsers import cgroup as cgroup_parsers
 from fleetscope.collectors.parsers.cgroup import CpuMax, parse_cpu_max, parse_cpu_stat
 from fleetscope.collectors.parsers.process import status_values
 from fleetscope.collectors.pools import MonotonicSums, nofile_soft_limit
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import BUNDLES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 

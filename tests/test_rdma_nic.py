@@ -29,9 +29,9 @@ from fleetscope.collectors.parsers.net import (
 )
 from fleetscope.collectors.rdma import RdmaCollector
 from fleetscope.collectors.tcp import TcpCollector
-from fleetscope.config import Config
+from fleetscope.core.config import Config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import FIXTURES, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import jsonschema
 
-from fleetscope.config import parse_config
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import FIXTURES, samples
 
 CAPTURE = FIXTURES / "capture" / "record-2cpu-vm.tar.gz"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetscope.diagnose.bundle import open_bundle
+from fleetscope.bundle.read import open_bundle
 from fleetscope.diagnose.engine import evaluate
 from fleetscope.diagnose.evidence import bundle_series
 from fleetscope.rules.catalog import CATALOG, WINDOW

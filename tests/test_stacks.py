@@ -80,7 +80,7 @@ def test_no_such_process_is_one_line_and_exit_3():
 def test_diagnose_shows_where_blocked_workers_wait(worker):
     """A worker-blocked-external-call finding on the live node carries the workers' stacks:
     the pid waiting on the network and the call it waits in."""
-    from fleetscope.config import parse_config
+    from fleetscope.core.config import parse_config
     from fleetscope.diagnose.engine import Finding
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.rules.catalog import by_id

@@ -34,9 +34,9 @@ from fleetscope.collectors.parsers.process import (
     parse_wchan,
 )
 from fleetscope.collectors.tasks import WaitTracker
-from fleetscope.config import ConfigError, parse_config
+from fleetscope.core.config import ConfigError, parse_config
+from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from fleetscope.exposition import render
 from tests.conftest import samples
 from tests.fuzzing import parser_fuzz_tests
 from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
@@ -460,8 +460,8 @@ def test_exporter_shows_blocked_network_threads_and_the_wait_growing(parked_work
 @pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
 def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_worker,
                                                                       tmp_path):
-    from fleetscope.collectors.base import bundle_roots
-    from fleetscope.diagnose.bundle import open_bundle
+    from fleetscope.bundle.read import open_bundle
+    from fleetscope.core.bundle_format import bundle_roots
     from fleetscope.diagnose.engine import Finding
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.diagnose.evidence import bundle_series

@@ -5,7 +5,8 @@ rack row opens it)."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state, units
+from fleetscope.core import units
+from fleetscope.dashboard import charts, data, state
 from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()

@@ -4,7 +4,8 @@ session; the rest is queueing, context, tools and state."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state, units
+from fleetscope.core import units
+from fleetscope.dashboard import charts, data, state
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)

@@ -4,7 +4,8 @@ memory bandwidth against the peak and the NIC counters."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state, units
+from fleetscope.core import units
+from fleetscope.dashboard import charts, data, state
 
 snap = state.snapshot()
 all_nodes = state.nodes(snap)

@@ -75,7 +75,7 @@ class Config:
     # for an answer: the work queue (the redis_url's address is added). A thread parked in
     # BLPOP/XREADGROUP there is idle, not blocked in an external call.
     work_queue_peers: tuple[str, ...] = ()
-    redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.redact)
+    redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.bundle.redact)
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 

@@ -66,7 +66,7 @@ class FaultingInstruction:
 def decode(arch: str, code: bytes, address: int = 0) -> tuple[str, list[str], str]:
     """(text, extensions, note) of the instruction at the start of `code`."""
     if arch == "x86_64":
-        from fleetscope.isa_x86 import decode_one
+        from fleetscope.tools.isa_x86 import decode_one
 
         found = decode_one(code, address)
         if found is None:
@@ -86,7 +86,7 @@ def decode(arch: str, code: bytes, address: int = 0) -> tuple[str, list[str], st
 
 
 def _decode_a64(word: bytes, address: int) -> tuple[str, tuple[str, ...]]:
-    from fleetscope.isa import _a64_classify, _capstone
+    from fleetscope.tools.isa import _a64_classify, _capstone
 
     capstone = _capstone()
     arch = getattr(capstone, "CS_ARCH_ARM64", None) or capstone.CS_ARCH_AARCH64
@@ -251,7 +251,7 @@ def crashed_binaries(crashes, boot: float | None, now: float, lookback: float, *
     instruction: from bytes a bundle recorded, from the binary when `locate(name)` finds it,
     from an arm64 `Code:` word."""
     from fleetscope.collectors.parsers.kmsg import wall_clock
-    from fleetscope.isa import extension_of
+    from fleetscope.tools.isa import extension_of
 
     groups: dict[str, list] = {}
     for crash in crashes:

@@ -10,7 +10,7 @@ them a CPU lacks (the `isa-mismatch` evidence).
 
 x86-64 is decoded with iced-x86, which knows the CPUID feature of every instruction
 (`Instruction.cpuid_features()`), function by function (.eh_frame and symbols), and code
-that runs only behind runtime dispatch is told apart (fleetscope/isa_x86.py: IFUNC resolvers
+that runs only behind runtime dispatch is told apart (fleetscope/tools/isa_x86.py: IFUNC resolvers
 and targets, branches on CPUID results or the capability words glibc, libgcc and OpenSSL keep,
 glibc-hwcaps variants). "needed" is everything else plus the GNU property note
 GNU_PROPERTY_X86_ISA_1_NEEDED (GCC >= 11 `-mneeded`; glibc >= 2.33 refuses to load a binary
@@ -18,7 +18,7 @@ above the CPU's level); only "needed" decides the exit code. AArch64 is swept wi
 all of it counts as needed.
 
 A missing needed extension is a risk a static look can still get wrong; the faulting
-instruction of a SIGILL (fleetscope/isa_fault.py, from the kernel's trap line) is the proof.
+instruction of a SIGILL (fleetscope/tools/isa_fault.py, from the kernel's trap line) is the proof.
 
 Exit codes: 0 no needed extension missing, 1 a needed extension missing on that CPU (or the
 binary is for another architecture), 2 usage error, 3 unreadable input or not an ELF file.
@@ -429,7 +429,7 @@ def _sweep_x86(scan: BinaryScan, code: bytes, base: int, where) -> None:
     """A linear sweep of raw x86-64 code (no ELF around it to find functions in)."""
     import iced_x86 as iced
 
-    from fleetscope.isa_x86 import _Features, sweep
+    from fleetscope.tools.isa_x86 import _Features, sweep
 
     features = _Features(iced)
     formatter = iced.Formatter(iced.FormatterSyntax.INTEL)
@@ -518,7 +518,7 @@ def scan_binary(path: str) -> BinaryScan:
 
 
 def _scan_x86(scan: BinaryScan, elf, path: str, regions) -> None:
-    from fleetscope.isa_x86 import Image, analyse
+    from fleetscope.tools.isa_x86 import Image, analyse
 
     scan.hwcaps_level = hwcaps_level(path)
     result = analyse(Image(elf, path, regions), scan.hwcaps_level)
@@ -803,7 +803,7 @@ def build_isa_parser() -> argparse.ArgumentParser:
 def _check_at(path: str, offset: int, cpu: CpuInfo, as_json: bool) -> int:
     """`isa check BINARY --at OFFSET`: the one instruction a SIGILL line points at."""
     from fleetscope.collectors.parsers.kmsg import SigillCrash
-    from fleetscope.isa_fault import in_binary
+    from fleetscope.tools.isa_fault import in_binary
 
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")

@@ -1,4 +1,4 @@
-"""Bundles (`fleetscope-bundle/1`, CONTRACT section 3): open, validate, replay.
+"""Reading a bundle (`fleetscope-bundle/1`, CONTRACT section 3): open, validate, replay.
 
     meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
                  "samples": [{"dir": "samples/s0000", "time": 1764660000.0}, ...],
@@ -25,9 +25,9 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field, replace
 
-from fleetscope.collectors.base import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, load_meta
 from fleetscope.collectors.source import RecordedSample
-from fleetscope.config import Config, ConfigError, parse_config
+from fleetscope.core.bundle_format import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, META, load_meta
+from fleetscope.core.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
 # A 128-core node recorded for 10 minutes is ~100 MB unpacked; numa_maps, the largest file,
@@ -171,10 +171,10 @@ def _unpack(path: str) -> tuple[str, str]:
         with tarfile.open(path, "r:*") as archive:
             _extract(archive, tempdir, path)
         # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
-        if os.path.isfile(os.path.join(tempdir, "meta.json")):
+        if os.path.isfile(os.path.join(tempdir, META)):
             return tempdir, tempdir
         entries = os.listdir(tempdir)
-        if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], "meta.json")):
+        if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], META)):
             return os.path.join(tempdir, entries[0]), tempdir
         raise BundleError(f"{path}: archive has no meta.json (not a fleetscope bundle)")
     except BundleError:
@@ -207,7 +207,7 @@ def open_bundle(path: str) -> Bundle:
         raise
 
 
-def _one_line(text: str, limit: int = 120) -> str:
+def one_line(text: str, limit: int = 120) -> str:
     """Text from a bundle made safe to print on one line of a report."""
     cleaned = "".join(c if c.isprintable() else "?" for c in text)
     return cleaned[:limit]
@@ -219,7 +219,7 @@ def _finite(value) -> bool:
 
 
 def _read_meta(root: str, tempdir: str | None) -> Bundle:
-    meta_path = os.path.join(root, "meta.json")
+    meta_path = os.path.join(root, META)
     real_root = os.path.realpath(root)
     if os.path.islink(meta_path) and \
             not os.path.realpath(meta_path).startswith(real_root + os.sep):
@@ -230,10 +230,10 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
         raise BundleError(f"{root}: no meta.json (not a fleetscope bundle)") from None
     except (OSError, ValueError) as err:
         detail = getattr(err, "strerror", None) or str(err)
-        raise BundleError(f"{meta_path}: unreadable ({_one_line(detail, 200)})") from None
+        raise BundleError(f"{meta_path}: unreadable ({one_line(detail, 200)})") from None
     if not isinstance(meta, dict) or meta.get("format") != BUNDLE_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
-        found = _one_line(found) if isinstance(found, str) else found \
+        found = one_line(found) if isinstance(found, str) else found \
             if isinstance(found, (int, float, type(None))) else type(found).__name__
         raise BundleError(f"{meta_path}: format is {found!r}, expected {BUNDLE_FORMAT!r}")
     raw_samples = meta.get("samples")
@@ -249,7 +249,7 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
         if not directory.startswith(real_root + os.sep):
             raise BundleError(f"{meta_path}: samples[{index}] points outside the bundle")
         if not os.path.isdir(directory):
-            raise BundleError(f"{meta_path}: sample directory {_one_line(raw['dir'])} is "
+            raise BundleError(f"{meta_path}: sample directory {one_line(raw['dir'])} is "
                               "missing")
         samples.append(Sample(directory, float(raw["time"])))
     if any(b.time <= a.time for a, b in zip(samples, samples[1:], strict=False)):
@@ -265,7 +265,7 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     redacted = meta.get("redacted")
     redacted = {str(k)[:40]: v for k, v in redacted.items() if _finite(v)} \
         if isinstance(redacted, dict) else {}
-    return Bundle(root, _one_line(hostname, 255) if isinstance(hostname, str) else "unknown",
+    return Bundle(root, one_line(hostname, 255) if isinstance(hostname, str) else "unknown",
                   interval, samples, config, tempdir, redacted)
 
 
@@ -274,67 +274,3 @@ def replay_config(config: Config) -> Config:
     per-core summary shape the rules read."""
     return replace(config, busy_interval_min_seconds=0.0, numa_maps_min_interval_seconds=0.0,
                    per_core="summary")
-
-
-# What a sample may hold, and what each part is evidence for (for `bundle show`).
-SOURCES = (
-    ("proc/stat", "per-core CPU time"),
-    ("proc/schedstat", "run-queue delay"),
-    ("proc/pressure/cpu", "PSI"),
-    ("sys/devices/system/node", "NUMA counters"),
-    ("proc/interrupts", "interrupts"),
-    ("proc/net/netstat", "TCP counters"),
-    ("sys/class/infiniband", "RDMA counters"),
-    ("cmd/perf-stat.csv", "perf memory bandwidth / L3"),
-    ("agent.prom", "agent runtime metrics"),
-)
-
-
-def _window_text(start: float, end: float) -> str:
-    """Local wall-clock time with its zone (the console's formatting layer, stdlib only)."""
-    from fleetscope.dashboard.units import time_window
-
-    return time_window(start, end)
-
-
-def describe(bundle: Bundle) -> list[tuple[str, str]]:
-    """(what, value) rows summarising a bundle."""
-    first, last = bundle.samples[0], bundle.samples[-1]
-    rows = [
-        ("format", BUNDLE_FORMAT),
-        ("hostname", bundle.hostname),
-        ("samples", f"{len(bundle.samples)} every {bundle.interval_s:g} s, "
-                    f"{last.time - first.time:g} s in all"),
-        ("window", _window_text(first.time, last.time)),
-        ("window, unix seconds", f"{first.time:.3f} .. {last.time:.3f}"),
-    ]
-    pools = bundle.config_raw.get("pools") or []
-    pools = pools if isinstance(pools, list) else []
-    rows.append(("pools", _one_line(", ".join(
-        f"{p.get('name')} ({p.get('class')})" for p in pools[:50] if isinstance(p, dict)),
-        400) or "none configured"))
-    processes = [n for n in os.listdir(os.path.join(last.directory, "proc"))
-                 if n.isdigit()] if os.path.isdir(os.path.join(last.directory, "proc")) else []
-    rows.append(("processes in last sample", str(len(processes))))
-    try:
-        bundle.config()
-        rows.append(("recorded config", "valid"))
-    except BundleError as err:
-        rows.append(("recorded config", _one_line(str(err), 200)))
-    static = os.path.join(bundle.root, "static")
-    for relative, what in SOURCES:
-        present = os.path.exists(os.path.join(last.directory, relative)) or \
-            os.path.exists(os.path.join(static, relative))
-        rows.append((what, "yes" if present else "absent"))
-    rows.append(("kernel log (dmesg.txt)",
-                 "yes" if os.path.isfile(os.path.join(static, "dmesg.txt")) else "absent"))
-    rows.append(("redacted", describe_redactions(bundle.redacted)))
-    return rows
-
-
-def describe_redactions(redacted: dict) -> str:
-    """`bundle show`'s line on what `bundle record` redacted (older bundles: not recorded)."""
-    if not redacted:
-        return "not recorded (bundle made before redaction, or by another tool)"
-    counts = [f"{int(n)} {kind.replace('_', ' ')}" for kind, n in sorted(redacted.items())]
-    return ", ".join(counts) if any(redacted.values()) else "nothing (no secret found)"

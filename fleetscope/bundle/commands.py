@@ -22,9 +22,18 @@ import os
 import shutil
 import subprocess
 
+from fleetscope.bundle.files import copy_globs
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.source import EvidenceSource, kill
-from fleetscope.config import Config
+from fleetscope.core.bundle_format import (
+    AGENT_PROM,
+    CMD,
+    PERF_ARGS,
+    PERF_STAT,
+    ethtool_file,
+    isa_check_file,
+)
+from fleetscope.core.config import Config
 
 log = logging.getLogger("fleetscope.bundle")
 
@@ -84,10 +93,10 @@ class CommandOutputs:
             log.warning("perf stat did not finish within %gs: killed",
                         self.config.command_timeout_seconds)
             return
-        os.makedirs(os.path.join(sample_dir, "cmd"), exist_ok=True)
-        with open(os.path.join(sample_dir, "cmd", "perf-stat.csv"), "wb") as out:
+        os.makedirs(os.path.join(sample_dir, CMD), exist_ok=True)
+        with open(os.path.join(sample_dir, PERF_STAT), "wb") as out:
             out.write(output)
-        with open(os.path.join(sample_dir, "cmd", "perf-stat.args"), "w") as out:
+        with open(os.path.join(sample_dir, PERF_ARGS), "w") as out:
             out.write("\n".join(["perf", *self._perf_argv[1:]]) + "\n")
 
     def _ethtool(self, sample_dir: str) -> None:
@@ -100,8 +109,8 @@ class CommandOutputs:
         for iface, text in run_ethtool(self.source, interfaces, timeout).items():
             if isinstance(text, NotAvailable):
                 continue
-            os.makedirs(os.path.join(sample_dir, "cmd"), exist_ok=True)
-            with open(os.path.join(sample_dir, "cmd", f"ethtool-S-{iface}.txt"), "w") as out:
+            os.makedirs(os.path.join(sample_dir, CMD), exist_ok=True)
+            with open(os.path.join(sample_dir, ethtool_file(iface)), "w") as out:
                 out.write(text)
 
     def _agent(self, sample_dir: str) -> None:
@@ -111,7 +120,7 @@ class CommandOutputs:
 
         text = agent_prom(self.config)
         if text:
-            with open(os.path.join(sample_dir, "agent.prom"), "w") as out:
+            with open(os.path.join(sample_dir, AGENT_PROM), "w") as out:
                 out.write(text)
 
     def static(self, static_dir: str, dmesg: str | None) -> None:
@@ -122,7 +131,7 @@ class CommandOutputs:
             return
         from fleetscope.collectors.parsers import ParseError
         from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-        from fleetscope.isa import InputError, check_against_cpuinfo, locate_binary
+        from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
 
         try:
             crashes = scan_kernel_log(dmesg).crashes
@@ -144,13 +153,11 @@ class CommandOutputs:
             except (InputError, ParseError, ImportError) as err:
                 log.warning("bundle: isa check of %s failed: %s", path, err)
                 continue
-            os.makedirs(os.path.join(static_dir, "cmd"), exist_ok=True)
-            with open(os.path.join(static_dir, "cmd", f"isa-check-{binary}.json"), "w") as out:
+            os.makedirs(os.path.join(static_dir, CMD), exist_ok=True)
+            with open(os.path.join(static_dir, isa_check_file(binary)), "w") as out:
                 json.dump(document, out, indent=1)
 
     def sample(self, sample_dir: str, interval: float) -> None:
-        from fleetscope.bundle_record import copy_globs
-
         copy_globs(self.root, NETWORK_GLOBS, sample_dir)
         if not self.live:
             return  # a replayed root has no commands to run and no endpoints to ask

@@ -9,7 +9,7 @@ Reads what every node's exporter reports (two instant queries, one series per no
 `isa fleet` lists each distinct feature set with its node count and CPU models/steppings,
 their common baseline and the compiler target every node can run (`-march=x86-64-vN`, or
 `-march=armv8-a+...` with the extensions all nodes have). `isa check BINARY --prometheus URL`
-checks the binary against each feature set (fleetscope/isa.py's own check) and names the
+checks the binary against each feature set (fleetscope/tools/isa.py's own check) and names the
 node groups that lack what it uses: exit 0 every node can run it, 1 some would crash
 (SIGILL), 2 usage error, 3 input error or the query engine unreachable.
 
@@ -116,7 +116,7 @@ def baseline(groups: list[FeatureSet]) -> dict:
 
 
 def cpuinfo_text(group: FeatureSet) -> str:
-    """The group's CPU as /proc/cpuinfo text, for fleetscope/isa.py's check."""
+    """The group's CPU as /proc/cpuinfo text, for fleetscope/tools/isa.py's check."""
     if group.arch == "aarch64":
         return (f"processor\t: 0\nFeatures\t: {' '.join(group.features)}\n"
                 "CPU implementer\t: 0x00\nCPU architecture: 8\nCPU variant\t: 0x0\n"
@@ -127,7 +127,7 @@ def cpuinfo_text(group: FeatureSet) -> str:
 
 def check_binary(path: str, groups: list[FeatureSet]) -> dict:
     """Which node groups lack what the binary uses."""
-    from fleetscope import isa
+    from fleetscope.tools import isa
 
     scan = isa.scan_binary(path)
     out = []
@@ -175,7 +175,7 @@ def run(argv: list[str], check: bool) -> int:
         document = {"format": FORMAT, "groups": [g.to_json() for g in groups],
                     "baseline": baseline(groups)}
         if check:
-            from fleetscope.isa import InputError
+            from fleetscope.tools.isa import InputError
 
             try:
                 document["check"] = check_binary(args.binary, groups)

@@ -8,7 +8,7 @@ reads through a root reads a sample exactly as it read the live node. What chang
 `dmesg`) and the agent runtime's metrics are stored as those tools print them. A file the
 node lacks is simply absent: the rules that need it are then "not evaluated".
 
-Secrets stay behind (fleetscope.redact): command lines and the recorded config are redacted,
+Secrets stay behind (fleetscope.bundle.redact): command lines and the recorded config are redacted,
 what was redacted is counted in meta.json (`redacted`) for `bundle show`, and
 /proc/<pid>/environ is never read. Files are 0600 in 0700 directories. The output path is
 never clobbered (`--force` replaces an archive by rename, never writing through a symlink),
@@ -20,7 +20,6 @@ Node side: standard library, plus the collectors' own helpers for commands.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import shutil
@@ -31,11 +30,22 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from fleetscope.collectors.base import BUNDLE_FORMAT, Scrape
+from fleetscope.bundle.commands import CommandOutputs
+from fleetscope.bundle.files import MAX_FILE_BYTES, copy_file, copy_globs
+from fleetscope.bundle.redact import Redactor
+from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.source import EvidenceSource, evidence_source
-from fleetscope.config import Config
-from fleetscope.redact import Redactor
+from fleetscope.core.bundle_format import (
+    BUNDLE_FORMAT,
+    CMD,
+    DMESG,
+    META,
+    SIGILL_FAULTS,
+    STATIC,
+    sample_path,
+)
+from fleetscope.core.config import Config
 
 STATIC_GLOBS = (
     "proc/cpuinfo", "proc/cmdline",
@@ -58,33 +68,11 @@ SAMPLE_GLOBS = (
 # Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
 CGROUP_FILES = ("cpu.stat", "cpu.pressure", "cpu.max")
-MAX_FILE_BYTES = 16 * 1024 * 1024  # numa_maps of a huge process can be big; bound it
 MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in meta.json
 
 
 class RecordError(Exception):
     """The bundle cannot be written; one line for the user."""
-
-
-def _copy(root: str, relative: str, destination: str) -> bool:
-    """Copy one /proc or /sys file as read (they report size 0: read, don't copy)."""
-    try:
-        with open(os.path.join(root, relative), "rb") as source:
-            data = source.read(MAX_FILE_BYTES)
-    except OSError:
-        return False  # absent on this node, unreadable, or the process exited
-    target = os.path.join(destination, relative)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as out:
-        out.write(data)
-    return True
-
-
-def copy_globs(root: str, patterns, destination: str) -> None:
-    for pattern in patterns:
-        for path in sorted(glob.glob(os.path.join(root, pattern))):
-            if os.path.isfile(path):
-                _copy(root, os.path.relpath(path, root), destination)
 
 
 def _run(argv: list[str], timeout: float) -> str | None:
@@ -146,14 +134,14 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
     chosen = sorted(members | {pid for ticks, pid in usage[:TOP_CPU_PROCESSES] if ticks > 0})
     for pid in chosen:
         base = f"proc/{pid}"
-        if not _copy(root, f"{base}/stat", destination):
+        if not copy_file(root, f"{base}/stat", destination):
             continue  # exited
         for file_name in PID_FILES[1:]:
             if file_name == "cmdline":
                 _copy_cmdline(root, f"{base}/cmdline", destination,
                               redactor or Redactor(config.redact))
             else:
-                _copy(root, f"{base}/{file_name}", destination)
+                copy_file(root, f"{base}/{file_name}", destination)
         try:
             fd_count = len(os.listdir(os.path.join(root, base, "fd")))
         except OSError:
@@ -162,10 +150,10 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
             with open(os.path.join(destination, base, "fd_count"), "w") as out:
                 out.write(f"{fd_count}\n")
         if pid in members:
-            _copy(root, f"{base}/numa_maps", destination)
+            copy_file(root, f"{base}/numa_maps", destination)
     for path in cgroups:
         for file_name in CGROUP_FILES:
-            _copy(root, f"sys/fs/cgroup{path}/{file_name}", destination)
+            copy_file(root, f"sys/fs/cgroup{path}/{file_name}", destination)
     _capture_threads(root, destination, scrape, pool_members)
 
 
@@ -197,12 +185,12 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
         pid = process.pid
         base = f"proc/{pid}"
         for file_name in ("syscall", "wchan"):  # the leader's: task/<pid> is proc/<pid>
-            _copy(root, f"{base}/{file_name}", destination)
+            copy_file(root, f"{base}/{file_name}", destination)
         tids = [t for t in task_ids(scrape, pid) if t != pid][:budget[process.pool.name]]
         budget[process.pool.name] -= len(tids)
         for tid in tids:
             for file_name in TASK_FILES:
-                _copy(root, f"{base}/task/{tid}/{file_name}", destination)
+                copy_file(root, f"{base}/task/{tid}/{file_name}", destination)
         waits = process_network_waits(recorded, pid, tids=tids)
         if not waits:
             continue
@@ -223,24 +211,24 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
             other_net = False
         if other_net:  # a container's workers: their own namespace's table
             for name in ("tcp", "tcp6"):
-                _copy(root, f"{base}/net/{name}", destination)
+                copy_file(root, f"{base}/net/{name}", destination)
     if any_wait:
         for name in ("tcp", "tcp6"):
-            _copy(root, f"proc/net/{name}", destination)
+            copy_file(root, f"proc/net/{name}", destination)
 
 
-SIGILL_FAULTS = "cmd/sigill-faults.json"
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
 
 
 def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
     """static/cmd/sigill-faults.json: for the latest SIGILLs in the kernel log, the bytes
-    around the faulting instruction in the binary found on this node (fleetscope/isa_fault.py),
-    so the bundle names the instruction and its extension on a machine without the binary."""
+    around the faulting instruction in the binary found on this node
+    (fleetscope/tools/isa_fault.py), so the bundle names the instruction and its extension
+    on a machine without the binary."""
     from fleetscope.collectors.parsers import ParseError
     from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-    from fleetscope.isa import locate_binary
-    from fleetscope.isa_fault import capture
+    from fleetscope.tools.isa import locate_binary
+    from fleetscope.tools.isa_fault import capture
 
     try:
         crashes = scan_kernel_log(dmesg).crashes
@@ -259,7 +247,7 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
         if len(entries) >= MAX_FAULTS:
             break
     if entries:
-        os.makedirs(os.path.join(static_dir, "cmd"), exist_ok=True)
+        os.makedirs(os.path.join(static_dir, CMD), exist_ok=True)
         with open(os.path.join(static_dir, SIGILL_FAULTS), "w", encoding="utf-8") as out:
             json.dump(entries, out, indent=1)
 
@@ -267,8 +255,6 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
 def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
            progress: Callable[[int, int], None] | None = None, force: bool = False) -> str:
     """Record a bundle; returns the path written."""
-    from fleetscope.bundle_commands import CommandOutputs
-
     as_tar = output.endswith((".tar.gz", ".tgz"))
     # Checked before the window is recorded: a typo must not cost a 30 s capture.
     partial = _open_archive(output, force) if as_tar else _prepare_directory(output)
@@ -339,7 +325,7 @@ def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config
     meta = {"format": BUNDLE_FORMAT, "hostname": socket.gethostname(),
             "interval_s": interval, "samples": samples, "config": recorded_config,
             "redacted": counts}
-    with open(os.path.join(bundle_dir, "meta.json"), "w", encoding="utf-8") as out:
+    with open(os.path.join(bundle_dir, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=2)
 
 
@@ -350,7 +336,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
     bundle_dir = os.path.join(workdir, "bundle") if as_tar else output
     os.makedirs(bundle_dir, exist_ok=True)
     try:
-        static = os.path.join(bundle_dir, "static")
+        static = os.path.join(bundle_dir, STATIC)
         copy_globs(root, STATIC_GLOBS, static)
         count = max(1, int(seconds / interval) + 1)
         samples = []
@@ -360,7 +346,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             if delay > 0:
                 time.sleep(delay)
             now = time.time()
-            relative = f"samples/s{index:04d}"
+            relative = sample_path(index)
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
             copy_globs(root, SAMPLE_GLOBS, sample_dir)
@@ -373,11 +359,11 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
         # The kernel log last, so it holds what happened during the window (a crash loop's
         # SIGILLs are the incident, not history).
         dmesg = _run(["dmesg"], config.command_timeout_seconds) if commands.live else None
-        if dmesg is None and os.path.isfile(os.path.join(root, "dmesg.txt")):
-            with open(os.path.join(root, "dmesg.txt"), encoding="utf-8", errors="replace") as f:
+        if dmesg is None and os.path.isfile(os.path.join(root, DMESG)):
+            with open(os.path.join(root, DMESG), encoding="utf-8", errors="replace") as f:
                 dmesg = f.read()
         if dmesg is not None:
-            with open(os.path.join(static, "dmesg.txt"), "w", encoding="utf-8") as out:
+            with open(os.path.join(static, DMESG), "w", encoding="utf-8") as out:
                 out.write(dmesg)
         commands.static(static, dmesg)
         if dmesg is not None and commands.own_root:

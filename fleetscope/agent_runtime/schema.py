@@ -1,0 +1,69 @@
+"""The agent metric schema (CONTRACT section 4): names, label values and histogram buckets.
+
+    # TYPE agent_stage_duration_seconds histogram
+    agent_stage_duration_seconds_bucket{pool="chat-online",stage="inference",le="0.5"} 41
+    agent_tool_calls_total{model="qwen2.5-7b",outcome="ok",pool="chat-online",tool="search"} 9
+
+One place for what the agent runtime emits and every reader expects: the runtime helpers
+(signals.py) create their instruments from it, the exporter's `agent` collector, the
+simulated fleet (dashboard/fleet_sim.py) and the scenario generator
+(tests/fixtures/make_scenarios.py) import it. Standard library only, no OpenTelemetry: the
+node side imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STAGES = ("queue_wait", "context_assembly", "inference", "tool_call", "state_io", "model_load",
+          "other")
+OUTCOMES = ("ok", "timeout", "bad_arguments", "error")
+CLASSES = ("online", "offline")
+
+# Seconds. Sessions of online agents last from tens of milliseconds to minutes; stages from
+# a millisecond (state I/O) to minutes (a cold model load).
+SESSION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                 60, 120, 300)
+# Advised by the GenAI semantic conventions (gen-ai-metrics.md).
+GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                          20.48, 40.96, 81.92)
+GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                       16777216, 67108864)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One agent signal: its Prometheus name, type, labels (besides `le`), OpenTelemetry unit
+    and description (the HELP text), and its bucket bounds if it is a histogram."""
+
+    name: str
+    type: str  # gauge, counter or histogram
+    labels: tuple[str, ...]
+    unit: str
+    help: str
+    buckets: tuple[float, ...] = ()
+
+
+QUEUE_DEPTH = Metric("agent_queue_depth", "gauge", ("pool", "queue"), "{task}",
+                     "Tasks waiting in a queue of this pool.")
+SESSION_DURATION = Metric("agent_session_duration_seconds", "histogram", ("pool", "class"), "s",
+                          "Duration of agent sessions, by workload class.", SESSION_BUCKETS)
+STAGE_DURATION = Metric("agent_stage_duration_seconds", "histogram", ("pool", "stage"), "s",
+                        "Time agent sessions spend in each stage.", STAGE_BUCKETS)
+TOOL_CALLS = Metric("agent_tool_calls_total", "counter", ("pool", "tool", "model", "outcome"),
+                    "{call}", "Tool calls by tool, model and outcome.")
+HEARTBEAT_AGE = Metric("agent_task_heartbeat_age_seconds", "gauge", ("pool",), "s",
+                       "Age of the oldest heartbeat among in-flight tasks (0: none in flight).")
+SESSION_MIGRATIONS = Metric("agent_session_migrations_total", "counter", ("pool",),
+                            "{session}", "Sessions that arrived here from another worker or node.")
+METRICS = (QUEUE_DEPTH, SESSION_DURATION, STAGE_DURATION, TOOL_CALLS, HEARTBEAT_AGE,
+           SESSION_MIGRATIONS)
+
+# OpenTelemetry GenAI conventions: the instrument names the runtime records, and the
+# Prometheus names they are exported under (dots become underscores, the unit a suffix).
+GENAI_OPERATION = "gen_ai.client.operation.duration"
+GENAI_OPERATION_DURATION = "gen_ai_client_operation_duration_seconds"
+GENAI_TOKENS = "gen_ai.client.token.usage"
+GENAI_TOKEN_USAGE = "gen_ai_client_token_usage"
+GENAI_TOOL_DURATION = "gen_ai_execute_tool_duration_seconds"  # a draft: read, never emitted

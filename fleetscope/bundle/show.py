@@ -1,0 +1,77 @@
+"""`fleetscope bundle show PATH`: what a bundle holds, one row a line.
+
+    format                      fleetscope-bundle/1
+    hostname                    n17
+    samples                     7 every 5 s, 30 s in all
+    window                      2025-12-01 09:20:00 .. 09:20:30 UTC (30 s)
+    ...
+    perf memory bandwidth / L3  yes
+    redacted                    2 cmdline args, 0 config values
+
+Times are local wall-clock time with its zone (fleetscope/core/units.py, the formatting the
+console uses too).
+"""
+
+from __future__ import annotations
+
+import os
+
+from fleetscope.bundle.read import Bundle, BundleError, one_line
+from fleetscope.core.bundle_format import AGENT_PROM, BUNDLE_FORMAT, DMESG, PERF_STAT, STATIC
+from fleetscope.core.units import time_window
+
+# What a sample may hold, and what each part is evidence for (for `bundle show`).
+SOURCES = (
+    ("proc/stat", "per-core CPU time"),
+    ("proc/schedstat", "run-queue delay"),
+    ("proc/pressure/cpu", "PSI"),
+    ("sys/devices/system/node", "NUMA counters"),
+    ("proc/interrupts", "interrupts"),
+    ("proc/net/netstat", "TCP counters"),
+    ("sys/class/infiniband", "RDMA counters"),
+    (PERF_STAT, "perf memory bandwidth / L3"),
+    (AGENT_PROM, "agent runtime metrics"),
+)
+
+
+def describe(bundle: Bundle) -> list[tuple[str, str]]:
+    """(what, value) rows summarising a bundle."""
+    first, last = bundle.samples[0], bundle.samples[-1]
+    rows = [
+        ("format", BUNDLE_FORMAT),
+        ("hostname", bundle.hostname),
+        ("samples", f"{len(bundle.samples)} every {bundle.interval_s:g} s, "
+                    f"{last.time - first.time:g} s in all"),
+        ("window", time_window(first.time, last.time)),
+        ("window, unix seconds", f"{first.time:.3f} .. {last.time:.3f}"),
+    ]
+    pools = bundle.config_raw.get("pools") or []
+    pools = pools if isinstance(pools, list) else []
+    rows.append(("pools", one_line(", ".join(
+        f"{p.get('name')} ({p.get('class')})" for p in pools[:50] if isinstance(p, dict)),
+        400) or "none configured"))
+    processes = [n for n in os.listdir(os.path.join(last.directory, "proc"))
+                 if n.isdigit()] if os.path.isdir(os.path.join(last.directory, "proc")) else []
+    rows.append(("processes in last sample", str(len(processes))))
+    try:
+        bundle.config()
+        rows.append(("recorded config", "valid"))
+    except BundleError as err:
+        rows.append(("recorded config", one_line(str(err), 200)))
+    static = os.path.join(bundle.root, STATIC)
+    for relative, what in SOURCES:
+        present = os.path.exists(os.path.join(last.directory, relative)) or \
+            os.path.exists(os.path.join(static, relative))
+        rows.append((what, "yes" if present else "absent"))
+    rows.append((f"kernel log ({DMESG})",
+                 "yes" if os.path.isfile(os.path.join(static, DMESG)) else "absent"))
+    rows.append(("redacted", describe_redactions(bundle.redacted)))
+    return rows
+
+
+def describe_redactions(redacted: dict) -> str:
+    """`bundle show`'s line on what `bundle record` redacted (older bundles: not recorded)."""
+    if not redacted:
+        return "not recorded (bundle made before redaction, or by another tool)"
+    counts = [f"{int(n)} {kind.replace('_', ' ')}" for kind, n in sorted(redacted.items())]
+    return ", ".join(counts) if any(redacted.values()) else "nothing (no secret found)"

@@ -1,0 +1,109 @@
+"""The bundle format `fleetscope-bundle/1` (CONTRACT section 3): its layout names, the sizes
+its files may have, reading meta.json, and where a sample's files are looked up.
+
+    meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
+                 "samples": [{"dir": "samples/s0000", "time": 1764660000.0}, ...],
+                 "config": {...}}
+    static/     captured once: proc/cpuinfo, topology, dmesg.txt, cmd/isa-check-<binary>.json
+    samples/s0000/  proc/stat ... cmd/perf-stat.csv  cmd/ethtool-S-<iface>.txt  agent.prom
+
+Standard library only, and nothing of fleetscope: the collectors (through `--root`), bundle
+recording (fleetscope/bundle/record.py) and reading (fleetscope/bundle/read.py) and the
+diagnosis all take the format from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any
+
+BUNDLE_FORMAT = "fleetscope-bundle/1"
+
+# Layout names, relative to the bundle directory or to a sample directory.
+META = "meta.json"
+STATIC = "static"
+SAMPLES = "samples"
+CMD = "cmd"  # command outputs, in a sample (perf, ethtool) or in static/ (isa check)
+PERF_STAT = f"{CMD}/perf-stat.csv"  # perf stat -x, -a -e <events> -- sleep <interval>
+PERF_ARGS = f"{CMD}/perf-stat.args"  # its argv, one word a line
+AGENT_PROM = "agent.prom"  # the agent runtime's exposition, Redis queue depths merged
+DMESG = "dmesg.txt"  # static/: output of `dmesg`
+SIGILL_FAULTS = f"{CMD}/sigill-faults.json"  # static/: bytes around each SIGILL's instruction
+
+
+def sample_path(index: int) -> str:
+    """`samples/s0003`: the directory of the index-th sample."""
+    return f"{SAMPLES}/s{index:04d}"
+
+
+def ethtool_file(interface: str) -> str:
+    """`cmd/ethtool-S-<iface>.txt`: the output of `ethtool -S <iface>` in a sample."""
+    return f"{CMD}/ethtool-S-{interface}.txt"
+
+
+def isa_check_file(binary: str) -> str:
+    """`cmd/isa-check-<binary>.json` in static/: `isa check --json` of a binary that died of
+    SIGILL, against the recorded node's CPU."""
+    return f"{CMD}/isa-check-{binary}.json"
+
+
+# The most the kernel (or the tool) writes in a file a collector reads: a bundle file above
+# its limit is refused, not parsed, so a small archive cannot cost gigabytes of RAM. Looked
+# up by relative path, then by the directory, then by file name; everything else gets
+# DEFAULT_READ_LIMIT (large enough for /proc/interrupts or cpuinfo of a 4,096-CPU machine,
+# and for numa_maps as `bundle record` caps it).
+KIB, MIB = 1024, 1024 * 1024
+DEFAULT_READ_LIMIT = 16 * MIB
+READ_LIMITS = {
+    "proc/stat": 8 * MIB, "proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
+    "stat": 64 * KIB, "status": 64 * KIB, "schedstat": 16 * MIB, "cgroup": 64 * KIB,
+    "limits": 64 * KIB, "cmdline": 4 * MIB, "fd_count": 4 * KIB, "cpulist": 64 * KIB,
+    "numastat": 64 * KIB, "distance": 64 * KIB, "meminfo": 64 * KIB, "cpu.stat": 64 * KIB,
+    "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
+}
+MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
+
+
+def read_limit(relative: str) -> int:
+    """The most bytes read from `relative` (see READ_LIMITS)."""
+    directory, _, name = relative.rpartition("/")
+    for key in (relative, directory, name):
+        if key in READ_LIMITS:
+            return READ_LIMITS[key]
+    return DEFAULT_READ_LIMIT
+
+
+def load_meta(path: str) -> Any:
+    """A bundle's meta.json, size-capped; ValueError for anything that is not sane JSON
+    (RecursionError from a document nested thousands deep included)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(MAX_META_BYTES + 1)
+    if len(data) > MAX_META_BYTES:
+        raise ValueError(f"larger than {MAX_META_BYTES // MIB} MiB")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def bundle_roots(root: str) -> tuple[str, ...]:
+    """The directories a root reads from: the root, then its bundle's `static/` if it has one.
+
+    A bundle sample directory (`<bundle>/samples/s0003`) holds what changes; what was captured
+    once (cpuinfo, topology) sits in `<bundle>/static/`, and is looked up there when a sample
+    lacks it (bundle format, CONTRACT section 3).
+    """
+    root = os.path.abspath(root)
+    bundle = os.path.dirname(os.path.dirname(root))
+    try:
+        meta = load_meta(os.path.join(bundle, META))
+    except (OSError, ValueError):
+        return (root,)
+    if isinstance(meta, dict) and meta.get("format") == BUNDLE_FORMAT:
+        return (root, os.path.join(bundle, STATIC))
+    return (root,)

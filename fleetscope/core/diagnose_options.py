@@ -1,0 +1,41 @@
+"""`fleetscope diagnose`'s options, apart from the engine: the command line parser is built
+for every command, and defining these must not import what diagnosing needs (the rules,
+the engine, rich), so `fleetscope exporter` starts without them. They live in core, not in
+the diagnose package: importing any module of that package loads the package itself.
+
+    fleetscope diagnose [--bundle PATH | --prometheus URL [--node NAME | --fleet]]
+                        [--seconds N] [--json] [--config FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+LIVE_SECONDS = 20.0  # 16 steps with a 5 s rate window behind each (engine.rate_window_ms)
+PROMETHEUS_SECONDS = 300.0  # 20 scrapes at 15 s, the rules' 1-minute rates behind most
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--bundle", metavar="PATH", help="diagnose a recorded bundle "
+                        "(directory or .tar.gz); never contacts the network")
+    source.add_argument("--prometheus", metavar="URL", help="diagnose from a Prometheus server")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--node", metavar="NAME", help="with --prometheus: the instance label")
+    scope.add_argument("--fleet", action="store_true", help="with --prometheus: every node")
+    parser.add_argument("--seconds", type=float, default=None, metavar="N",
+                        help=f"live: how long to sample, once a second (default "
+                        f"{LIVE_SECONDS:g}: a condition must hold across most of the window); "
+                        f"Prometheus: how far back (default {PROMETHEUS_SECONDS:g})")
+    parser.add_argument("--evaluate", choices=("engine", "local"), default="engine",
+                        help="with --prometheus: engine (default) sends each rule to the query "
+                        "engine and fetches evidence for the firing nodes only; local fetches "
+                        "every series the rules read and evaluates here (a small fleet, or an "
+                        "engine without the query API features the rules use)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="with --prometheus: one deadline for all its queries together "
+                        "(default 30)")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
+    parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
+                        "overrides the recorded one; live default: $FLEETSCOPE_CONFIG or "
+                        "/etc/fleetscope/config.yaml if present)")
