@@ -13,7 +13,7 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetscope.collectors.agent import map_genai_stages, parse_agent_exposition
-from fleetscope.collectors.base import bundle_roots
+from fleetscope.core.bundle_format import bundle_roots
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import Family, counter, gauge, labels, render, seconds_from_ns
 from fleetscope.diagnose.evidence import add_families
