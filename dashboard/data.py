@@ -206,9 +206,9 @@ def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, l
         findings += found
         here = {item["rule"]: item for item in not_evaluated}
         missing = here if missing is None else {k: v for k, v in missing.items() if k in here}
-    order = {rule.id: index for index, rule in enumerate(CATALOG)}
-    findings.sort(key=lambda f: (engine.SEVERITY_RANK[f.rule.severity], -f.confidence,
-                                 order[f.rule.id], f.node))
+    # the engine's own ranking (tier severity, causes before symptoms), so a sharded fleet
+    # lists its findings exactly as one evaluation of the whole fleet would
+    findings.sort(key=engine.rank_key())
     return findings, [missing[r.id] for r in CATALOG if r.id in (missing or {})]
 
 
