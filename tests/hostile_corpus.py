@@ -89,7 +89,9 @@ def build(directory: Path, big: int = 2048 * MIB) -> list[Case]:
     def add(name, path, expect, says="", secret="", root=None, tags=()):
         cases.append(Case(name, "bundle", path, expect, says, secret, root, set(tags)))
 
-    for name, value in (("meta-time-nan", "NaN"), ("meta-time-infinity", "Infinity")):
+    # 9.2e18 s: finite, but past every calendar (it crashed `bundle show`'s window).
+    for name, value in (("meta-time-nan", "NaN"), ("meta-time-infinity", "Infinity"),
+                        ("meta-time-past-year-9999", "9.223372036854776e+18")):
         b = bundle(name)
         text = json.dumps(_meta(b)).replace("1764660015.0", value, 1)
         _write_meta(b, text)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.bundle.read import BundleError, open_bundle
@@ -56,8 +56,17 @@ metas = st.fixed_dictionaries({}, optional={
 })
 
 
+def _one_sample_at(when: float) -> dict:
+    return {"format": BUNDLE_FORMAT, "samples": [{"dir": "samples/s0000", "time": when}]}
+
+
 @SETTINGS
 @given(meta=st.one_of(metas, json_values))
+# Found by this test: sample times past what a date can hold crashed `bundle show`'s window
+# (OverflowError, OSError EOVERFLOW, "year 10000 is out of range").
+@example(meta=_one_sample_at(9.223372036854776e+18))
+@example(meta=_one_sample_at(1e17))
+@example(meta=_one_sample_at(253402300800.0))
 def test_meta_json_shapes_never_escape(meta):
     with tempfile.TemporaryDirectory() as directory:
         for sample in ("s0000", "s0001"):

@@ -218,6 +218,15 @@ def _finite(value) -> bool:
         math.isfinite(value)
 
 
+LAST_UNIX_SECOND = 253402300799  # 9999-12-31 23:59:59 UTC: what a calendar can still show
+
+
+def _unix_time(value) -> bool:
+    """A sample time a clock can have: finite unix seconds from 1970 to the year 9999 (a
+    hostile 9.2e18 would overflow every date conversion downstream)."""
+    return _finite(value) and 0 <= value <= LAST_UNIX_SECOND
+
+
 def _read_meta(root: str, tempdir: str | None) -> Bundle:
     meta_path = os.path.join(root, META)
     real_root = os.path.realpath(root)
@@ -242,9 +251,9 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     samples = []
     for index, raw in enumerate(raw_samples):
         if not isinstance(raw, dict) or not isinstance(raw.get("dir"), str) \
-                or "\0" in raw["dir"] or not _finite(raw.get("time")):
-            raise BundleError(f"{meta_path}: samples[{index}] needs dir and a finite time "
-                              "(unix seconds)")
+                or "\0" in raw["dir"] or not _unix_time(raw.get("time")):
+            raise BundleError(f"{meta_path}: samples[{index}] needs dir and a finite time in unix "
+                              "seconds (1970 to 9999)")
         directory = os.path.realpath(os.path.join(root, raw["dir"]))
         if not directory.startswith(real_root + os.sep):
             raise BundleError(f"{meta_path}: samples[{index}] points outside the bundle")
