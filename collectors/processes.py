@@ -12,6 +12,7 @@ A process may exit between the directory listing and the reads: it is skipped si
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from functools import lru_cache
 from typing import NamedTuple
@@ -22,6 +23,35 @@ from .base import NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.process import parse_cgroup, parse_cmdline, status_values
 from .tasks import read_proc
+
+INTERPRETERS = re.compile(r"(python[0-9.]*|pypy[0-9.]*|node|java|ruby|perl|php|bash|sh|dash|"
+                          r"uv|uvx|env)")
+
+
+def program_name(cmdline: str) -> str:
+    """What a person calls the program: the script or module an interpreter runs
+    (`python3 -m agent.worker` -> agent.worker, `/usr/bin/python3 /srv/etl_job.py` ->
+    etl_job.py), else the executable's base name. Never the arguments, which may hold
+    secrets."""
+    words = cmdline.replace("\0", " ").split()
+    if not words:
+        return ""
+    first = os.path.basename(words[0])
+    if not INTERPRETERS.fullmatch(first):
+        return first
+    rest = iter(words[1:])
+    for word in rest:
+        if word in ("-m", "-jar"):  # python -m module, java -jar app.jar
+            return os.path.basename(next(rest, first))
+        if word == "-c":
+            return f"{first} -c"
+        if word in ("-X", "-W", "-Q", "-cp", "-classpath"):  # options with a value
+            next(rest, None)
+            continue
+        if word.startswith("-") or "=" in word:
+            continue
+        return os.path.basename(word)
+    return first
 
 
 class PoolProcess(NamedTuple):

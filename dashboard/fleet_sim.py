@@ -119,25 +119,20 @@ RDMA_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled",
                  "out_of_sequence", "packet_seq_err")
 MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
-# (rule id, node pools it lands on, nodes in a 4,096-node fleet, "rack" = one whole rack,
-#  minutes ago it started). Sizes scale with the fleet; every fault gets at least one node.
-FAULTS = (
-    ("roce-congestion", ("chat",), "rack", 40),
-    ("isa-mismatch", ("codegen",), "rack", 25),
-    ("offline-preemption", ("mixed",), "rack", 70),
-    ("numa-remote-access", ("chat", "codegen"), 24, 150),
-    ("fd-exhaustion", ("codegen",), 6, 35),
-    ("queue-backlog", ("codegen",), 16, 30),
-    ("worker-blocked-external-call", ("chat",), 10, 20),
-    ("thread-oversubscription", ("batch",), 12, 90),
-    ("irq-core-overlap", ("chat",), 16, 120),
-    ("session-affinity-loss", ("chat",), 12, 45),
-    ("quantization-tool-errors", ("chat",), "rack", 100),
-    ("cold-start", ("codegen",), 8, 4),
-    ("memory-bandwidth-saturation", ("batch", "codegen"), 20, 60),
-    ("core-imbalance", ("batch",), 16, 80),
-    ("cpu-saturation", ("chat",), 8, 50),
-)
+
+def faults() -> tuple[tuple[str, tuple[str, ...], int | str, int], ...]:
+    """(rule id, node pools it lands on, nodes in a 4,096-node fleet or "rack" = one whole
+    rack, minutes ago it started) of every registered rule that declares a fleet fault
+    (rules/builtin/<rule>.py `fleet`). Sizes scale with the fleet; every fault gets at least
+    one node. Whole-rack faults are placed first (they need racks no other fault took), the
+    rest in rank order. How each fault moves the metrics is below, keyed by the rule id."""
+    from fleetscope.rules.catalog import CATALOG
+
+    placed = [(rule.id, rule.fleet.pools, rule.fleet.nodes, rule.fleet.minutes)
+              for rule in CATALOG if rule.fleet is not None]
+    return tuple(sorted(placed, key=lambda fault: fault[2] != "rack"))
+
+
 STEAL_NODES = 4  # chat nodes on an oversold VM host: offline-preemption through steal
 
 
@@ -210,7 +205,8 @@ class Fleet:
         self.load_scale = 0.85 + 0.3 * _uniform(seed, 1, index)
         self.uptime_s = 86400 * (3 + 40 * _uniform(seed, 2, index))
         self.faults: dict[str, np.ndarray] = {}
-        self.onset_s = np.full((len(FAULTS), n), np.inf)
+        self.fault_list = faults()  # the registry at the time the fleet is built
+        self.onset_s = np.full((len(self.fault_list), n), np.inf)
         self._inject()
 
     # -- layout ------------------------------------------------------------------------
@@ -218,7 +214,7 @@ class Fleet:
         taken = np.zeros(self.size, dtype=bool)
         n = self.size
         order = np.argsort(_uniform(self.seed, 3, np.arange(n)), kind="stable")
-        for number, (rule_id, pools, size, minutes) in enumerate(FAULTS):
+        for number, (rule_id, pools, size, minutes) in enumerate(self.fault_list):
             allowed = np.isin(self.pool, [NODE_POOLS.index(p) for p in pools]) & ~taken
             if rule_id == "isa-mismatch":  # only the steppings without SVE crash
                 allowed &= np.isin(self.model, [0, 1])
@@ -268,7 +264,7 @@ class Fleet:
         return self.end_s - STEP_S * np.arange(steps - 1, -1, -1, dtype=np.int64)
 
     def _active(self, rule_id: str, idx: np.ndarray, t: np.ndarray) -> np.ndarray:
-        number = [f[0] for f in FAULTS].index(rule_id)
+        number = [f[0] for f in self.fault_list].index(rule_id)
         return self.onset_s[number][idx][:, None] <= t[None, :]
 
     # -- signals (arrays [nodes, times]) -------------------------------------------------
@@ -284,7 +280,7 @@ class Fleet:
         base = np.choose(pool, (0.32, 0.42, 0.70, 0.40))
         day = np.where(pool == 2, batch_day, online_day)
         s: dict[str, np.ndarray] = {}
-        act = {rule: self._active(rule, idx, t) for rule, *_ in FAULTS}
+        act = {rule: self._active(rule, idx, t) for rule, *_ in self.fault_list}
         steal = self.steal_onset[idx][:, None] <= tt
         preempt = act["offline-preemption"]
         p50 = base * day * self.load_scale[idx][:, None] + 0.03 * _noise(seed, 10, ii, tk)
@@ -331,7 +327,7 @@ class Fleet:
             0.8 + 0.4 * _uniform(seed, 28, ii, tk))
         s["irq_overlap"] = act["irq-core-overlap"]
         s["since"] = {rule: tt - self.onset_s[number][idx][:, None]
-                      for number, (rule, *_) in enumerate(FAULTS)}
+                      for number, (rule, *_) in enumerate(self.fault_list)}
         s["day"] = day
         s["act"] = act
         s["steal"] = steal

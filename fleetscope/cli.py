@@ -65,6 +65,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 def _cmd_rules_list(args: argparse.Namespace) -> int:
     from fleetscope.rules.catalog import CATALOG
 
+    if args.format == "markdown":
+        from fleetscope.rules.export import markdown_table
+
+        sys.stdout.write(markdown_table())
+        return 0
     for rule in CATALOG:
         print(f"{rule.id:<30} {rule.severity:<8} {rule.symptom}")
     return 0
@@ -321,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     rules = commands.add_parser("rules", help="the rule catalog and its Prometheus rules")
     rule_commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
-    rule_commands.add_parser("list", help="list the rules").set_defaults(run=_cmd_rules_list)
+    listing = rule_commands.add_parser("list", help="list the rules")
+    listing.add_argument("--format", choices=("text", "markdown"), default="text",
+                         help="text: id, severity, symptom a line (default); markdown: the "
+                              "table of runbooks/README.md, each id linked to its runbook")
+    listing.set_defaults(run=_cmd_rules_list)
     export = rule_commands.add_parser("export", help="write the Prometheus rule file")
     export.add_argument("-o", "--output", metavar="FILE", help="file to write (default stdout)")
     export.add_argument("--runbook-url-base", default="runbooks/", metavar="URL",

@@ -100,3 +100,14 @@ def export_prometheus_rule(runbook_base: str = DEFAULT_RUNBOOK_BASE,
         "spec": rule_file(runbook_base, for_seconds=for_seconds, console_url=console_url),
     }
     return PROMETHEUS_RULE_HEADER + yaml.safe_dump(resource, sort_keys=False, width=100)
+
+
+def markdown_table(link_prefix: str = "") -> str:
+    """The catalog as the markdown table of runbooks/README.md (`fleetscope rules list
+    --format markdown`): id linked to its runbook, severity, symptom, likely cause."""
+    rows = ["| id | severity | symptom | likely cause |", "|---|---|---|---|"]
+    for rule in CATALOG:
+        cells = [f"[{rule.id}]({link_prefix}{rule.id}.md)", rule.severity, rule.symptom,
+                 rule.cause]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"

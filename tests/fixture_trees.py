@@ -29,6 +29,22 @@ GENERATORS = {"bundles": FIXTURES / "make_bundles.py",
 REFRESH = "python -m tests.fixture_trees --manifest"
 
 
+def load_generator(tree: str, name: str):
+    """A generator module (make_bundles / make_scenarios) loaded in this process under
+    `name`, as the generator runs it: a probe of its tables and kit, nothing written."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, GENERATORS[tree])
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses resolves string annotations through sys.modules[cls.__module__]
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
 def generate(out: Path) -> Path:
     """Run both generators (each in its own interpreter, as a user runs it) into out/<tree>."""
     out.mkdir(parents=True, exist_ok=True)

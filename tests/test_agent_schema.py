@@ -4,16 +4,13 @@ scenario generator read their names, stages and buckets from it."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetscope.agent_runtime import schema
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from tests.fixture_trees import load_generator
 
 # CONTRACT section 4, spelled out here on purpose: the schema must match the contract.
 CONTRACT = {
@@ -49,15 +46,7 @@ def test_the_simulator_and_the_collector_use_the_schema_not_a_copy():
 
 
 def test_the_scenario_generator_uses_the_schema_not_a_copy():
-    spec = importlib.util.spec_from_file_location("make_scenarios_probe",
-                                                  FIXTURES / "make_scenarios.py")
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolves string annotations through sys.modules[cls.__module__]
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = load_generator("scenarios", "make_scenarios_probe")
     for name in ("SESSION_BUCKETS", "STAGE_BUCKETS", "GENAI_DURATION_BUCKETS",
                  "GENAI_TOKEN_BUCKETS"):
         assert getattr(module, name) is getattr(schema, name), name

@@ -12,9 +12,21 @@ import pytest
 import yaml
 
 from fleetscope import cli
-from fleetscope.rules.catalog import CATALOG, CONTRACT_RULE_IDS, RULE_IDS, Evidence, Rule
+from fleetscope.rules.catalog import (
+    CATALOG,
+    CONTRACT_RULE_IDS,
+    RULE_IDS,
+    Evidence,
+    FleetFault,
+    Panel,
+    Proof,
+    Rule,
+    builtin_modules,
+)
+from fleetscope.rules.export import markdown_table
 from fleetscope.rules.promql import Max, Selector
 from tests.diagnosis_schema import diagnosis_schema
+from tests.fixture_trees import load_generator
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 SECTIONS = ("## What it means", "## Confirm by hand", "## Fix", "## Verify the fix")
@@ -48,12 +60,22 @@ def test_rules_have_what_an_on_call_engineer_needs():
         assert rule.condition.metrics(), rule.id
 
 
+def _throwaway_scenario(k):
+    """A healthy node under the throwaway rule's name (the kit is make_scenarios.py)."""
+    healthy = k.healthy_idle()
+    healthy.name = "throwaway-test-rule"
+    return healthy
+
+
 def _throwaway_rule() -> Rule:
     busy = Max(Selector("fleetscope_cpu_core_busy_ratio", {"stat": "p50"}), by=("instance",))
     return Rule(id="throwaway-test-rule", severity="warning", symptom="a symptom only a test has",
                 cause="c", action="a", summary="median core {value:.0%} busy",
                 condition=busy > 0.9, evidence=(Evidence("median core busy", busy, 0.9,
-                                                         "ratio"),))
+                                                         "ratio"),),
+                views=(Panel("Median core busy (throwaway)", busy, "ratio", 0.9),),
+                fleet=FleetFault(("chat",), 3, 10),
+                proof=Proof(_throwaway_scenario, summary="median core"))
 
 
 def _cli(*argv: str) -> str:
@@ -75,10 +97,12 @@ def _finding(rule_id: str) -> dict:
 
 
 def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touched(tmp_path):
-    """One registration: `rules list`, `rules export`, the schema and the console's rule list
-    all see the rule, and none of them once it is gone."""
+    """One registration: `rules list` (both formats), `rules export`, the schema, the
+    console's rule list and evidence views, the simulated fleet's faults and the scenario
+    generator all see the rule, and none of them once it is gone."""
     pytest.importorskip("pandas")
-    from fleetscope.dashboard import data
+    from fleetscope.dashboard import data, evidence_views
+    from fleetscope.dashboard.fleet_sim import Fleet
 
     rule = _throwaway_rule()
     before = len(CATALOG)
@@ -99,7 +123,16 @@ def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touch
         jsonschema.validate(_finding(rule.id), diagnosis_schema())
         table = data.rule_table()
         assert rule.id in set(table["rule"]) and len(table) == before + 1
+        assert f"| [{rule.id}]({rule.id}.md) | warning | a symptom only a test has |" in \
+            _cli("rules", "list", "--format", "markdown")
+        assert [p.title for p in evidence_views.views_for(rule.id)] == [
+            "Median core busy (throwaway)"]
+        fleet = Fleet(nodes=64)
+        assert len(fleet.expected_findings()[rule.id]) == 1  # 3 of 4,096 nodes: at least one
+        kit = load_generator("scenarios", "make_scenarios_catalog_probe")
+        assert rule.id in [make().name for make in kit.rule_scenarios()]
     assert rule.id not in RULE_IDS and len(CATALOG) == before
+    assert rule.id not in Fleet(nodes=64).expected_findings()
     assert rule.id not in _cli("rules", "list")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(_finding(rule.id), diagnosis_schema())
@@ -110,9 +143,23 @@ def test_a_rule_id_registers_once():
         CATALOG.register(CATALOG[0])
 
 
-def test_the_runbooks_readme_table_matches_the_registry():
+def test_the_runbooks_readme_table_is_the_generated_one():
     text = (RUNBOOKS / "README.md").read_text()
+    assert markdown_table() in text, ("runbooks/README.md's table is stale: regenerate it with "
+                                      "`fleetscope rules list --format markdown`")
     rows = re.findall(r"^\| \[([a-z-]+)\]\(([a-z-]+)\.md\) \|", text, flags=re.M)
-    assert all(name == link for name, link in rows), rows
-    assert [name for name, _ in rows] and {name for name, _ in rows} == set(RULE_IDS)
-    assert len(rows) == len(RULE_IDS)
+    assert [name for name, _ in rows] == list(RULE_IDS)
+
+
+def test_each_rule_is_one_module_with_everything_about_it():
+    """rules/builtin/<id>.py: the rule, its rank, and what proves it; the module's name is
+    the rule id."""
+    modules = builtin_modules()
+    assert sorted(m.RULE.id for m in modules) == sorted(RULE_IDS)
+    for module in modules:
+        rule = module.RULE
+        assert module.__name__.rsplit(".", 1)[1] == rule.id.replace("-", "_")
+        assert rule.proof is not None and rule.proof.summary, rule.id
+        assert rule.views and rule.fleet is not None, rule.id
+    ranks = [m.RANK for m in sorted(modules, key=lambda m: m.RANK)]
+    assert len(set(ranks)) == len(ranks)

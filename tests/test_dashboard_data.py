@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from fleetscope.dashboard import data
-from fleetscope.dashboard.fleet_sim import FAULTS, Fleet
+from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
 from fleetscope.rules.promql import Series
@@ -32,7 +32,7 @@ def test_every_injected_fault_is_found_by_the_rule_engine_on_exactly_its_nodes(f
     for finding in findings:
         found.setdefault(finding.rule.id, set()).add(finding.node)
     expected = fleet.expected_findings()
-    assert set(expected) == set(RULE_IDS) == {rule for rule, *_ in FAULTS}
+    assert set(expected) == set(RULE_IDS) == {rule for rule, *_ in faults()}
     for rule_id in RULE_IDS:
         assert found.get(rule_id) == expected[rule_id], rule_id
     assert not_evaluated == []

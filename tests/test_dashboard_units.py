@@ -105,7 +105,7 @@ def test_every_catalog_rule_has_an_evidence_view_with_a_threshold():
 
 
 def test_every_rule_of_the_catalog_is_declared():
-    assert evidence_views.undeclared() == [], "declare these in dashboard/evidence_views.py"
+    assert evidence_views.undeclared() == [], "give these rules views in rules/builtin/"
 
 
 def test_a_rule_without_a_declaration_gets_its_evidence_expressions(monkeypatch):

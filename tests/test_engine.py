@@ -114,17 +114,17 @@ def test_rates_in_a_short_live_window_look_back_a_quarter_of_it():
 
 
 def test_rdma_ports_without_hw_counters_are_not_called_no_device():
-    from fleetscope.rules.catalog import ROCE_CONGESTION
+    from fleetscope.rules.catalog import by_id
 
     series = Series()
     for step in range(3):
         series.add("fleetscope_rdma_port_state", {"device": "mlx5_0", "port": "1"},
                    step * STEP_MS, 4.0)
-    _, not_evaluated = engine.evaluate(series, "n", rules=(ROCE_CONGESTION,))
+    _, not_evaluated = engine.evaluate(series, "n", rules=(by_id("roce-congestion"),))
     (reason,) = [n["reason"] for n in not_evaluated]
     assert "RDMA devices present" in reason and "no RDMA device" not in reason
     _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
-                                       rules=(ROCE_CONGESTION,))
+                                       rules=(by_id("roce-congestion"),))
     assert "no RDMA device" in not_evaluated[0]["reason"]
 
 

@@ -23,7 +23,7 @@ import yaml
 from fleetscope.bundle.redact import MARK, Redactor
 from fleetscope.collectors.processes import PoolProcess
 from fleetscope.core.config import parse_config
-from fleetscope.diagnose.enrich import Enricher
+from fleetscope.rules.builtin.offline_preemption import antagonist_names
 from tests.hostile_corpus import run
 
 SECRETS = {
@@ -100,10 +100,9 @@ def test_recorded_bundle_report_and_json_carry_no_secret(tmp_path, secret_proces
 
 def test_antagonist_summary_redacts_command_lines():
     config = parse_config({"redact": ["tenant-[0-9]+"]})
-    enricher = Enricher(config, ("/",), ("/",))
     process = PoolProcess(4242, config.pools[0] if config.pools else None,
                           f"etl --token={SECRETS['api_key']} {SECRETS['configured']}", "")
-    names = enricher._antagonist_names([(100, process, 0)])
+    names = antagonist_names([(100, process, 0)])
     assert not _leaks(names)
     assert names == "etl (pid 4242)"  # the program, never its arguments
 

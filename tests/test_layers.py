@@ -7,7 +7,9 @@ inside functions too: a cycle hidden in a function is still a cycle):
     core, fleetscope/__init__   the exposition format, the config, units, the bundle format
     agent_runtime               the agent metric schema and the OpenTelemetry helpers
     collectors                  /proc, /sys and command readers (top-level collectors/)
-    rules, exporter, tools      the catalog and PromQL; the HTTP exporter; isa check, stacks
+    exporter, tools             the HTTP exporter; isa check, stacks
+    rules                       PromQL and the catalog, each rule's module (its enrichment
+                                names a crash's instruction with the isa tool)
     bundle                      bundle record, show, read
     diagnose                    the engine, evidence, enrichment, report, Prometheus clients
     dashboard                   the console and the simulated fleet
@@ -34,7 +36,8 @@ LAYERS = (
     {"fleetscope", "core"},
     {"agent_runtime"},
     {"collectors"},
-    {"rules", "exporter", "tools"},
+    {"exporter", "tools"},
+    {"rules"},
     {"bundle"},
     {"diagnose"},
     {"dashboard"},

@@ -1,6 +1,7 @@
 """The rule scenario bundles (written by tests/fixtures/make_scenarios.py into the session's
-generated directory, see tests/conftest.py): each rule's bundle gives that rule as the primary
-finding of `fleetscope diagnose` and the healthy bundles give status ok. That the generator is
+generated directory, see tests/conftest.py, each built by its rule's module): each rule's
+bundle gives that rule as the primary finding of `fleetscope diagnose`, as its proof says,
+and the healthy bundles give status ok. That the generator is
 deterministic is checked against the committed manifest (tests/test_fixture_trees.py).
 
 Every bundle is diagnosed once, through the CLI in a subprocess, as a user would run it.
@@ -24,37 +25,6 @@ HEALTHY = ("healthy-idle", "healthy-busy")
 RULE_IDS = sorted(rule.id for rule in CATALOG)
 EXIT = {"critical": 2, "warning": 1}
 
-# What each primary finding must name (CONTRACT section 5 subjects), where the rule or the
-# enrichment has something to name.
-SUBJECTS = {
-    "isa-mismatch": ("binaries", ["libagentcore.so"]),
-    "roce-congestion": ("devices", ["mlx5_0"]),
-    "offline-preemption": ("cgroups", None),
-    "numa-remote-access": ("numa_nodes", [0]),
-    "fd-exhaustion": ("pids", None),
-    "core-imbalance": ("cpus", None),
-}
-# Words the summary of each primary finding must hold (the pool, queue, model, binary...).
-SUMMARY = {
-    "worker-blocked-external-call": r"pool chat-online: .* silent for 18\d s",
-    "numa-remote-access": r"pool chat-online: 9\d% of resident memory on remote NUMA nodes",
-    "memory-bandwidth-saturation": r"memory bandwidth at 9\d% of the platform peak",
-    "isa-mismatch": r"SIGILL \(illegal instruction\) crashes, the last \d+ s before the window's "
-                    r"end; libagentcore\.so \(pid .*\) faulted on ptrue p0\.s: SVE absent",
-    "offline-preemption": r"online pool chat-online waits 0\.\d+ s/s for CPU",
-    "roce-congestion": r"RoCE congestion signals at \d+(\.\d+)?/s",
-    "queue-backlog": r"queue tasks:chat of pool chat-online holds 198 tasks and grows",
-    "thread-oversubscription": r"pool chat-online: 6\.0 runnable threads per physical core",
-    "fd-exhaustion": r"pool chat-online: a process uses 99% of its open-file limit",
-    "core-imbalance": r"busiest core \d+% busier than the median core",
-    "irq-core-overlap": r"online pool chat-online: its CPUs handle \d+ device interrupts per "
-                        r"second",
-    "session-affinity-loss": r"pool chat-online: 0\.4\d session migrations per second",
-    "quantization-tool-errors": r"model qwen2\.5-7b-instruct-q2_k in pool chat-online: 1\d% "
-                                r"of tool calls had malformed arguments",
-    "cold-start": r"pool chat-online: model loads take 4\d\.\d s on average",
-    "cpu-saturation": r"CPU saturated: tasks waited for a CPU [67]\d% of the time, every core busy",
-}
 # Signals the healthy bundles lack on purpose: none. (A kernel log without SIGILL gives no
 # fleetscope_sigill_crashes_total series, but the collector's always-present
 # fleetscope_sigill_reports_suppressed_total shows the log was read: evaluated, not found.)
@@ -78,6 +48,7 @@ def diagnose(name: str) -> tuple[int, dict, str]:
 def test_one_bundle_per_rule_and_two_healthy_ones():
     names = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").is_file())
     assert names == sorted(RULE_IDS + list(HEALTHY))
+    assert all(rule.proof is not None for rule in CATALOG)
 
 
 @pytest.mark.parametrize("rule_id", RULE_IDS)
@@ -106,10 +77,12 @@ def test_rule_scenario_gives_that_rule_first(rule_id):
     # a summary with the finding's own labels filled in, never the "?" of a missing one
     summary = primary["summary"]
     assert "?" not in summary and "{" not in summary
-    assert re.search(SUMMARY[rule_id], summary), summary
+    # what the rule's proof (rules/builtin/<rule>.py) says its finding must hold: words of
+    # the summary (the pool, queue, model, binary...) and the subjects it names
+    assert re.search(rule.proof.summary, summary), summary
     assert 0.0 < primary["confidence"] <= 1.0
-    if rule_id in SUBJECTS:
-        kind, expected = SUBJECTS[rule_id]
+    if rule.proof.subjects is not None:
+        kind, expected = rule.proof.subjects
         assert primary["subjects"][kind], primary["subjects"]
         if expected is not None:
             assert primary["subjects"][kind] == expected

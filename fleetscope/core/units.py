@@ -10,7 +10,7 @@ times). Standard library only, so the command line can use it without pandas or 
     axis("bytes/s")                     -> plotly axis settings: ticks '100GB/s', not '100B'
     metric_title("fleetscope_nic_pfc_pause_frames_total") -> 'PFC pause frames (per second)'
 
-Units are the evidence units of rules/catalog.py (ratio, s, s/s, 1/s, bytes/s, CPUs, ...).
+Units are the evidence units of the rules (rules/builtin/) (ratio, s, s/s, 1/s, bytes/s, CPUs, ...).
 Plotly's default tick labels say "100B" for 1e11 (B for billion): every chart takes its axis
 settings from `axis(unit)` so a bandwidth axis reads GB/s.
 """

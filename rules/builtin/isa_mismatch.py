@@ -1,0 +1,197 @@
+"""isa-mismatch: a binary built for a newer instruction set than this CPU dies with SIGILL.
+
+Condition: a SIGILL crash in the kernel log inside the look-back (Prometheus: the last 15
+minutes; in-process: inside the window); older crashes are an `info` tier. Enrichment: one
+finding per node naming every binary that died, its pids, crash times and the instruction
+that faulted (fleetscope/tools/isa_fault.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from fleetscope.collectors.base import NotAvailable
+
+from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..promql import Max, Rate, Recent, Selector, Sum, Time
+
+RANK = 0  # ties between equally severe, equally confident findings: causes first
+SIGILL_WINDOW = 900  # seconds: crashes this recent are news (in-process: the window)
+SIGILL_LOOKBACK = 900  # seconds: crashes this recent are the incident; older ones "earlier"
+MAX_SUBJECTS = 5
+
+_SIGILL = Selector("fleetscope_sigill_crashes_total")
+_SIGILL_AGE = Time() - Max(Selector("fleetscope_sigill_last_crash_timestamp_seconds"), by=NODE)
+
+
+def enrich(ctx, finding) -> None:
+    """One finding per node: every binary the kernel log saw die of SIGILL, its pids,
+    crash times, and the instruction that faulted with its extension
+    (fleetscope/tools/isa_fault.py: the kernel's file offset, ip minus the mapping base, an
+    arm64 Code: word; bytes `bundle record` kept when the binary is not here), else the
+    whole-binary `isa check` as a last resort."""
+    from fleetscope.collectors.parsers.cpuinfo import parse_cpuinfo
+    from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
+    from fleetscope.tools.isa_fault import crashed_binaries
+
+    text = ctx.kernel_log()
+    if text is None:
+        return
+    crashes = scan_kernel_log(text).crashes
+    labelled = finding.labels.get("binary")
+    if labelled:  # a per-binary finding describes its own binary only
+        crashes = tuple(c for c in crashes if c.binary == labelled)
+    if not crashes:
+        return
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    cpu = ctx.read(ctx.last, "proc/cpuinfo", parse_cpuinfo)
+    try:
+        captures = json.loads(ctx.last.read_text("cmd/sigill-faults.json"))
+    except (NotAvailable, ValueError):
+        captures = []
+    now = ctx.now()
+    locate = None
+    if ctx.live:
+        from fleetscope.tools.isa import locate_binary as locate
+    binaries = crashed_binaries(
+        crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
+            captures, list) else [], locate=locate,
+        cpu_flags=cpu.features if cpu else frozenset(), cpu_arch=cpu.model.arch if cpu
+        else "")
+    finding.subjects["binaries"] = [b.binary for b in binaries]
+    finding.subjects["pids"] = list(dict.fromkeys(
+        pid for b in binaries for pid in b.pids))[:MAX_SUBJECTS * 4]
+    parts, earlier = [], []
+    scans = 3  # a whole-binary check of a big library costs seconds: the latest few only
+    for crashed in binaries:
+        if crashed.fault is None and scans and (crashed.recent or crashed.last_time is None):
+            scans -= 1
+            crashed.scan_missing = ctx.isa_check_missing(crashed.binary)
+        finding.evidence.extend(_crash_evidence(crashed, now))
+        (parts if crashed.recent or crashed.last_time is None else earlier).append(crashed)
+    summary = [_crash_summary(c, now) for c in parts[:3]]
+    if earlier:
+        last = max(c.last_time for c in earlier)
+        summary.append(f"earlier SIGILL crashes of {', '.join(c.binary for c in earlier[:3])}"
+                       f"{' and others' if len(earlier) > 3 else ''}, last at "
+                       f"{_utc(last)}")
+    finding.extra_summary = "; ".join(summary)
+    main = parts[0] if parts else binaries[0]
+    if main.fault is None:  # the verdict rests on a whole-binary scan at best
+        finding.confidence = min(finding.confidence, 0.6)
+
+
+def _utc(when: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
+def _crash_summary(crashed, now: float) -> str:
+    fault = crashed.fault
+    pids = ", ".join(str(p) for p in crashed.pids[:3])
+    head = f"{crashed.binary} (pid {pids}" + (
+        f", {max(0, now - crashed.last_time):.0f} s ago)" if crashed.last_time else ")")
+    if fault is not None and fault.text:
+        verdict = ", ".join(f"{name} {'absent' if state == 'missing' else state} on this CPU"
+                            for name, state in crashed.on_cpu.items()) or fault.note
+        return f"{head} faulted on {fault.text}" + (f": {verdict}" if verdict else "") + \
+            f" [{fault.source}]"
+    if fault is not None:
+        return f"{head}: {fault.note} [{fault.source}]"
+    if crashed.scan_missing:
+        return f"{head}: it uses {', '.join(crashed.scan_missing)}, which this CPU lacks " \
+               "[whole-binary scan; the faulting instruction is unknown]"
+    return f"{head}: faulting instruction unknown (the binary is not here and no bytes of " \
+           "it were recorded)"
+
+
+def _crash_evidence(crashed, now: float) -> list[dict]:
+    """Evidence rows (the contract's four fields) for one crashed binary: its crashes with
+    pids and latest time against the look-back, and the faulting instruction's verdict."""
+    pids = ", ".join(str(p) for p in crashed.pids[:10])
+    rows = [{"signal": f"SIGILL crashes of {crashed.binary} (pids {pids})",
+             "value": crashed.crashes, "threshold": 0, "unit": "crashes"}]
+    if crashed.last_time is not None:
+        rows.append({"signal": f"latest SIGILL of {crashed.binary} at {_utc(crashed.last_time)} "
+                               f"({'within' if crashed.recent else 'before'} the "
+                               f"{SIGILL_LOOKBACK // 60} min look-back)",
+                     "value": round(crashed.last_time, 3),
+                     "threshold": round(now - SIGILL_LOOKBACK, 3), "unit": "unix seconds"})
+    fault = crashed.fault
+    if fault is not None:
+        absent = [n for n, state in crashed.on_cpu.items() if state == "missing"]
+        needs = f" needing {', '.join(fault.extensions)}" if fault.extensions else ""
+        where = f" at file offset {fault.file_offset:#x}" if fault.file_offset is not None \
+            else ""
+        rows.append({"signal": f"faulting instruction of {crashed.binary}: "
+                               f"{fault.text or 'undecodable bytes'}{needs}{where} "
+                               f"(verdict from the {fault.source}, confidence "
+                               f"{fault.confidence:.2f})" + (f"; {fault.note}" if fault.note
+                                                             else ""),
+                     "value": len(absent), "threshold": 0,
+                     "unit": "extensions absent on this CPU"})
+    elif crashed.scan_missing:
+        rows.append({"signal": f"extensions {crashed.binary} uses that this CPU lacks: "
+                               f"{', '.join(crashed.scan_missing)} (whole-binary scan, "
+                               "confidence 0.50: the faulting instruction is unknown)",
+                     "value": len(crashed.scan_missing), "threshold": 0, "unit": "extensions"})
+    return rows
+
+
+def scenario(k):
+    """The scenario bundle that proves the rule, built with the scenario kit `k`
+    (tests/fixtures/make_scenarios.py)."""
+    return k.kp_scenario(
+        "isa-mismatch", "agent-kp-04",
+        "a new agent-runtime build was compiled with -march=native on a Kunpeng 930 (SVE) "
+        "build host; on this Kunpeng 920 (TaiShan v110, no SVE) it dies with SIGILL as soon "
+        "as it starts a task, and the kubelet restarts it",
+        "four `agent-runtime[pid]: unhandled exception: undefined instruction in "
+        "libagentcore.so` reports in the kernel log within three minutes, each with a new PID",
+        uptime_days=11.9, procs=k.daemons(k.KUNPENG) + k.workers(k.KUNPENG, k.ONLINE_KP, 1.2,
+                                                           threads=(6, 6, 6, 6)),
+        background=k.background(k.KUNPENG, 0.1, 0.03), sigill=4)
+
+
+RULE = Rule(
+    id="isa-mismatch",
+    severity="critical",
+    symptom="some nodes crash as soon as a task starts",
+    cause="a binary built for a newer instruction set than this node's CPU (e.g. "
+          "-march=native on a newer stepping) dies with SIGILL",
+    action="rebuild for the fleet's common baseline (no -march=native; x86-64-v2/v3 or "
+           "armv8.2-a as the oldest stepping allows) and redeploy; fleetscope isa check BINARY "
+           "names the missing extension",
+    summary="SIGILL (illegal instruction) crashes, the last {value:.0f} s before the window's "
+            "end",
+    # Crashes inside the look-back (Prometheus: the last 15 minutes; in-process: inside the
+    # window, see Recent), one finding per node naming every crashing binary (enrichment).
+    # Older crashes are only information: a node that once ran a bad build is not sick now.
+    condition=Recent(_SIGILL_AGE, SIGILL_WINDOW),
+    tiers=(Tier("info", _SIGILL_AGE >= 0,
+                "earlier SIGILL crashes, the last {value:.0f} s before the window's end"),),
+    evidence=(
+        Evidence("SIGILL crashes in the kernel log", Sum(Max(_SIGILL, by=(*NODE, "binary")),
+                                                         by=NODE), 0, "crashes"),
+        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, SIGILL_WINDOW, "s",
+                 pick="min"),
+    ),
+    confidence=0.9,
+    for_seconds=0,  # an event: one crash in the window is the finding
+    present_if=("fleetscope_sigill_reports_suppressed_total",),
+    enrich=enrich,
+    views=(
+        Panel("SIGILL crashes in the kernel log so far, per binary",
+              Max(_SIGILL, by=(*NODE, "binary")), "crashes", narrow=False),
+        Panel("New SIGILL crashes per minute, per binary",
+              Max(Rate(_SIGILL, 60, increase=True), by=(*NODE, "binary")), "crashes", 0.0,
+              narrow=False),
+    ),
+    fleet=FleetFault(("codegen",), "rack", 25),
+    proof=Proof(scenario,
+                summary=r"SIGILL \(illegal instruction\) crashes, the last \d+ s before the "
+                        r"window's end; libagentcore\.so \(pid .*\) faulted on ptrue p0\.s: "
+                        r"SVE absent",
+                subjects=("binaries", ["libagentcore.so"])),
+)

@@ -1,0 +1,175 @@
+"""What a rule is, as data: the types every module of rules/builtin/ fills in.
+
+    RULE = Rule(id="fd-exhaustion", severity="critical", symptom=..., cause=..., action=...,
+                summary="pool {pool}: a process uses {value:.0%} of its open-file limit",
+                condition=_FD_RATIO > FD_RATIO,
+                evidence=(Evidence("open fds over RLIMIT_NOFILE", _FD_RATIO, 0.9, "ratio"),),
+                enrich=enrich, views=(Panel(...),), fleet=FleetFault(("codegen",), 6, 35),
+                proof=Proof(scenario, summary=r"pool chat-online: a process uses 99%"))
+
+A rule holds the symptom, cause and action of shared/reference/troubleshooting.md; a
+condition that is at once its Prometheus alert expression and what the Python engine
+evaluates (rules/promql.py); the evidence shown with a finding; how a finding names its
+subjects (enrich); the console's charts (views); where the simulated fleet injects it
+(fleet); and the scenario bundle that proves it (proof). Nothing here does I/O.
+
+Conditions aggregate `by (instance)` so an exported alert fires per node; replayed bundles
+have no `instance` label and fall into one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .promql import Expr, SetOp
+
+NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
+NODE = NODE_LABELS
+WINDOW = 60  # seconds: rate windows (short bundles are rated over their own span)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    signal: str  # what the value is, for a person
+    expr: Expr
+    threshold: float
+    unit: str
+    pick: str = "max"  # several samples match a finding: report the max (or min)
+
+
+def required_metrics(expr: Expr) -> set[str]:
+    """Metrics an expression cannot be judged without: what `unless` excludes may be absent
+    (`a unless b` is `a` where no b exists)."""
+    if isinstance(expr, SetOp) and expr.op == "unless":
+        return required_metrics(expr.left)
+    if isinstance(expr, SetOp):
+        return required_metrics(expr.left) | required_metrics(expr.right)
+    return expr.metrics()
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A lesser severity of a rule, for nodes where the rule's own condition does not hold:
+    e.g. a worker parked in a network call (warning) before its heartbeat goes stale
+    (critical), or SIGILL crashes older than the look-back (info)."""
+
+    severity: str
+    condition: Expr
+    summary: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One chart of the console's evidence view of a rule: an expression evaluated over the
+    finding's node history at every sample, with the threshold the rule fires on."""
+
+    title: str  # words, no unit (the chart adds it)
+    expr: Expr
+    unit: str
+    threshold: float | None = None
+    pick: str = "max"  # "min": the rule fires below the threshold
+    narrow: bool = True  # keep only the finding's own pool / binary / device ...
+    role: str = ""  # victim | antagonist | ... : said in the title
+
+
+@dataclass(frozen=True)
+class FleetFault:
+    """Where the console's simulated fleet injects the rule's fault: the node pools it lands
+    on, how many nodes of a 4,096-node fleet ("rack": one whole rack), and how many minutes
+    before the last scrape it started. How the fault moves the metrics is the simulator's
+    physics (dashboard/fleet_sim.py), keyed by the rule id."""
+
+    pools: tuple[str, ...]
+    nodes: int | str
+    minutes: int
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The scenario bundle that proves the rule (tests/test_scenarios.py): `scenario(kit)`
+    builds it with the scenario kit (tests/fixtures/make_scenarios.py), and its diagnosis
+    must lead with this rule, with a summary matching `summary` and, where given, the
+    subjects `subjects` = (kind, expected list or None for "not empty")."""
+
+    scenario: Callable
+    summary: str
+    subjects: tuple[str, list | None] | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str  # critical | warning | info
+    symptom: str
+    cause: str
+    action: str
+    summary: str  # str.format template over the finding's labels and {value}
+    condition: Expr
+    evidence: tuple[Evidence, ...]
+    confidence: float = 0.7
+    for_seconds: int = 120  # Prometheus `for:`; the engine reports on the evidence it has
+    subject_labels: dict[str, str] = field(default_factory=dict)  # subject kind -> label
+    extra_requires: tuple[str, ...] = ()
+    # Metrics whose presence alone shows the source was read (a counter family with no
+    # series yet, e.g. no SIGILL ever): the rule is then evaluated, and found nothing.
+    present_if: tuple[str, ...] = ()
+    tiers: tuple[Tier, ...] = ()  # lesser severities, most severe first
+    # "cause" rules name why; "symptom" rules (a saturated node, uneven cores) say what, and
+    # rank after any cause of the same severity, which usually explains them.
+    kind: str = "cause"
+    # enrich(context, finding): names the finding's subjects from the raw evidence (the
+    # context is diagnose/enrich.py's Enricher: reads go through it, never to the host).
+    enrich: Callable | None = field(default=None, compare=False)
+    views: tuple[Panel, ...] = ()  # the console's evidence charts (else one per evidence)
+    fleet: FleetFault | None = None  # where the simulated fleet injects it
+    proof: Proof | None = field(default=None, compare=False)
+
+    def severities(self) -> list[tuple[str, Expr, str]]:
+        """(severity, condition, summary) per tier, most severe first. A lesser tier's
+        condition excludes the nodes where a more severe one holds, so a node gets one
+        finding (and one alert) per rule."""
+        out = [(self.severity, self.condition, self.summary)]
+        higher = self.condition
+        for tier in self.tiers:
+            out.append((tier.severity, tier.condition.unless(higher, NODE), tier.summary))
+            higher = higher | tier.condition
+        return out
+
+    def requires(self) -> set[str]:
+        metrics = self.condition.metrics()
+        for tier in self.tiers:
+            metrics |= tier.condition.metrics()
+        return metrics | set(self.extra_requires)
+
+    def alternatives(self) -> list[set[str]]:
+        """Metric sets any one of which lets the rule be evaluated: a condition of the form
+        `a or b` is evaluable when either side's signals exist."""
+        sides = []
+        for condition in (self.condition, *(tier.condition for tier in self.tiers)):
+            if isinstance(condition, SetOp) and condition.op == "or":
+                sides += [required_metrics(condition.left), required_metrics(condition.right)]
+            else:
+                sides.append(required_metrics(condition))
+        return [side | set(self.extra_requires) for side in sides]
+
+    @property
+    def needs_rates(self) -> bool:
+        text = " ".join(condition.promql() for _, condition, _ in self.severities())
+        return any(f"{fn}(" in text for fn in ("rate", "increase", "delta"))
+
+    @property
+    def alert_name(self) -> str:
+        return "Fleetscope" + "".join(part.capitalize() for part in self.id.split("-"))
+
+    def render_summary(self, labels: dict[str, str], value: float,
+                       template: str | None = None) -> str:
+        class _Default(dict):
+            def __missing__(self, key):
+                return "?"
+
+        template = self.summary if template is None else template
+        try:
+            return template.format_map(_Default(labels, value=value))
+        except (ValueError, TypeError):
+            return template

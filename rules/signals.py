@@ -1,0 +1,40 @@
+"""Expressions more than one rule (or the console) reads, built once.
+
+    busy_ratio("p50")              max by (instance) (fleetscope_cpu_core_busy_ratio{stat="p50"})
+    PSI_CPU                        share of time some task waited for a CPU (PSI cpu some)
+    ONLINE_DELAY                   online pools' run-queue delay per process, s/s
+"""
+
+from __future__ import annotations
+
+from .model import NODE, WINDOW
+from .promql import AvgOverTime, Expr, Max, Rate, Selector, Sum
+
+POOL = (*NODE, "pool", "class")  # a pool finding's labels
+ONLINE_RUN_DELAY = 0.05  # s/s an online process's main thread waits for a CPU (50 ms a second)
+SATURATED_CORE = 0.9  # a core this busy is saturated
+
+
+def busy_ratio(stat: str) -> Expr:
+    return Max(Selector("fleetscope_cpu_core_busy_ratio", {"stat": stat}), by=NODE)
+
+
+def busy_ratio_over_window(stat: str) -> Expr:
+    return Max(AvgOverTime(Selector("fleetscope_cpu_core_busy_ratio", {"stat": stat}), WINDOW),
+               by=NODE)
+
+
+PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
+                            {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
+SATURATED_CORES = Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE)
+
+
+def online_delay(by: tuple[str, ...] = POOL) -> Expr:
+    """Per process (main thread), so a pool of 40 workers is held to the same bar as one
+    of 4."""
+    return (Sum(Rate(Selector("fleetscope_pool_run_delay_seconds_total", {"class": "online"}),
+                     WINDOW), by=by)
+            / Sum(Selector("fleetscope_pool_processes", {"class": "online"}), by=by))
+
+
+ONLINE_DELAY = online_delay()
