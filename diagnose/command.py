@@ -164,9 +164,12 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         document["fleet_findings"] = answered.fleet_findings
         document["query_engine"] = answered.stats.to_json()
     if health is not None:
+        health.mark_end()
         document["sampling"] = health.to_json()
         if health.slipped:
             print(f"fleetscope diagnose: warning: {health.describe()}", file=sys.stderr)
+        if health.delayed:
+            print(f"fleetscope diagnose: warning: {health.describe_delay()}", file=sys.stderr)
     from .report import print_json, print_report  # rich, only when a report is printed
 
     if args.json:

@@ -58,11 +58,34 @@ class SamplingHealth:
     skipped_samples: int = 0  # slots given up to stay on the clock
     max_collect_seconds: float = 0.0  # the slowest collection (all collectors once)
     stopped_at_deadline: bool = False
+    # From the command's start (the kernel's process start time) to its first sample, and
+    # to its verdict: on a node whose CPUs are taken, the interpreter starts and imports at
+    # the node's mercy before the tool can raise its priority (400 busy threads: 45 s).
+    started_late_seconds: float | None = None
+    total_seconds: float | None = None
 
     @property
     def slipped(self) -> bool:
         return bool(self.skipped_samples or self.stopped_at_deadline
                     or self.late_samples > self.planned_samples // 4)
+
+    @property
+    def delayed(self) -> bool:
+        """The window began well after the command was started: it judged a later moment
+        than the one the person typed the command at."""
+        late = self.started_late_seconds
+        return late is not None and late > max(STARTED_LATE_S, self.planned_seconds / 4)
+
+    def mark_start(self) -> None:
+        """The command's start to now (the first sample)."""
+        started = process_start_time()
+        if started is not None:
+            self.started_late_seconds = max(0.0, time.time() - started)
+
+    def mark_end(self) -> None:
+        started = process_start_time()
+        if started is not None:
+            self.total_seconds = max(0.0, time.time() - started)
 
     def to_json(self) -> dict:
         return {"planned_samples": self.planned_samples, "samples": self.samples,
@@ -71,13 +94,43 @@ class SamplingHealth:
                 "max_late_seconds": round(self.max_late_seconds, 3),
                 "late_samples": self.late_samples, "skipped_samples": self.skipped_samples,
                 "max_collect_seconds": round(self.max_collect_seconds, 3),
-                "stopped_at_deadline": self.stopped_at_deadline, "slipped": self.slipped}
+                "stopped_at_deadline": self.stopped_at_deadline, "slipped": self.slipped,
+                "started_late_seconds": _round(self.started_late_seconds),
+                "total_seconds": _round(self.total_seconds), "delayed": self.delayed}
 
     def describe(self) -> str:
         return (f"sampling slipped: {self.samples} of {self.planned_samples} samples in "
                 f"{self.elapsed_seconds:.1f} s (planned {self.planned_seconds:.0f} s), up to "
                 f"{self.max_late_seconds:.1f} s late, slowest collection "
                 f"{self.max_collect_seconds:.1f} s: the node is starving this tool too")
+
+    def describe_delay(self) -> str:
+        return (f"the node delayed this diagnosis: its window began "
+                f"{self.started_late_seconds:.0f} s after the command started "
+                f"({self.total_seconds or 0:.0f} s in all); the CPUs are taken - start it as "
+                "`nice -n -20 fleetscope diagnose` (root) to be heard sooner")
+
+
+STARTED_LATE_S = 5.0  # a window that began this much after the command is worth a word
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def process_start_time(stat_path: str = "/proc/self/stat") -> float | None:
+    """This process's start in unix seconds: boot time (/proc/stat btime) plus field 22 of
+    /proc/self/stat (starttime, clock ticks since boot). None where /proc is not there."""
+    import os
+
+    try:
+        with open(stat_path) as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        with open("/proc/stat") as handle:
+            btime = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 # A live window may overrun by this much (and at least DEADLINE_GRACE_S) before sampling
@@ -97,6 +150,7 @@ def live_series(config: Config, seconds: float, interval: float, root: str = "/"
     count = max(2, int(seconds / interval) + 1)
     health = health or SamplingHealth(count, seconds)
     health.planned_samples, health.planned_seconds = count, seconds
+    health.mark_start()
     start = time.monotonic()
     deadline = start + max(seconds * DEADLINE_FACTOR, seconds + DEADLINE_GRACE_S)
     index = 0

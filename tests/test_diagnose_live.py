@@ -164,3 +164,34 @@ def test_sigill_crash_is_diagnosed_as_isa_mismatch(tmp_path):
     ours = [f for f in findings if binary.name in f["subjects"]["binaries"]]
     assert ours and extension in ours[0]["summary"]
     assert ours[0]["severity"] == "critical"
+
+
+def _diagnose_after(delay_s: float, seconds: str = "2") -> subprocess.CompletedProcess:
+    """A live diagnosis whose process starts `delay_s` before its interpreter does: what a
+    node with every CPU taken does to a nice-0 process (400 busy threads held it 45 s
+    before its first sample). The delay is real time between fork and exec."""
+    return subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--seconds", seconds,
+                           "--json"], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: time.sleep(delay_s))
+
+
+def test_a_diagnosis_says_when_the_node_delayed_its_window():
+    result = _diagnose_after(7.0)
+    assert result.returncode in (0, 1, 2), result.stderr
+    sampling = json.loads(result.stdout)["sampling"]
+    assert sampling["started_late_seconds"] >= 7.0
+    assert sampling["total_seconds"] >= sampling["started_late_seconds"] + 2.0
+    assert sampling["delayed"] is True
+    warning = [line for line in result.stderr.splitlines() if "delayed this diagnosis" in line]
+    assert len(warning) == 1 and "nice -n -20" in warning[0]
+
+
+def test_a_prompt_diagnosis_reports_its_start_and_no_delay():
+    result = _diagnose_after(0.0)
+    assert result.returncode in (0, 1, 2), result.stderr
+    sampling = json.loads(result.stdout)["sampling"]
+    # The interpreter's start, before the first sample: under the threshold unless this
+    # machine is badly starved, and never more than the whole run.
+    assert 0 <= sampling["started_late_seconds"] <= sampling["total_seconds"]
+    assert sampling["delayed"] == (sampling["started_late_seconds"] > 5.0)
+    assert ("delayed this diagnosis" in result.stderr) == sampling["delayed"]

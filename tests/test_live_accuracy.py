@@ -459,7 +459,9 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, ear
              "correct": primary == scenario.expect and not missing,
              "false_alarms": false_alarms, "wall_seconds": round(wall, 2),
              "status": document["status"], "slipped": document.get("sampling", {}).get(
-                 "slipped"), "findings": [(f["rule"], f["severity"]) for f in findings],
+                 "slipped"), "delayed_seconds": document.get("sampling", {}).get(
+                 "started_late_seconds"),
+             "findings": [(f["rule"], f["severity"]) for f in findings],
              "foreign_cpus": round(foreign_load.cpus, 2),
              "foreign_crashes": foreign_crashes})
     assert primary == scenario.expect, summary
