@@ -237,3 +237,19 @@ def test_ctrl_c_is_one_line_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(cli.signal, "signal", lambda *_: None)
     assert cli.main(["rules", "list"]) == 130
     assert capsys.readouterr().err.strip() == "fleetscope rules list: interrupted"
+
+
+def test_archive_members_carry_no_pax_headers_times_or_owner_names(tmp_path):
+    """Whole-second mtimes and no owners: no member needs a PAX header (each had one for its
+    float mtime, and the reader parsed every header twice), the recording user's name stays
+    behind, and the archive still opens as a bundle."""
+    output = tmp_path / "node.tar.gz"
+    assert _record(output).returncode == 0
+    with tarfile.open(output) as archive:
+        members = archive.getmembers()
+    assert members and all(not m.pax_headers for m in members)
+    assert all(m.mtime == int(m.mtime) and m.uid == m.gid == 0 and m.uname == m.gname == ""
+               for m in members)
+    assert any(m.name.endswith("meta.json") for m in members)
+    shown = run(["bundle", "show", str(output)])
+    assert shown.returncode == 0, shown.stderr
