@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetscope.collectors import COLLECTORS, Scrape  # noqa: E402
+from fleetscope.collectors.source import LiveHost  # noqa: E402
 from fleetscope.core.config import parse_config  # noqa: E402
 
 POOLS = ("chat-online", "tools-online", "batch-offline", "etl-offline")
@@ -76,12 +77,12 @@ def measure(config, scrapes: int) -> tuple[dict[str, list[float]], float, float]
     """CPU seconds per scrape of each collector; the pool processes and threads matched."""
     collectors = [COLLECTORS[name](config) for name in ("pools", "irq", "tuning")]
     for collector in collectors:  # warm-up: imports, regex compilation, first totals
-        list(collector.collect(Scrape(("/",))))
+        list(collector.collect(Scrape(LiveHost("/"))))
     times: dict[str, list[float]] = {c.name: [] for c in collectors}
     times["pools+irq+tuning"] = []
     matched = threads = 0.0
     for _ in range(scrapes):
-        scrape = Scrape(("/",))  # one scrape: the process list is shared, as in the exporter
+        scrape = Scrape(LiveHost("/"))  # one scrape, the live node, as the exporter has it
         total = 0.0
         for collector in collectors:
             start = time.process_time()

@@ -88,25 +88,66 @@ def matcher_for(pools: tuple[Pool, ...]) -> PoolMatcher:
     return PoolMatcher(pools)
 
 
+# A live process's cgroup is read again after this long, or at once when its command line
+# changed (an exec); a process moved between cgroups without an exec is seen this late.
+CGROUP_REREAD_S = 30.0
+
+
+class _CgroupCache:
+    """pid -> (command line, cgroup, when read) of the live node's processes: a cgroup path
+    rarely changes once a process runs, and re-reading it for every process on every scrape
+    was a third of the scan. Only live hosts use it: a recorded sample is read as it is."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[tuple[str, ...], str], tuple[str, str, float]] = {}
+
+    def get(self, key, cmdline: str, now: float) -> str | None:
+        entry = self.entries.get(key)
+        if entry is None or entry[0] != cmdline or not 0 <= now - entry[2] < CGROUP_REREAD_S:
+            return None
+        return entry[1]
+
+    def put(self, key, cmdline: str, cgroup: str, now: float) -> None:
+        self.entries[key] = (cmdline, cgroup, now)
+
+    def keep(self, roots: tuple[str, ...], names: set[str]) -> None:
+        """Forget processes that exited (the dict follows the process table)."""
+        for key in [k for k in self.entries if k[0] == roots and k[1] not in names]:
+            self.entries.pop(key, None)  # a concurrent scrape may have gone first
+
+
+_CGROUPS = _CgroupCache()
+
+
 def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     if not pools:
         return []
     matcher = matcher_for(pools)
+    cache = _CGROUPS if scrape.evidence.live and matcher.needs_cgroup else None
     found: list[PoolProcess] = []
-    for name in sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int):
+    names = sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int)
+    for name in names:
         try:
             cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline", True))
             # Kernel threads and zombies (empty cmdline) are no workload: their cgroup is not
             # read (a 128-core node has a thousand per-CPU kernel threads).
-            cgroup = (
-                parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup", True))
-                if matcher.needs_cgroup and cmdline else ""
-            )
+            cgroup = ""
+            if matcher.needs_cgroup and cmdline:
+                key = (scrape.roots, name)
+                cached = cache.get(key, cmdline, scrape.time) if cache else None
+                if cached is None:
+                    cgroup = parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup", True))
+                    if cache:
+                        cache.put(key, cmdline, cgroup, scrape.time)
+                else:
+                    cgroup = cached
         except (NotAvailable, ParseError):
             continue  # exited while we looked, or a zombie
         pool = matcher.match(cmdline, cgroup)
         if pool is not None:
             found.append(PoolProcess(int(name), pool, cmdline, cgroup))
+    if cache:
+        cache.keep(scrape.roots, set(names))
     return found
 
 

@@ -36,6 +36,10 @@ NETSTAT_TCPEXT = (
 # IpExt In*Pkts: received packets per ECN codepoint (RFC 3168), counted per real frame.
 ECN_CODEPOINTS = (("InNoECTPkts", "not_ect"), ("InECT1Pkts", "ect1"), ("InECT0Pkts", "ect0"),
                   ("InCEPkts", "ce"))
+# Only these fields are converted: the files hold some 300.
+SNMP_WANTED = {"Tcp": frozenset((*SNMP_TCP, "CurrEstab"))}
+NETSTAT_WANTED = {"TcpExt": frozenset(NETSTAT_TCPEXT),
+                  "IpExt": frozenset(name for name, _ in ECN_CODEPOINTS)}
 
 
 class TcpCollector(Collector):
@@ -48,7 +52,8 @@ class TcpCollector(Collector):
             "/proc/net/netstat): segments, retransmissions, timeouts, drops.",
         )
         with scrape.source(self.name, "proc/net/snmp"):
-            snmp = parse_netstat(scrape.read_text("proc/net/snmp"), "/proc/net/snmp")
+            snmp = parse_netstat(scrape.read_text("proc/net/snmp"), "/proc/net/snmp",
+                                 SNMP_WANTED)
             fields = snmp.get("Tcp", {})
             for name in SNMP_TCP:
                 if name in fields:
@@ -63,7 +68,7 @@ class TcpCollector(Collector):
             "switches on the inbound path are marking congestion.",
         )
         with scrape.source(self.name, "proc/net/netstat"):
-            netstat = parse_netstat(scrape.read_text("proc/net/netstat"))
+            netstat = parse_netstat(scrape.read_text("proc/net/netstat"), wanted=NETSTAT_WANTED)
             fields = netstat.get("TcpExt", {})
             for name in NETSTAT_TCPEXT:
                 if name in fields:

@@ -586,3 +586,41 @@ def test_offline_hog_raises_the_online_pools_run_delay(exporter_factory):
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_live_cgroups_are_reread_after_an_exec_or_a_while_and_recorded_ones_always(tmp_path):
+    """A live process's cgroup is kept while its command line stays (a third of the scan
+    was re-reading it), read again after an exec or CGROUP_REREAD_S; a recorded sample is
+    read as it is every time."""
+    from fleetscope.collectors import processes
+    from fleetscope.collectors.base import Scrape
+    from fleetscope.collectors.source import LiveHost, recorded_sample
+
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "cmdline").write_bytes(b"python3\0-m\0agent.worker\0")
+    (proc / "cgroup").write_text("0::/kubepods.slice/online/agent-1\n")
+    pools = parse_config({"pools": [{"name": "chat", "class": "online",
+                                     "match": {"cgroup": "*/online/*"}}]}).pools
+
+    def pooled(source, at: float) -> list[str]:
+        return [p.pool.name for p in processes._scan(Scrape(source, at), pools)]
+
+    live = LiveHost(str(tmp_path))
+    assert pooled(live, 1000.0) == ["chat"]
+    (proc / "cgroup").write_text("0::/system.slice/batch.service\n")  # moved, no exec
+    assert pooled(live, 1010.0) == ["chat"]  # the kept cgroup, within the re-read time
+    assert pooled(live, 1000.0 + processes.CGROUP_REREAD_S + 1) == []
+    (proc / "cgroup").write_text("0::/kubepods.slice/online/agent-1\n")
+    assert pooled(live, 2000.0) == ["chat"]
+    (proc / "cmdline").write_bytes(b"/usr/bin/etl_job\0")  # an exec: read again at once
+    (proc / "cgroup").write_text("0::/system.slice/batch.service\n")
+    assert pooled(live, 2001.0) == []
+    recorded = recorded_sample(str(tmp_path))
+    (proc / "cgroup").write_text("0::/kubepods.slice/online/agent-1\n")
+    assert pooled(recorded, 2002.0) == ["chat"]
+    (proc / "cgroup").write_text("0::/system.slice/batch.service\n")
+    assert pooled(recorded, 2003.0) == []
+    shutil.rmtree(proc)  # the process exits: forgotten
+    assert pooled(live, 2004.0) == []
+    assert not [k for k in processes._CGROUPS.entries if k[0] == (str(tmp_path),)]

@@ -118,6 +118,24 @@ def test_netstat_and_snmp_real_samples():
     assert netstat["IpExt"]["InNoECTPkts"] > 0 and "InCEPkts" in netstat["IpExt"]
 
 
+def test_netstat_wanted_fields_are_the_full_parse_cut_down():
+    """The tcp collector converts only the fields it exports: the same numbers as a full
+    parse, the other groups empty, and pairing still checked."""
+    from fleetscope.collectors.tcp import NETSTAT_WANTED, SNMP_WANTED
+
+    for text, wanted, what in [(SNMP[0], SNMP_WANTED, "/proc/net/snmp"),
+                               (NETSTAT[1], NETSTAT_WANTED, "/proc/net/netstat")]:
+        full = parse_netstat(text, what)
+        cut = parse_netstat(text, what, wanted)
+        assert set(cut) == set(full)
+        for group, fields in cut.items():
+            keep = wanted.get(group, frozenset())
+            assert fields == {k: v for k, v in full[group].items() if k in keep}
+        assert cut["Tcp" if "Tcp" in wanted else "TcpExt"]
+    with pytest.raises(ParseError):
+        parse_netstat("Tcp: A B\nTcp: 1\n", wanted=SNMP_WANTED)
+
+
 @pytest.mark.parametrize("text", [
     "", "Tcp: A B\n", "Tcp: A B\nTcp: 1\n", "Tcp: A B\nUdp: 1 2\n", "Tcp: A\nTcp: x\n",
     "Tcp: A\nTcp: 1\nTcp: A\nTcp: 2\n", "Tcp A\nTcp 1\n", ": A\n: 1\n", "Tcp: A\nTcp: --1\n",
