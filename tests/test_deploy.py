@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -226,6 +227,47 @@ def test_daemonset_runs_the_exporter_on_every_node_in_container_mode():
     endpoint = manifests()["podmonitor.yaml"]["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] == port["name"]
     assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"rack", "node_pool"}
+
+
+def test_daemonset_arguments_on_a_host_style_root_run_every_collector_live(
+        exporter_factory, tmp_path, monkeypatch):
+    """The DaemonSet's own arguments and config, the node's proc/sys/dev under a /host-style
+    root (links here, hostPath mounts in the pod): every collector runs, perf and ethtool
+    live on this machine (a VM's `<not supported>` hardware events still make a run)."""
+    from fleetscope.collectors import COLLECTORS
+    from tests.conftest import samples, scrape_until_perf_ran
+    from tests.test_evidence_source import _interfaces, _linked_root, _recording_tool
+
+    require_tool("perf")
+    argv = list(container()["args"])
+    given = {flag: argv[argv.index(flag) + 1] for flag in ("--listen", "--root", "--config")}
+    assert given["--root"] == "/host" and argv[0] == "exporter"
+    rest = [a for i, a in enumerate(argv[1:], 1)
+            if a not in given and argv[i - 1] not in given]  # what the test keeps verbatim
+    assert rest == ["--evidence", "live"]
+    config = load_config(str(DEPLOY / "config.yaml"))  # what the ConfigMap mounts
+    assert config.pools
+    node_config = yaml.safe_load((DEPLOY / "config.yaml").read_text())
+    interfaces = _interfaces()
+    if interfaces:  # the port the PFC counters come from, as a RoCE node names it
+        node_config["ethtool_interfaces"] = [interfaces[0]]
+    node_config["perf_window_seconds"] = 0.2  # test speed: the config says 5
+    calls = tmp_path / "ethtool-calls"
+    _recording_tool(tmp_path / "bin", "ethtool", calls,
+                    "NIC statistics:\\n     rx_prio3_pause: 7\\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("FLEETSCOPE_PERF", raising=False)
+    exporter = exporter_factory(_linked_root(tmp_path), node_config, rest)
+    got, runs = scrape_until_perf_ran(exporter)
+    ran = {name for name in COLLECTORS
+           if f'fleetscope_scrape_collector_success{{collector="{name}"}}' in got}
+    assert ran == set(COLLECTORS), set(COLLECTORS) - ran
+    assert runs >= 1 and got['fleetscope_scrape_collector_success{collector="perf"}'] == 1
+    for name in ("cpu", "pressure", "irq", "pools", "tcp", "cpu_features"):
+        assert got[f'fleetscope_scrape_collector_success{{collector="{name}"}}'] == 1, name
+    if interfaces:
+        assert f"-S {interfaces[0]}" in calls.read_text().splitlines()
+    assert samples(exporter.text())  # and it keeps serving
 
 
 def test_prometheusrule_is_what_rules_export_prints():
