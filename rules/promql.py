@@ -77,8 +77,12 @@ class Series:
         return set(self.by_name)
 
     def timestamps(self) -> list[int]:
-        return sorted({t for series in self.by_name.values() for pts in series.values()
-                       for t, _ in pts})
+        seen: set[int] = set()
+        first = operator.itemgetter(0)
+        for family in self.by_name.values():
+            for points in family.values():
+                seen.update(map(first, points))  # in C: a fleet has ~100k series a shard
+        return sorted(seen)
 
 
 def _quote(value: str) -> str:
@@ -190,17 +194,32 @@ class Selector(Expr):
         offset = f" offset {_duration(self.offset_seconds)}" if self.offset_seconds else ""
         return self.name + self._matcher_text() + offset
 
+    def _tests(self) -> tuple[tuple[str, str, re.Pattern | None], ...]:
+        """(label, value, compiled regex or None) per matcher, compiled once per selector."""
+        tests = self.__dict__.get("_compiled")
+        if tests is None:
+            tests = tuple(
+                (key, value, re.compile(value[1:]) if value.startswith("~") else None)
+                for key, value in (self.matchers or {}).items())
+            self.__dict__["_compiled"] = tests  # a cache, not a field: frozen stays frozen
+        return tests
+
     def matching(self, series: Series) -> Iterable[tuple[Labels, list[tuple[int, float]]]]:
-        tests: list[Callable[[dict], bool]] = []
-        for key, value in (self.matchers or {}).items():
-            if value.startswith("~"):
-                pattern = re.compile(value[1:])  # PromQL regexes are anchored: fullmatch
-                tests.append(lambda d, k=key, p=pattern: p.fullmatch(d.get(k, "")) is not None)
-            else:
-                tests.append(lambda d, k=key, v=value: d.get(k, "") == v)
-        for labels, points in series.by_name.get(self.name, {}).items():
+        family = series.by_name.get(self.name)
+        if not family:
+            return
+        tests = self._tests()
+        if not tests:
+            yield from family.items()
+            return
+        for labels, points in family.items():
             as_dict = dict(labels)
-            if all(test(as_dict) for test in tests):
+            for key, value, pattern in tests:
+                got = as_dict.get(key, "")
+                # PromQL regexes are anchored: fullmatch
+                if got != value if pattern is None else pattern.fullmatch(got) is None:
+                    break
+            else:
                 yield labels, points
 
     def evaluate(self, series, at_ms):
@@ -378,8 +397,9 @@ class Aggregate(Expr):
 
     def evaluate(self, series, at_ms):
         groups: dict[Labels, list[float]] = {}
+        by = self.by
         for labels, value in sorted(self.inner.evaluate(series, at_ms).items()):
-            key = tuple((k, v) for k, v in labels if k in self.by)
+            key = tuple([pair for pair in labels if pair[0] in by])
             groups.setdefault(key, []).append(value)
         return {key: _AGGREGATIONS[self.function](values) for key, values in groups.items()}
 
