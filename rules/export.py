@@ -1,4 +1,5 @@
-"""`fleetscope rules export`: the catalog as a Prometheus rule file.
+"""`fleetscope rules export`: the catalog as a Prometheus rule file, with the recording rules
+of the console's per-node aggregates (rules/recording.py) in a second group.
 
     groups:
       - name: fleetscope
@@ -20,6 +21,7 @@ from __future__ import annotations
 import yaml
 
 from .catalog import CATALOG, Rule
+from .recording import recording_group
 
 DEFAULT_RUNBOOK_BASE = "runbooks/"
 
@@ -67,11 +69,16 @@ def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None,
 
 
 def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
-              for_seconds: int | None = None, console_url: str | None = None) -> dict:
-    return {"groups": [{"name": "fleetscope",
-                        "rules": [alert for r in rules
-                                  for alert in alert_rules(r, runbook_base, for_seconds,
-                                                           console_url)]}]}
+              for_seconds: int | None = None, console_url: str | None = None,
+              recording: bool = True) -> dict:
+    """The alerts (group `fleetscope`), then the recording rules the console reads
+    (`fleetscope-recording`, rules/recording.py)."""
+    groups = [{"name": "fleetscope",
+               "rules": [alert for r in rules
+                         for alert in alert_rules(r, runbook_base, for_seconds, console_url)]}]
+    if recording:
+        groups.append(recording_group())
+    return {"groups": groups}
 
 
 def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None,

@@ -376,10 +376,21 @@ def _avg(values: list[float]) -> float:
     return mean
 
 
+def _max(values: list[float]) -> float:
+    """Prometheus's max: a NaN gives way to any number (promql/engine.go aggregation)."""
+    numbers = [v for v in values if v == v]
+    return max(numbers) if numbers else math.nan
+
+
+def _min(values: list[float]) -> float:
+    numbers = [v for v in values if v == v]
+    return min(numbers) if numbers else math.nan
+
+
 _AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": _sum,
-    "max": max,
-    "min": min,
+    "max": _max,
+    "min": _min,
     "avg": _avg,
     "count": lambda values: float(len(values)),
 }

@@ -317,8 +317,10 @@ def test_scrape_config_passes_promtool(tmp_path):
     done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    from fleetscope.rules.recording import RECORDINGS
+
     alerts = sum(len(rule.severities()) for rule in CATALOG)  # one alert per severity tier
-    assert f"{alerts} rules found" in done.stdout + done.stderr
+    assert f"{alerts + len(RECORDINGS)} rules found" in done.stdout + done.stderr
 
 
 def test_real_prometheus_attaches_rack_and_node_pool(tmp_path, exporter_factory):
@@ -428,7 +430,8 @@ def test_alertmanager_example_passes_amtool_and_routes_on_labels_the_alerts_carr
     exported = yaml.safe_load(subprocess.run(
         [sys.executable, "-m", "fleetscope", "rules", "export"], capture_output=True,
         text=True, timeout=120, cwd=REPO).stdout)
-    alert_labels = [rule["labels"] for group in exported["groups"] for rule in group["rules"]]
+    alert_labels = [rule["labels"] for group in exported["groups"] for rule in group["rules"]
+                    if "alert" in rule]
     severities = {labels["severity"] for labels in alert_labels}
     config = yaml.safe_load(path.read_text())
     routed = set()
