@@ -55,7 +55,7 @@ def _scenario_dirs() -> list[Path]:
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
     return sorted(p for p in SCENARIOS.iterdir() if (p / "meta.json").exists())
 STEP_S = 15
-GENERATOR = 2  # bump when the samples written change: a kept fleet is rebuilt
+GENERATOR = 3  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -74,9 +74,11 @@ STEPPINGS = {
 CPU_METRICS = ("fleetscope_cpu_info", "fleetscope_cpu_features_info", "fleetscope_cpu_model_cpus")
 ATTRIBUTE_METRICS = ("fleetscope_exporter_build_info", "fleetscope_sigill_reports_suppressed_total")
 SIGILL = "fleetscope_sigill_crashes_total"
-# Gauges that keep growing as they grew in the bundle (a backlog); the others keep their
-# last value.
+# Gauges that keep growing as they grew in the bundle where the backlog is the fault; the
+# others keep their last value (a queue growing slowly beside another fault would cross the
+# backlog threshold some minutes in, and the findings would depend on when one looks).
 GROWING_GAUGES = ("agent_queue_depth",)
+BACKLOG_PROFILE = "queue-backlog"
 SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the binary
 
 
@@ -98,9 +100,13 @@ class Node:
 
 
 def _rule_metrics() -> set[str]:
+    """What the rules read and the console's recording rules aggregate."""
     from fleetscope.rules.catalog import CATALOG
+    from fleetscope.rules.recording import RECORDINGS
 
     names = set()
+    for recording in RECORDINGS:
+        names |= recording.expr.metrics()
     for rule in CATALOG:
         names |= rule.requires()
         for item in rule.evidence:
@@ -132,7 +138,8 @@ def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
                 continue  # the CPU identity is the node's, set below
             for labels, points in sorted(by_labels.items()):
                 (t0, v0), (t1, v1) = points[0], points[-1]
-                moving = _is_counter(name) or name in GROWING_GAUGES
+                moving = _is_counter(name) or (name in GROWING_GAUGES
+                                               and directory.name == BACKLOG_PROFILE)
                 slope = (v1 - v0) / ((t1 - t0) / 1000) if moving and t1 > t0 else 0
                 first = v0 if moving else v1
                 if name == SIGILL and directory.name == "isa-mismatch":
@@ -285,7 +292,10 @@ class Engine:
         self._log.close()
 
 
-def start_prometheus(openmetrics: Path, workdir: Path) -> Engine:
+def start_prometheus(openmetrics: Path, workdir: Path, rule_file: Path | None = None,
+                     evaluation_interval: str = "15s") -> Engine:
+    """Prometheus over the fleet's blocks; with `rule_file`, evaluating it (alerts and the
+    recording rules of `fleetscope rules export`) every `evaluation_interval`."""
     promtool = shutil.which("promtool")
     prometheus = shutil.which("prometheus")
     if not (promtool and prometheus):
@@ -295,7 +305,12 @@ def start_prometheus(openmetrics: Path, workdir: Path) -> Engine:
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics),
                         str(tsdb)], check=True, stdout=subprocess.DEVNULL)
     config = workdir / "prometheus.yml"
-    config.write_text("global: {scrape_interval: 15s}\n")
+    # The blocks run a few minutes past "now", so the head starts at their end and a rule
+    # evaluated now would write behind it ("out of bounds"): an out-of-order window takes it.
+    config.write_text(f"global: {{scrape_interval: 15s, evaluation_interval: "
+                      f"{evaluation_interval}}}\n"
+                      "storage: {tsdb: {out_of_order_time_window: 1h}}\n"
+                      + (f"rule_files: [{json.dumps(str(rule_file))}]\n" if rule_file else ""))
     port = free_port()
     return Engine("prometheus", [prometheus, f"--config.file={config}",
                                  f"--storage.tsdb.path={tsdb}",
@@ -304,12 +319,16 @@ def start_prometheus(openmetrics: Path, workdir: Path) -> Engine:
                   f"http://127.0.0.1:{port}", "/-/ready", workdir / "prometheus.log")
 
 
-def start_victoria(text: Path, workdir: Path) -> Engine:
+def start_victoria(text: Path | None, workdir: Path) -> Engine:
+    """VictoriaMetrics on 127.0.0.1 with the samples of `text` imported (once: a kept
+    workdir keeps them), or empty with `text` None."""
     binary = shutil.which("victoria-metrics")
     if not binary:
         raise RuntimeError("victoria-metrics is needed (Debian package victoria-metrics)")
+    workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    imported = (workdir / "vm-data").exists() and (workdir / "vm-imported").exists()
+    imported = text is None or (
+        (workdir / "vm-data").exists() and (workdir / "vm-imported").exists())
     engine = Engine("victoriametrics", [
         binary, f"-storageDataPath={workdir / 'vm-data'}", f"-httpListenAddr=127.0.0.1:{port}",
         "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s"],
@@ -322,6 +341,44 @@ def start_victoria(text: Path, workdir: Path) -> Engine:
         engine.stop()
         raise
     return engine
+
+
+def start_vmalert(datasource: str, rule_file: Path, workdir: Path,
+                  evaluation_interval: str = "15s") -> tuple[Engine, Engine, Engine]:
+    """vmalert evaluating `rule_file` on `datasource` as a fleet would run it: alerts to a
+    real Alertmanager, recording rules written to a VictoriaMetrics of their own (so the
+    fleet's store keeps no recorded series). Returns (vmalert, Alertmanager, that store)."""
+    vmalert = shutil.which("vmalert")
+    alertmanager = shutil.which("prometheus-alertmanager")
+    if not (vmalert and alertmanager):
+        raise RuntimeError("vmalert and Alertmanager are needed (Debian packages "
+                           "victoria-metrics, prometheus-alertmanager)")
+    store = start_victoria(None, workdir / "vmalert-store")
+    config = workdir / "alertmanager.yml"
+    config.write_text("route: {receiver: none, group_by: [alertname, fleetscope_rule]}\n"
+                      "receivers: [{name: none}]\n")
+    port = free_port()
+    try:
+        manager = Engine("alertmanager", [
+            alertmanager, f"--config.file={config}", f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            f"http://127.0.0.1:{port}", "/-/ready", workdir / "alertmanager.log")
+    except Exception:
+        store.stop()
+        raise
+    port = free_port()
+    try:
+        evaluator = Engine("vmalert", [
+            vmalert, f"-rule={rule_file}", f"-datasource.url={datasource}",
+            f"-remoteWrite.url={store.url}", f"-notifier.url={manager.url}",
+            f"-evaluationInterval={evaluation_interval}", "-remoteWrite.flushInterval=1s",
+            f"-httpListenAddr=127.0.0.1:{port}"],
+            f"http://127.0.0.1:{port}", "/health", workdir / "vmalert.log")
+    except Exception:
+        manager.stop()
+        store.stop()
+        raise
+    return evaluator, manager, store
 
 
 def import_victoria(url: str, text: Path, chunk_bytes: int = 32 << 20) -> None:

@@ -44,7 +44,7 @@ state.remember_pages({"fleet": PAGES[0], "node": PAGES[1], "findings": PAGES[2],
 
 st.sidebar.caption(f"source: `{state.source()}`")
 try:
-    snap = state.snapshot()
+    snap = state.load_snapshot()
 except data.SourceError as err:
     st.error(f"Cannot load the source: {err}")
     st.stop()

@@ -30,15 +30,14 @@ from fleetscope.dashboard import evidence_views
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, WINDOW, by_id
 from fleetscope.rules.promql import (
-    HistogramQuantile,
     Rate,
     Selector,
     Series,
-    Sum,
     bucket_bound,
     bucket_quantile,
     extrapolated_delta,
 )
+from fleetscope.rules.recording import NODE_SIGNALS, SESSIONS, STAGE_SECONDS, Recording
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
@@ -60,10 +59,6 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "P99 session latency (online)": ("s", "histogram_quantile(0.99, "
                                      "agent_session_duration_seconds{class=online})"),
 }
-# The heatmap's latency tile, as a rule would write it.
-P99_ONLINE_SESSION = HistogramQuantile(0.99, Sum(
-    Rate(Selector("agent_session_duration_seconds_bucket", {"class": "online"}), WINDOW),
-    by=("instance", "pool", "le")))
 # Fixed colour ranges so a colour means the same on every fleet and every load.
 SIGNAL_RANGE = {"health": (0, 2), "findings": (0, 4),
                 "busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
@@ -110,6 +105,9 @@ class Snapshot:
     window: tuple[float, float]
     node_loader: Callable[[str], Series] | None = None  # one node's history
     notes: list[str] = field(default_factory=list)
+    # Recorded series name -> its vector, answered by a query engine (rules/recording.py);
+    # None: the frames evaluate the same expressions over `series` in-process.
+    aggregates: dict[str, dict] | None = None
 
 
 # -- sources -------------------------------------------------------------------------------
@@ -170,19 +168,6 @@ def merge(shards: list[Series]) -> Series:
             out.by_name.setdefault(name, {}).update(family)
         out.max_window_ms = out.max_window_ms or shard.max_window_ms
     return out
-
-
-def split_by_instance(series: Series, per_shard: int = 32) -> list[Series]:
-    """Cut a fleet Series into shards of `per_shard` instances each."""
-    names = sorted({dict(labels).get("instance", "") for family in series.by_name.values()
-                    for labels in family})
-    shard_of = {name: i // per_shard for i, name in enumerate(names)}
-    shards = [Series() for _ in range(max(1, math.ceil(len(names) / per_shard)))]
-    for metric, family in series.by_name.items():
-        for labels, points in family.items():
-            shard = shards[shard_of[dict(labels).get("instance", "")]]
-            shard.by_name.setdefault(metric, {})[labels] = points
-    return shards
 
 
 def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, list[dict]]:
@@ -294,18 +279,41 @@ def load_bundle(path: str) -> Snapshot:
                     not_evaluated, (first / 1000, last / 1000), lambda _: node, notes)
 
 
-def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0) -> Snapshot:
+# What the node table reads of every node, as instant queries: the metadata series (one a
+# node) and a presence count (a node without fleetscope_cpu_info still shows).
+NODE_TABLE_QUERIES = {
+    "fleetscope_cpu_info": "fleetscope_cpu_info",
+    "node_uname_info": "node_uname_info",
+    "fleetscope_scrape_collector_success":
+        "count by (instance) (fleetscope_scrape_collector_success)",
+}
+
+
+def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
+                    timeout: float = 60.0) -> Snapshot:
+    """The fleet as the query engine sees it, without fetching the fleet: the rules run where
+    the data is (diagnose/remote.py: only the firing nodes come back, with their evidence),
+    the node table and the per-node aggregates the pages draw are instant queries
+    (rules/recording.py: the recorded series when the exported rules are loaded), and a
+    node's history is range-queried only when its page opens. Memory and answers follow the
+    findings and the nodes' one-number-a-signal, not the raw series."""
+    from fleetscope.diagnose import remote
     from fleetscope.diagnose.prometheus import PrometheusError, prometheus_series
+    from fleetscope.rules.recording import RECORDINGS
 
     try:
-        series, nodes = prometheus_series(url, set(FLEET_METRICS), seconds, None, step=step)
-    except PrometheusError as err:
+        answered = remote.diagnose_remote(url, seconds, None, deadline_seconds=timeout)
+        client = remote.QueryClient(url, timeout)
+        at = answered.window[1]
+        tables = remote.instant_vectors(client, NODE_TABLE_QUERIES, at)
+        aggregates = remote.recorded_vectors(client, RECORDINGS, at)
+    except remote.RemoteError as err:
         raise SourceError(str(err)) from None
-    first, last = _span(series)
-    shards = split_by_instance(series)
-    found, not_evaluated = evaluate_sharded(shards)
-    # Tiles rate over the window the rules rated over.
-    series.max_window_ms = next((s.max_window_ms for s in shards if s.max_window_ms), None)
+    series = Series()
+    at_ms = int(round(at * 1000))
+    for name, vector in tables.items():
+        for labels, value in vector.items():
+            series.add_key(name, labels, at_ms, value)
 
     def node_loader(instance: str) -> Series:
         try:
@@ -315,9 +323,11 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0) -> Sna
             raise SourceError(str(err)) from None
         return history
 
-    return Snapshot("prometheus", f"Prometheus {url}: {len(nodes):,} nodes", series,
-                    _to_json(found), not_evaluated,
-                    (first / 1000, last / 1000), node_loader)
+    nodes = len({dict(labels).get("instance") for vector in tables.values()
+                 for labels in vector} - {None})
+    return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
+                    _to_json(answered.findings), answered.not_evaluated, answered.window,
+                    node_loader, aggregates=aggregates)
 
 
 # -- frames from series --------------------------------------------------------------------
@@ -421,25 +431,24 @@ def node_table(snapshot: Snapshot) -> pd.DataFrame:
     return table.sort_values(["node_pool", "rack", "instance"]).reset_index(drop=True)
 
 
+def recorded(snapshot: Snapshot, recording: Recording) -> pd.DataFrame:
+    """A recording rule's vector as a frame (labels..., value): what the query engine
+    answered for a Prometheus source, else the same expression over the snapshot's series
+    at its last sample of those metrics."""
+    if snapshot.aggregates is not None:
+        return _rows(snapshot.aggregates.get(recording.record, {}))
+    ends = [end for end in (_end_ms(snapshot.series, name) for name in recording.expr.metrics())
+            if end is not None]
+    return _rows(recording.expr.evaluate(snapshot.series, max(ends)) if ends else {})
+
+
 def node_signals(snapshot: Snapshot) -> pd.DataFrame:
     """Per node, every heatmap signal at the last sample (NaN where the node lacks it)."""
-    series = snapshot.series
-    columns = {
-        "busy (median core)": _per_instance(
-            latest(series, "fleetscope_cpu_core_busy_ratio", {"stat": "p50"})),
-        "busiest core": _per_instance(
-            latest(series, "fleetscope_cpu_core_busy_ratio", {"stat": "max"})),
-        "steal (p90 core)": _per_instance(
-            latest(series, "fleetscope_cpu_core_steal_ratio", {"stat": "p90"})),
-        "memory bandwidth % of peak": _per_instance(
-            latest(series, "fleetscope_memory_bandwidth_utilization_ratio")),
-        "L3 miss ratio": _per_instance(latest(series, "fleetscope_llc_miss_ratio")),
-        "PFC pauses /s": _per_instance(
-            last_rate(series, "fleetscope_nic_pfc_pause_frames_total"), "sum"),
-        "queue depth": _per_instance(latest(series, "agent_queue_depth")),
-    }
-    p99 = _instant(series, P99_ONLINE_SESSION, "agent_session_duration_seconds_bucket")
-    columns["P99 session latency (online)"] = _per_instance(p99.dropna(subset=["value"]))
+    columns = {}
+    for name, recording in NODE_SIGNALS.items():
+        frame = recorded(snapshot, recording)
+        columns[name] = _per_instance(frame.dropna(subset=["value"]) if not frame.empty
+                                      else frame)
     frame = pd.DataFrame(columns)
     frame.index.name = "instance"
     return frame.reindex(columns=list(SIGNALS))
@@ -488,7 +497,7 @@ def node_health(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
         if SEVERITY_ORDER[severity] < SEVERITY_ORDER.get(worst.get(node, "ok"), 9):
             worst[node] = severity
     out = nodes.copy()
-    out["health"] = out["instance"].map(worst).fillna("ok")
+    out["health"] = [worst.get(node, "ok") for node in out["instance"]]
     out["findings"] = out["instance"].map(count).fillna(0).astype(int)
     return out
 
@@ -743,7 +752,7 @@ def pool_memory(series: Series) -> pd.DataFrame:
 def stage_breakdown(snapshot: Snapshot, nodes: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where session time goes, per workload pool: seconds per second spent in each stage
     (rate of agent_stage_duration_seconds_sum) and its share of the pool's total."""
-    spent = last_rate(snapshot.series, "agent_stage_duration_seconds_sum")
+    spent = recorded(snapshot, STAGE_SECONDS)
     if spent.empty or "stage" not in spent:
         return pd.DataFrame(columns=["node_pool", "pool", "stage", "seconds_per_second",
                                      "share", "seconds_per_session"])
@@ -758,8 +767,7 @@ def stage_breakdown(snapshot: Snapshot, nodes: pd.DataFrame | None = None) -> pd
     table = table.reset_index()
     table["share"] = table["seconds_per_second"] / table.groupby(keys)[
         "seconds_per_second"].transform("sum")
-    counts = last_rate(snapshot.series, "agent_stage_duration_seconds_count",
-                       {"stage": "inference"})
+    counts = recorded(snapshot, SESSIONS)
     if nodes is not None and not counts.empty:
         counts = counts[counts["instance"].isin(set(nodes["instance"]))]
     if counts.empty:

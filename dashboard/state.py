@@ -2,8 +2,10 @@
 
 `st.cache_resource` holds each source's loaded `Snapshot` (one per source, shared by every
 session: a 4,096-node fleet is built once) and one node's history; `st.cache_data` holds the
-frames the pages draw. A Prometheus source is reloaded after TTL_LIVE seconds; a demo or a
-bundle never changes.
+frames the pages draw. A Prometheus source is reloaded once it is TTL_LIVE seconds old; a
+demo or a bundle never changes. The entry point loads the snapshot once a run and pins it
+there, so the page it runs draws from the same snapshot even when the cached one expires
+in between (one load a run, never two).
 """
 
 from __future__ import annotations
@@ -13,45 +15,57 @@ import streamlit as st
 from fleetscope.dashboard import data
 
 TTL_LIVE = 60  # seconds: how stale a Prometheus view may get
+_PINNED_KEY = "_fleetscope_snapshot"  # this run's snapshot (session state)
 
 
 def source() -> str:
     return data.source_from_env()
 
 
-def _ttl(spec: str) -> float | None:
-    return TTL_LIVE if spec.startswith("prometheus:") else None
-
-
-@st.cache_resource(show_spinner="Loading the source and running the rules...", max_entries=4)
-def _snapshot(spec: str, bucket: int) -> data.Snapshot:
+@st.cache_resource(show_spinner="Loading the source and running the rules...", max_entries=2)
+def _fixed_snapshot(spec: str) -> data.Snapshot:
     return data.load(spec)
 
 
-def snapshot() -> data.Snapshot:
-    """The current source, loaded (raises data.SourceError with one line)."""
-    import time
+# One entry: a reload replaces the old snapshot rather than keeping stale ones beside it.
+@st.cache_resource(show_spinner="Loading the source and running the rules...", max_entries=1,
+                   ttl=TTL_LIVE)
+def _live_snapshot(spec: str) -> data.Snapshot:
+    return data.load(spec)
 
+
+def load_snapshot() -> data.Snapshot:
+    """The entry point's load of the current source, pinned for this run's page (raises
+    data.SourceError with one line)."""
     spec = source()
-    ttl = _ttl(spec)
-    return _snapshot(spec, int(time.time() // ttl) if ttl else 0)
+    loaded = (_live_snapshot if spec.startswith("prometheus:") else _fixed_snapshot)(spec)
+    st.session_state[_PINNED_KEY] = (spec, loaded)
+    return loaded
+
+
+def snapshot() -> data.Snapshot:
+    """The snapshot this run's entry point loaded (a page run on its own loads it)."""
+    pinned = st.session_state.get(_PINNED_KEY)
+    if pinned and pinned[0] == source():
+        return pinned[1]
+    return load_snapshot()
 
 
 def _key(snap: data.Snapshot) -> str:
     return f"{source()}@{snap.window[1]}"
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_data(show_spinner=False, max_entries=2)
 def _nodes(key: str, _snap: data.Snapshot):
     return data.node_table(_snap)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_data(show_spinner=False, max_entries=2)
 def _signals(key: str, _snap: data.Snapshot):
     return data.node_signals(_snap)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_data(show_spinner=False, max_entries=2)
 def _findings(key: str, _snap: data.Snapshot):
     return data.findings_frame(_snap.findings)
 

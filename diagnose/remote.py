@@ -214,6 +214,35 @@ class _Candidate:
     vectors: list[Vector] = field(default_factory=list)
 
 
+def instant_vectors(client: QueryClient, queries: dict[str, str], at: float,
+                    parallel: int = PARALLEL_QUERIES) -> dict[str, Vector]:
+    """Each PromQL expression's instant vector at `at` ({labels without __name__/job:
+    value}), `parallel` queries at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(promql: str) -> Vector:
+        return {labels_of(item): _number((item.get("value") or [0, "NaN"])[1])
+                for item in client.query(promql, at)}
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        answers = dict(zip(queries, pool.map(one, queries.values()), strict=True))
+    return answers
+
+
+def recorded_vectors(client: QueryClient, recordings, at: float,
+                     parallel: int = PARALLEL_QUERIES) -> dict[str, Vector]:
+    """Each recording rule's vector at `at`: the recorded series where the engine has them
+    (one query for all: `rules export` loaded), else its expression as an instant query."""
+    names = "|".join(re.escape(r.record) for r in recordings)
+    found: dict[str, Vector] = {}
+    for item in client.query(f'{{__name__=~"{names}"}}', at):
+        name = str((item.get("metric") or {}).get("__name__", ""))
+        found.setdefault(name, {})[labels_of(item)] = _number(
+            (item.get("value") or [0, "NaN"])[1])
+    missing = {r.record: r.expr.promql() for r in recordings if r.record not in found}
+    return {**found, **instant_vectors(client, missing, at, parallel)} if missing else found
+
+
 @dataclass
 class RemoteDiagnosis:
     findings: list[engine.Finding]

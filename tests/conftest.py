@@ -132,3 +132,63 @@ def samples(text: str) -> dict[str, float]:
             label_string = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             out[f"{sample.name}{{{label_string}}}" if label_string else sample.name] = sample.value
     return out
+
+
+# -- a small fleet on real query engines ---------------------------------------------------
+ENGINE_FLEET_NODES = 64
+ENGINE_FLEET_MINUTES = 12
+ENGINE_FLEET_SECONDS = 300  # the diagnosis window the tests use
+
+
+def fleet_bench():
+    """bench/fleet_prometheus.py, imported (it builds fleets and starts engines)."""
+    import importlib.util
+
+    name = "fleet_prometheus"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parent.parent / "bench" / "fleet_prometheus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def engine_fleet(tmp_path_factory):
+    """A simulated fleet (every rule's fault on known nodes, two CPU steppings) in a real
+    Prometheus, which evaluates `fleetscope rules export` every 5 s (alerts and recording
+    rules), and in a real VictoriaMetrics, on which vmalert evaluates the same file (alerts to a
+    real Alertmanager, recorded series to a VictoriaMetrics of their own), all on 127.0.0.1;
+    stopped at the end of the session."""
+    require_tool("promtool")
+    require_tool("prometheus")
+    require_tool("victoria-metrics")
+    require_tool("vmalert")
+    require_tool("prometheus-alertmanager")
+    bench = fleet_bench()
+    workdir = tmp_path_factory.mktemp("engine-fleet")
+    nodes, profiles, start_s, points = bench.build(ENGINE_FLEET_NODES, ENGINE_FLEET_MINUTES,
+                                                   workdir, False, ["prometheus", "vm"])
+    rule_file = workdir / "fleetscope.rules.yml"
+    subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
+                    str(rule_file)], check=True, timeout=120)
+    engines, evaluators = {}, {}
+    try:
+        engines["prometheus"] = bench.start_prometheus(workdir / "fleet.om", workdir,
+                                                       rule_file, "5s")
+        engines["victoriametrics"] = bench.start_victoria(workdir / "fleet.prom", workdir)
+        # The same rule file in vmalert on VictoriaMetrics, alerting a real Alertmanager.
+        evaluators = dict(zip(("vmalert", "alertmanager", "vmalert-store"),
+                              bench.start_vmalert(engines["victoriametrics"].url, rule_file,
+                                                  workdir, "5s"), strict=True))
+        end_s = (time.time() - bench.SETTLE_SECONDS) // bench.STEP_S * bench.STEP_S
+        expected = bench.expected_findings(profiles, start_s, points, ENGINE_FLEET_SECONDS,
+                                           end_s)
+        yield {"bench": bench, "nodes": nodes, "engines": engines, "expected": expected,
+               "start_s": start_s, "workdir": workdir, "rule_file": rule_file,
+               "evaluators": evaluators, "started": time.time()}
+    finally:
+        for process in [*evaluators.values(), *engines.values()]:
+            process.stop()

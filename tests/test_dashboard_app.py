@@ -7,9 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -265,65 +262,107 @@ def test_a_bad_source_is_one_error_line(monkeypatch, tmp_path):
     assert "no such bundle" in app.error[0].value
 
 
-# -- Prometheus ----------------------------------------------------------------------------
-class _FakePrometheus(BaseHTTPRequestHandler):
-    """/api/v1/query and /api/v1/query_range over a simulated fleet, as Prometheus answers."""
+# -- Prometheus and VictoriaMetrics --------------------------------------------------------
+# The small fleet of tests/conftest.py (engine_fleet): Prometheus evaluates the exported rules
+# (the console reads its recorded per-node series), VictoriaMetrics has none (the console asks
+# it the same expressions as instant queries).
+def _recorded_ready(url: str, at: float) -> bool:
+    from fleetscope.diagnose import remote
+    from fleetscope.rules.recording import RECORDINGS
 
-    fleet: Fleet
-    fleet_series = None
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):  # noqa: N802
-        url = urllib.parse.urlparse(self.path)
-        query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
-        if url.path == "/api/v1/query":
-            body = {"status": "success", "data": {"resultType": "vector", "result": []}}
-        elif url.path == "/api/v1/query_range":
-            name = re.search(r'__name__="([^"]+)"', query).group(1)
-            node = re.search(r'instance="([^"]+)"', query)
-            series = self.fleet.node_series(node.group(1), 20) if node else self.fleet_series
-            result = [{"metric": {"__name__": name, "job": "fleetscope", **dict(labels)},
-                       "values": [[t / 1000, repr(v)] for t, v in points]}
-                      for labels, points in series.by_name.get(name, {}).items()]
-            body = {"status": "success", "data": {"resultType": "matrix", "result": result}}
-        else:
-            self.send_error(404)
-            return
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+    client = remote.QueryClient(url, 30)
+    names = {r.record for r in RECORDINGS}
+    found = {str(item["metric"].get("__name__")) for item in client.query(
+        '{__name__=~"' + "|".join(re.escape(n) for n in names) + '"}', at)}
+    return found == names
 
 
-@pytest.fixture(scope="module")
-def prometheus():
-    fleet = Fleet(nodes=64, seed=11)
-    handler = type("Handler", (_FakePrometheus,), {"fleet": fleet,
-                                                    "fleet_series": fleet.series()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", fleet
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+def _wait_recorded(url: str, seconds: float = 120.0) -> float:
+    """The rule evaluations reach back past the settled window's end (30 s ago)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        at = time.time() - 31
+        if _recorded_ready(url, at):
+            return at
+        if time.monotonic() > deadline:
+            raise AssertionError("Prometheus recorded none of the console's series in time")
+        time.sleep(2)
 
 
+def test_recorded_series_and_instant_expressions_give_the_same_aggregates(engine_fleet):
+    from fleetscope.diagnose import remote
+    from fleetscope.rules.recording import RECORDINGS
+
+    prometheus = engine_fleet["engines"]["prometheus"].url
+    victoria = engine_fleet["engines"]["victoriametrics"].url
+    at = _wait_recorded(prometheus)
+    recorded_client = remote.QueryClient(prometheus, 60)
+    recorded = remote.recorded_vectors(recorded_client, RECORDINGS, at)
+    assert recorded_client.stats.queries == 1  # one query: every recorded series
+    asked_client = remote.QueryClient(victoria, 60)
+    asked = remote.recorded_vectors(asked_client, RECORDINGS, at)
+    assert asked_client.stats.queries == 1 + len(RECORDINGS)  # none recorded: each asked
+    for recording in RECORDINGS:
+        mine, theirs = recorded[recording.record], asked[recording.record]
+        assert set(mine) == set(theirs), recording.record
+        assert len({dict(k)["instance"] for k in mine}) > 1, recording.record
+        for labels, value in mine.items():
+            other = theirs[labels]
+            if value != value:  # NaN (no online session in the window) on both
+                assert other != other, (recording.record, labels)
+            else:
+                assert other == pytest.approx(value, rel=0.05, abs=1e-9), (recording.record,
+                                                                          labels)
+
+
+@pytest.mark.parametrize("engine", ["prometheus", "victoriametrics"])
 @pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
-def test_prometheus_source_every_page(monkeypatch, prometheus, page):
-    url, fleet = prometheus
+def test_query_engine_source_every_page(monkeypatch, engine_fleet, engine, page):
+    url = engine_fleet["engines"][engine].url
+    if engine == "prometheus":
+        _wait_recorded(url)
     app = run_app(monkeypatch, f"prometheus:{url}", page)
+    expected = set().union(*engine_fleet["expected"].values())  # rules of every profile
     if page == "fleet":
         counts = table(app, "rule_counts")
-        assert set(counts["rule"]) >= set(RULE_IDS)
-        assert metrics(app)["nodes"] == "64"
-    elif page == "node":
-        assert metrics(app)["median core busy"].endswith("%")
+        assert set(counts["rule"]) == expected
+        assert metrics(app)["nodes"] == str(len(engine_fleet["nodes"]))
+    elif page == "node":  # the first flagged node, its history loaded on opening it
+        assert "per_core: summary" in " ".join(i.value for i in app.info)
+        assert app.get("plotly_chart"), "no chart of the node's history"
+        assert not any("No rule fires" in s.value for s in app.success)
     elif page == "findings":
         assert "## Confirm by hand" in text_of(app)
     elif page == "latency":
         assert any(k.startswith("inference · ") for k in metrics(app))
+
+
+def test_a_query_engine_source_loads_once_a_run_even_when_its_cache_expires(monkeypatch,
+                                                                            engine_fleet):
+    """The entry point and the page it runs draw from one snapshot: the cached one expiring
+    between them (a load crossing the reload time) costs no second load; the next run
+    reloads, keeping one snapshot, not a stale one beside it."""
+    from fleetscope.dashboard import state
+
+    url = engine_fleet["engines"]["victoriametrics"].url
+    loads = []
+    real_load, real_nodes = data.load, state.nodes
+
+    def counted_load(spec):
+        loads.append(spec)
+        return real_load(spec)
+
+    def expire_then_nodes(snap):  # app.py's next step after its load: the TTL runs out
+        state._live_snapshot.clear()
+        return real_nodes(snap)
+
+    state._live_snapshot.clear()
+    monkeypatch.setattr(data, "load", counted_load)
+    monkeypatch.setattr(state, "nodes", expire_then_nodes)
+    run_app(monkeypatch, f"prometheus:{url}")
+    assert len(loads) == 1  # app.py and the Fleet page: one load
+    app = run_app(monkeypatch, f"prometheus:{url}", "findings")
+    assert len(loads) == 3  # two runs (entry page, then Findings): one load each
+    assert "## Confirm by hand" in text_of(app)

@@ -10,12 +10,12 @@ what the in-process engine finds on one node of each profile.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,44 +23,16 @@ import pytest
 from fleetscope.diagnose import engine, remote
 from fleetscope.diagnose.prometheus import prometheus_series
 from fleetscope.rules.catalog import CATALOG
-from tests.conftest import require_tool
+from tests.conftest import ENGINE_FLEET_NODES, ENGINE_FLEET_SECONDS
 
 REPO = Path(__file__).resolve().parent.parent
-NODES = 64
-MINUTES = 12
-SECONDS = 300
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("fleet_prometheus",
-                                                  REPO / "bench" / "fleet_prometheus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+SECONDS = ENGINE_FLEET_SECONDS
+NODES = ENGINE_FLEET_NODES
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    """Both engines over the same samples; stopped after the module."""
-    require_tool("promtool")
-    require_tool("prometheus")
-    require_tool("victoria-metrics")
-    bench = _bench()
-    workdir = tmp_path_factory.mktemp("fleet")
-    nodes, profiles, start_s, points = bench.build(NODES, MINUTES, workdir, False,
-                                                   ["prometheus", "vm"])
-    engines = {}
-    try:
-        engines["prometheus"] = bench.start_prometheus(workdir / "fleet.om", workdir)
-        engines["victoriametrics"] = bench.start_victoria(workdir / "fleet.prom", workdir)
-        end_s = (time.time() - bench.SETTLE_SECONDS) // bench.STEP_S * bench.STEP_S
-        expected = bench.expected_findings(profiles, start_s, points, SECONDS, end_s)
-        yield {"bench": bench, "nodes": nodes, "engines": engines, "expected": expected,
-               "start_s": start_s}
-    finally:
-        for process in engines.values():
-            process.stop()
+def fleet(engine_fleet):
+    return engine_fleet
 
 
 def _diagnose(url: str) -> tuple[int, dict]:
@@ -250,3 +222,63 @@ def test_isa_check_names_the_groups_a_binary_would_crash_on(fleet, tmp_path):
     baseline.write_bytes(make_elf(EM_AARCH64, ldadd + ret))
     code, document = _isa("check", str(baseline), "--prometheus", url)
     assert code == 0 and document["check"]["nodes_that_would_crash"] == 0
+
+
+def _firing(url: str, manager: bool = False) -> set[tuple[str, str, str]]:
+    """(rule, node, severity) of every firing alert an evaluator (Prometheus, vmalert: their
+    /api/v1/alerts) or an Alertmanager (/api/v2/alerts: only what was sent, i.e. firing)
+    holds."""
+    with urllib.request.urlopen(url + ("/api/v2/alerts" if manager else "/api/v1/alerts"),
+                                timeout=60) as response:
+        body = json.load(response)
+    alerts = body if manager else [a for a in body["data"]["alerts"] if a["state"] == "firing"]
+    return {(a["labels"]["fleetscope_rule"], a["labels"]["instance"], a["labels"]["severity"])
+            for a in alerts}
+
+
+def _until_held(fleet) -> None:
+    """Wait (bounded) until the evaluators have run the longest `for:` and a few rounds."""
+    hold = max(rule.for_seconds for rule in CATALOG) + 20
+    remaining = fleet["started"] + hold - time.time()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def test_the_exported_rules_fire_what_diagnose_finds_on_prometheus_and_vmalert(fleet):
+    """The file `fleetscope rules export` writes, loaded as users load it (Prometheus's
+    rule_files; vmalert on VictoriaMetrics, notifying a real Alertmanager), fires exactly the
+    (rule, node, severity) that `diagnose --fleet` reports, once the `for:` has passed."""
+    _until_held(fleet)
+    engines, evaluators = fleet["engines"], fleet["evaluators"]
+    deadline = time.monotonic() + 60  # Alertmanager gets vmalert's alerts a round later
+    while True:
+        expected = _keyed(_diagnose(engines["prometheus"].url)[1]["findings"])
+        fired = {"prometheus": _firing(engines["prometheus"].url),
+                 "vmalert": _firing(evaluators["vmalert"].url),
+                 "alertmanager": _firing(evaluators["alertmanager"].url, manager=True)}
+        if all(found == expected for found in fired.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert {rule for rule, _, _ in expected} == {rule.id for rule in CATALOG}
+    for name, found in fired.items():
+        assert found == expected, (name, sorted(found ^ expected))
+    assert _keyed(_diagnose(engines["victoriametrics"].url)[1]["findings"]) == expected
+
+
+def test_vmalert_records_the_console_series_the_engine_computes(fleet):
+    """vmalert's recording rules (written to their own VictoriaMetrics) hold, per node, what
+    the same expressions give as instant queries on the fleet's data."""
+    from fleetscope.rules.recording import RECORDINGS
+
+    store = remote.QueryClient(fleet["evaluators"]["vmalert-store"].url, 60)
+    asked = remote.QueryClient(fleet["engines"]["victoriametrics"].url, 60)
+    at = time.time() // 5 * 5 - 10  # a round vmalert has written and flushed
+    recorded = remote.recorded_vectors(store, RECORDINGS, at)
+    assert store.stats.queries == 1  # every recording found in one query
+    computed = remote.recorded_vectors(asked, RECORDINGS, at)
+    for recording in RECORDINGS:
+        mine, theirs = recorded[recording.record], computed[recording.record]
+        assert mine and set(mine) == set(theirs), recording.record
+        for labels, value in mine.items():
+            if value == value:
+                assert theirs[labels] == pytest.approx(value, rel=0.05, abs=1e-9), labels
