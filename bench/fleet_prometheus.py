@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -292,6 +293,42 @@ class Engine:
         self._log.close()
 
 
+def write_prometheus_config(workdir: Path, rule_file: Path | None = None,
+                            evaluation_interval: str = "15s") -> Path:
+    config = workdir / "prometheus.yml"
+    # The blocks run a few minutes past "now", so the head starts at their end and a rule
+    # evaluated now would write behind it ("out of bounds"): an out-of-order window takes it.
+    config.write_text(f"global: {{scrape_interval: 15s, evaluation_interval: "
+                      f"{evaluation_interval}}}\n"
+                      "storage: {tsdb: {out_of_order_time_window: 1h}}\n"
+                      + (f"rule_files: [{json.dumps(str(rule_file))}]\n" if rule_file else ""))
+    return config
+
+
+def load_rules(engine: Engine, workdir: Path, rule_file: Path) -> None:
+    """Prometheus reloads its configuration (SIGHUP) with `rule_file` in it."""
+    write_prometheus_config(workdir, rule_file)
+    engine.proc.send_signal(signal.SIGHUP)
+
+
+def wait_recorded(url: str, seconds: float = 300) -> bool:
+    """Whether the engine holds every recorded series of the console within `seconds`."""
+    from fleetscope.diagnose import remote
+    from fleetscope.rules.recording import RECORDINGS
+
+    names = {r.record for r in RECORDINGS}
+    query = '{__name__=~"' + "|".join(names) + '"}'
+    deadline = time.monotonic() + seconds
+    client = remote.QueryClient(url, 120)
+    while time.monotonic() < deadline:
+        found = {str(s["metric"].get("__name__"))
+                 for s in client.query(f"count by (__name__) ({query})", time.time())}
+        if found == names:
+            return True
+        time.sleep(3)
+    return False
+
+
 def start_prometheus(openmetrics: Path, workdir: Path, rule_file: Path | None = None,
                      evaluation_interval: str = "15s") -> Engine:
     """Prometheus over the fleet's blocks; with `rule_file`, evaluating it (alerts and the
@@ -304,13 +341,7 @@ def start_prometheus(openmetrics: Path, workdir: Path, rule_file: Path | None = 
     if not tsdb.exists():
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics),
                         str(tsdb)], check=True, stdout=subprocess.DEVNULL)
-    config = workdir / "prometheus.yml"
-    # The blocks run a few minutes past "now", so the head starts at their end and a rule
-    # evaluated now would write behind it ("out of bounds"): an out-of-order window takes it.
-    config.write_text(f"global: {{scrape_interval: 15s, evaluation_interval: "
-                      f"{evaluation_interval}}}\n"
-                      "storage: {tsdb: {out_of_order_time_window: 1h}}\n"
-                      + (f"rule_files: [{json.dumps(str(rule_file))}]\n" if rule_file else ""))
+    config = write_prometheus_config(workdir, rule_file, evaluation_interval)
     port = free_port()
     return Engine("prometheus", [prometheus, f"--config.file={config}",
                                  f"--storage.tsdb.path={tsdb}",
@@ -397,9 +428,12 @@ def import_victoria(url: str, text: Path, chunk_bytes: int = 32 << 20) -> None:
         response.read()
 
 
-def run_diagnosis(url: str, seconds: float, at: float, python_code: str) -> dict:
-    """A diagnosis in a fresh child (AFTER or BEFORE): its JSON, wall time and peak RSS."""
-    command = [sys.executable, "-c", PEAK_RSS + python_code, url, f"{seconds:g}", f"{at:.3f}"]
+def run_diagnosis(url: str, seconds: float, at: float, python_code: str,
+                  *extra: str) -> dict:
+    """A diagnosis (AFTER or BEFORE) or a page render (FLEET_PAGE) in a fresh child: its
+    JSON, wall time and peak RSS."""
+    command = [sys.executable, "-c", PEAK_RSS + python_code, url, f"{seconds:g}", f"{at:.3f}",
+               *extra]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=out, stderr=err)
@@ -410,7 +444,7 @@ def run_diagnosis(url: str, seconds: float, at: float, python_code: str) -> dict
         err.seek(0)
         text = out.read().decode()
         error = err.read().decode().strip()
-    if proc.returncode not in (0, 1, 2):
+    if proc.returncode not in (0, 1, 2) or not text.strip():
         raise RuntimeError(f"diagnosis exited {proc.returncode}: {error[-500:]}")
     peak = [line.split()[1] for line in error.splitlines() if line.startswith("VmHWM:")]
     return {"document": json.loads(text), "wall_s": wall,
@@ -439,6 +473,30 @@ document["fleet_findings"] = answer.fleet_findings
 document["query_engine"] = answer.stats.to_json()
 print(json.dumps(document))
 """
+
+
+# The console's Fleet page on the engine as `fleetscope console --source prometheus:URL`
+# serves it, under Streamlit's AppTest: cold (loads the source: engine-side findings, the
+# per-node aggregates) then warm (cached). Streamlit's one-time start-up (a component scan)
+# runs first, as the console server has run it before anyone opens a page.
+FLEET_PAGE = """
+import json, os, sys, time
+from streamlit.testing.v1 import AppTest
+from fleetscope.dashboard import data
+os.environ[data.SOURCE_ENV] = "prometheus:" + sys.argv[1]
+AppTest.from_string("import streamlit as st\\nst.write('up')", default_timeout=60).run()
+app = AppTest.from_file(sys.argv[4], default_timeout=600)
+started = time.perf_counter()
+app.run()
+cold = time.perf_counter() - started
+errors = [e.message for e in app.exception] + [e.value for e in app.error]
+started = time.perf_counter()
+app.run()
+warm = time.perf_counter() - started
+print(json.dumps({"cold_s": cold, "warm_s": warm, "errors": errors,
+                  "nodes": {m.label: m.value for m in app.metric}.get("nodes")}))
+"""
+APP = REPO / "dashboard" / "app.py"
 
 
 # The old path, for --before: every series of every rule metric over the window, rules in
@@ -570,6 +628,22 @@ def main() -> int:
                 print(f"    {line}")
             for entry in document.get("fleet_findings", [])[:5]:
                 print(f"  fleet: {entry['summary']}")
+            if name == "prometheus":  # as deployed: the exported rules, recording too
+                rule_file = workdir / "fleetscope.rules.yml"
+                subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
+                                str(rule_file)], check=True)
+                load_rules(engine, workdir, rule_file)
+                recorded = wait_recorded(engine.url)
+                source = "recorded series" if recorded else "instant queries (none recorded)"
+            else:
+                source = "instant queries"
+            page = run_diagnosis(engine.url, args.seconds, at, FLEET_PAGE, str(APP))
+            shown = page["document"]
+            print(f"  console Fleet page ({source}): cold {shown['cold_s']:.2f} s, warm "
+                  f"{shown['warm_s']:.2f} s, peak RSS {page['peak_rss_bytes'] / 2**20:.0f} MiB, "
+                  f"nodes shown {shown['nodes']}"
+                  + (f", errors: {shown['errors']}" if shown["errors"] else ""))
+            failures += bool(shown["errors"]) or shown["nodes"] != f"{len(fleet):,}"
             if args.before and name == "prometheus":
                 before_bytes = prometheus_response_bytes(engine.url)
                 old = run_diagnosis(engine.url, args.seconds, at, BEFORE)

@@ -297,18 +297,28 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
     (rules/recording.py: the recorded series when the exported rules are loaded), and a
     node's history is range-queried only when its page opens. Memory and answers follow the
     findings and the nodes' one-number-a-signal, not the raw series."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
     from fleetscope.diagnose import remote
     from fleetscope.diagnose.prometheus import PrometheusError, prometheus_series
     from fleetscope.rules.recording import RECORDINGS
 
-    try:
-        answered = remote.diagnose_remote(url, seconds, None, deadline_seconds=timeout)
-        client = remote.QueryClient(url, timeout)
-        at = answered.window[1]
-        tables = remote.instant_vectors(client, NODE_TABLE_QUERIES, at)
-        aggregates = remote.recorded_vectors(client, RECORDINGS, at)
-    except remote.RemoteError as err:
-        raise SourceError(str(err)) from None
+    now = time.time()
+    at = now - remote.SETTLE_SECONDS  # where the diagnosis's settled window ends
+    client = remote.QueryClient(url, timeout)
+    # The engine works on the three at once: the diagnosis, the node table, the aggregates.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        diagnosis = pool.submit(remote.diagnose_remote, url, seconds, None,
+                                deadline_seconds=timeout, now=now)
+        tables_answer = pool.submit(remote.instant_vectors, client, NODE_TABLE_QUERIES, at)
+        aggregates_answer = pool.submit(remote.recorded_vectors, client, RECORDINGS, at)
+        try:
+            answered = diagnosis.result()
+            tables, aggregates = tables_answer.result(), aggregates_answer.result()
+        except remote.RemoteError as err:
+            raise SourceError(str(err)) from None
+    at = answered.window[1]
     series = Series()
     at_ms = int(round(at * 1000))
     for name, vector in tables.items():
