@@ -300,7 +300,7 @@ def write_prometheus_config(workdir: Path, rule_file: Path | None = None,
     # evaluated now would write behind it ("out of bounds"): an out-of-order window takes it.
     config.write_text(f"global: {{scrape_interval: 15s, evaluation_interval: "
                       f"{evaluation_interval}}}\n"
-                      "storage: {tsdb: {out_of_order_time_window: 1h}}\n"
+                      "storage: {tsdb: {out_of_order_time_window: 2h}}\n"
                       + (f"rule_files: [{json.dumps(str(rule_file))}]\n" if rule_file else ""))
     return config
 
@@ -493,8 +493,10 @@ errors = [e.message for e in app.exception] + [e.value for e in app.error]
 started = time.perf_counter()
 app.run()
 warm = time.perf_counter() - started
-print(json.dumps({"cold_s": cold, "warm_s": warm, "errors": errors,
-                  "nodes": {m.label: m.value for m in app.metric}.get("nodes")}))
+shown = {m.label: m.value for m in app.metric}
+print(json.dumps({"cold_s": cold, "warm_s": warm, "errors": errors, "nodes": shown.get("nodes"),
+                  "findings": shown.get("findings"),
+                  "how": [c.value for c in app.sidebar.caption if "findings:" in c.value]}))
 """
 APP = REPO / "dashboard" / "app.py"
 
@@ -543,9 +545,11 @@ def prometheus_response_bytes(url: str) -> float:
                if line.startswith('prometheus_http_response_size_bytes_sum{handler="/api/v1/'))
 
 
-def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: list[str]):
+def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: list[str],
+          ahead_minutes: float | None = None):
     """Generate the fleet's samples (or reuse those of an earlier run with the same fleet in
-    `workdir`); returns (fleet, profiles, start_s, points)."""
+    `workdir`), the last `ahead_minutes` of them past now (default a third, at most 10);
+    returns (fleet, profiles, start_s, points)."""
     profiles = load_profiles(all_series)
     fleet = plan(nodes)
     points = int(minutes * 60 // STEP_S) + 1
@@ -556,7 +560,8 @@ def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: 
         earlier = json.loads(meta_path.read_text())
         if {k: earlier.get(k) for k in meta} == meta:
             return fleet, profiles, earlier["start_s"], points
-    ahead = min(10 * 60, minutes * 60 / 3)  # data runs this far past "now"
+    ahead = (min(10 * 60, minutes * 60 / 3) if ahead_minutes is None
+             else ahead_minutes * 60)  # data runs this far past "now"
     start_s = int((time.time() + ahead) // STEP_S * STEP_S) - (points - 1) * STEP_S
     for stale in ("prometheus-tsdb", "vm-data"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
@@ -634,6 +639,10 @@ def main() -> int:
                                 str(rule_file)], check=True)
                 load_rules(engine, workdir, rule_file)
                 recorded = wait_recorded(engine.url)
+                # Its alerts fire once their `for:` has passed (the console reads them).
+                from fleetscope.rules.catalog import CATALOG
+
+                time.sleep(max(rule.for_seconds for rule in CATALOG) + 30)
                 source = "recorded series" if recorded else "instant queries (none recorded)"
             else:
                 source = "instant queries"
@@ -641,9 +650,11 @@ def main() -> int:
             shown = page["document"]
             print(f"  console Fleet page ({source}): cold {shown['cold_s']:.2f} s, warm "
                   f"{shown['warm_s']:.2f} s, peak RSS {page['peak_rss_bytes'] / 2**20:.0f} MiB, "
-                  f"nodes shown {shown['nodes']}"
+                  f"nodes shown {shown['nodes']}, findings shown {shown['findings']} "
+                  f"({'; '.join(shown['how'])})"
                   + (f", errors: {shown['errors']}" if shown["errors"] else ""))
-            failures += bool(shown["errors"]) or shown["nodes"] != f"{len(fleet):,}"
+            failures += (bool(shown["errors"]) or shown["nodes"] != f"{len(fleet):,}"
+                         or shown["findings"] != f"{len(document['findings']):,}")
             if args.before and name == "prometheus":
                 before_bytes = prometheus_response_bytes(engine.url)
                 old = run_diagnosis(engine.url, args.seconds, at, BEFORE)

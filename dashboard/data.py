@@ -308,9 +308,15 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
     at = now - remote.SETTLE_SECONDS  # where the diagnosis's settled window ends
     client = remote.QueryClient(url, timeout)
     # The engine works on the three at once: the diagnosis, the node table, the aggregates.
+    def diagnosis():
+        # The alerts the engine already fires for the exported rules, else every rule
+        # evaluated there now (the same conditions: tests/test_remote_engines.py).
+        return (remote.alerts_diagnosis(url, seconds, deadline_seconds=timeout, now=now)
+                or remote.diagnose_remote(url, seconds, None, deadline_seconds=timeout,
+                                          now=now))
+
     with ThreadPoolExecutor(max_workers=3) as pool:
-        diagnosis = pool.submit(remote.diagnose_remote, url, seconds, None,
-                                deadline_seconds=timeout, now=now)
+        diagnosis = pool.submit(diagnosis)
         tables_answer = pool.submit(remote.instant_vectors, client, NODE_TABLE_QUERIES, at)
         aggregates_answer = pool.submit(remote.recorded_vectors, client, RECORDINGS, at)
         try:
@@ -335,9 +341,12 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
 
     nodes = len({dict(labels).get("instance") for vector in tables.values()
                  for labels in vector} - {None})
+    how = ("findings: the alerts this engine fires for the exported rules" if
+           answered.from_alerts else "findings: every rule evaluated on this engine over "
+           f"the last {seconds / 60:g} min")
     return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
                     _to_json(answered.findings), answered.not_evaluated, answered.window,
-                    node_loader, aggregates=aggregates)
+                    node_loader, notes=[how], aggregates=aggregates)
 
 
 # -- frames from series --------------------------------------------------------------------

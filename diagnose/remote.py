@@ -251,6 +251,7 @@ class RemoteDiagnosis:
     window: tuple[float, float]
     stats: QueryStats
     fleet_findings: list[dict] = field(default_factory=list)
+    from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
 
 
 def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
@@ -306,18 +307,16 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
         candidates = _candidates(queries, answers, steps)
         _fetch_evidence(client, pool, candidates, scope)
 
-    findings: list[engine.Finding] = []
-    by_rule_node: dict[tuple[str, str], list[engine.Finding]] = {}
-    for candidate in candidates:
-        finding = candidate.finding
-        finding.evidence = engine.evidence_from(finding.rule, finding.labels,
-                                                candidate.vectors)
-        finding.confidence = engine._confidence(finding.rule, finding.evidence)
-        by_rule_node.setdefault((finding.rule.id, finding.node), []).append(finding)
-    findings = [engine._merge(same) for same in by_rule_node.values()]
-    findings.sort(key=engine.rank_key(rules))
+    findings = _with_evidence(candidates, rules)
     if node:
         return RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
+    return _fleet_answer(client, findings, not_evaluated, window)
+
+
+def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
+                  not_evaluated: list[dict], window: tuple[float, float]) -> RemoteDiagnosis:
+    """The fleet's nodes and what its sick nodes share (fleet findings), around findings."""
+    end = window[1]
     nodes = client.label_values(NODE_LABEL, ("fleetscope_exporter_build_info",
                                              "fleetscope_cpu_info"), window[0], window[1])
     nodes = sorted(set(nodes) | {f.node for f in findings})
@@ -327,6 +326,122 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     attributes = fleet_findings.node_attributes(*info, node_label=NODE_LABEL)
     shared = fleet_findings.fleet_findings([f.to_json() for f in findings], attributes)
     return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared)
+
+
+# The console on a Prometheus that evaluates `fleetscope rules export`: its alerts are the
+# rules' conditions held for their `for:`, already evaluated; reading them costs the engine
+# one call instead of every condition over the window.
+ALERT_META_LABELS = ("alertname", "alertstate", "severity", "fleetscope_rule")
+
+
+def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG) -> list[dict] | None:
+    """The firing alerts of /api/v1/rules's `data` when it holds every alert of `rules`
+    exactly as `rules export` writes them (same expression and `for:`, evaluated without
+    error); None otherwise (not loaded, another version or `--for`: evaluate instead)."""
+    wanted = {(rule.alert_name, severity): (condition.promql(), rule.for_seconds)
+              for rule in rules for severity, condition, _ in rule.severities()}
+    found: dict[tuple[str, str], tuple[str, float]] = {}
+    firing: list[dict] = []
+    groups = rules_data.get("groups") if isinstance(rules_data, dict) else None
+    for group in groups if isinstance(groups, list) else []:
+        for loaded in (group.get("rules") or []) if isinstance(group, dict) else []:
+            labels = loaded.get("labels") if isinstance(loaded, dict) else None
+            if not isinstance(labels, dict) or "fleetscope_rule" not in labels:
+                continue
+            if loaded.get("type") != "alerting" or loaded.get("health") != "ok":
+                return None  # one of ours not evaluated cleanly: do not trust the rest
+            key = (str(loaded.get("name")), str(labels.get("severity")))
+            try:
+                found[key] = (str(loaded.get("query")), _number(loaded.get("duration", 0)))
+            except RemoteError:
+                return None
+            firing += [alert for alert in loaded.get("alerts") or []
+                       if isinstance(alert, dict) and alert.get("state") == "firing"]
+    if found != wanted:
+        return None
+    return firing
+
+
+def alerts_diagnosis(base: str, seconds: float, *, deadline_seconds: float = DEADLINE_SECONDS,
+                     parallel: int = PARALLEL_QUERIES, now: float | None = None,
+                     rules: tuple[Rule, ...] = CATALOG) -> RemoteDiagnosis | None:
+    """The fleet's findings from the alerts the engine fires for the exported rules
+    (GET /api/v1/rules), with their evidence fetched for the firing nodes; None when the
+    engine does not evaluate exactly these rules (diagnose_remote then evaluates them)."""
+    client = QueryClient(base, deadline_seconds)
+    try:
+        data = client.request("/api/v1/rules", {"type": "alert"})
+    except RemoteError:
+        return None  # no rules API here (VictoriaMetrics without vmalert behind it)
+    firing = loaded_alerts(data, rules)
+    if firing is None:
+        return None
+    now = time.time() if now is None else now
+    window = (now - seconds, now)
+    present = set(client.label_values("__name__", [], window[0], window[1]))
+    names = Series()
+    names.by_name = {name: {} for name in present}
+    not_evaluated = [{"rule": rule.id, "reason": _missing_reason(missing)} for rule in rules
+                     if (missing := engine.missing_signals(rule, names))]
+    candidates = alert_candidates(firing, now, rules)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        _fetch_evidence(client, pool, candidates, {})
+    answer = _fleet_answer(client, _with_evidence(candidates, rules), not_evaluated, window)
+    answer.from_alerts = True
+    return answer
+
+
+def alert_candidates(firing: list[dict], now: float,
+                     rules: tuple[Rule, ...] = CATALOG) -> list[_Candidate]:
+    """A finding per firing alert (its labels less the alert's own, its value), the most
+    severe tier per label set; an alert naming no rule tier or node, or without a number,
+    is skipped."""
+    by_id = {rule.id: rule for rule in rules}
+    tiers = {(rule.id, severity): (tier, summary) for rule in rules
+             for tier, (severity, _, summary) in enumerate(rule.severities())}
+    chosen: dict[tuple[str, str], tuple[int, _Candidate]] = {}
+    for alert in sorted(firing, key=lambda a: json.dumps(a.get("labels"), sort_keys=True)):
+        labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
+        rule = by_id.get(labels.get("fleetscope_rule", ""))
+        tier = tiers.get((rule.id, labels.get("severity", ""))) if rule else None
+        node = labels.get(NODE_LABEL)
+        try:
+            value = _number(alert.get("value"))
+        except RemoteError:
+            continue  # one malformed alert costs that alert
+        if tier is None or node is None:
+            continue
+        finding_labels = {k: v for k, v in labels.items() if k not in ALERT_META_LABELS}
+        finding = _finding(rule, node, finding_labels, value, labels["severity"], tier[1], 1.0)
+        key = (rule.id, json.dumps(sorted(finding_labels.items())))
+        if key not in chosen or tier[0] < chosen[key][0]:
+            chosen[key] = (tier[0], _Candidate(finding, int(round(now * 1000))))
+    return [candidate for _, candidate in chosen.values()]
+
+
+def _finding(rule: Rule, node: str, labels: dict[str, str], value: float, severity: str,
+             summary: str, held_ratio: float) -> engine.Finding:
+    finding = engine.Finding(rule, node, labels, value, rule.confidence, severity=severity,
+                             summary_template=summary, held_ratio=held_ratio)
+    for kind, label in rule.subject_labels.items():
+        if label in labels:
+            finding.subjects[kind].append(engine._subject_value(kind, labels[label]))
+    return finding
+
+
+def _with_evidence(candidates: list[_Candidate], rules: tuple[Rule, ...]) -> list:
+    """The findings of the candidates, their evidence fetched: one per rule and node, worst
+    first as the in-process engine ranks them."""
+    by_rule_node: dict[tuple[str, str], list[engine.Finding]] = {}
+    for candidate in candidates:
+        finding = candidate.finding
+        finding.evidence = engine.evidence_from(finding.rule, finding.labels,
+                                                candidate.vectors)
+        finding.confidence = engine._confidence(finding.rule, finding.evidence)
+        by_rule_node.setdefault((finding.rule.id, finding.node), []).append(finding)
+    findings = [engine._merge(same) for same in by_rule_node.values()]
+    findings.sort(key=engine.rank_key(rules))
+    return findings
 
 
 def probe_steps(step_count: int, hold: float) -> int:
@@ -408,13 +523,8 @@ def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
             node = finding_labels.get(NODE_LABEL, "?")
             if tier_of.setdefault((rule.id, node), tier) != tier:
                 continue  # a more severe tier already holds on this node
-            finding = engine.Finding(rule, node, finding_labels, record.value, rule.confidence,
-                                     severity=severity, summary_template=summary,
-                                     held_ratio=record.steps / len(steps))
-            for kind, label in rule.subject_labels.items():
-                if label in finding_labels:
-                    finding.subjects[kind].append(
-                        engine._subject_value(kind, finding_labels[label]))
+            finding = _finding(rule, node, finding_labels, record.value, severity, summary,
+                               record.steps / len(steps))
             out.append(_Candidate(finding, record.last_ms))
     return out
 

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from fleetscope.dashboard import data  # noqa: E402
 from fleetscope.dashboard.fleet_sim import Fleet  # noqa: E402
 from fleetscope.rules.catalog import CATALOG, RULE_IDS  # noqa: E402
-from tests.conftest import BUNDLES  # noqa: E402
+from tests.conftest import BUNDLES, until_alerts_held  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 DEMO = "demo:256"
@@ -321,10 +321,14 @@ def test_recorded_series_and_instant_expressions_give_the_same_aggregates(engine
 @pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
 def test_query_engine_source_every_page(monkeypatch, engine_fleet, engine, page):
     url = engine_fleet["engines"][engine].url
-    if engine == "prometheus":
+    if engine == "prometheus":  # the console reads its alerts: once they fire
         _wait_recorded(url)
+        until_alerts_held(engine_fleet)
     app = run_app(monkeypatch, f"prometheus:{url}", page)
     expected = set().union(*engine_fleet["expected"].values())  # rules of every profile
+    how = {"prometheus": "the alerts this engine fires",
+           "victoriametrics": "every rule evaluated on this engine"}[engine]
+    assert any(how in str(c.value) for c in app.sidebar.caption)
     if page == "fleet":
         counts = table(app, "rule_counts")
         assert set(counts["rule"]) == expected

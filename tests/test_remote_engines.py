@@ -11,6 +11,7 @@ what the in-process engine finds on one node of each profile.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 from fleetscope.diagnose import engine, remote
 from fleetscope.diagnose.prometheus import prometheus_series
 from fleetscope.rules.catalog import CATALOG
-from tests.conftest import ENGINE_FLEET_NODES, ENGINE_FLEET_SECONDS
+from tests.conftest import ENGINE_FLEET_NODES, ENGINE_FLEET_SECONDS, until_alerts_held
 
 REPO = Path(__file__).resolve().parent.parent
 SECONDS = ENGINE_FLEET_SECONDS
@@ -236,19 +237,11 @@ def _firing(url: str, manager: bool = False) -> set[tuple[str, str, str]]:
             for a in alerts}
 
 
-def _until_held(fleet) -> None:
-    """Wait (bounded) until the evaluators have run the longest `for:` and a few rounds."""
-    hold = max(rule.for_seconds for rule in CATALOG) + 20
-    remaining = fleet["started"] + hold - time.time()
-    if remaining > 0:
-        time.sleep(remaining)
-
-
 def test_the_exported_rules_fire_what_diagnose_finds_on_prometheus_and_vmalert(fleet):
     """The file `fleetscope rules export` writes, loaded as users load it (Prometheus's
     rule_files; vmalert on VictoriaMetrics, notifying a real Alertmanager), fires exactly the
     (rule, node, severity) that `diagnose --fleet` reports, once the `for:` has passed."""
-    _until_held(fleet)
+    until_alerts_held(fleet)
     engines, evaluators = fleet["engines"], fleet["evaluators"]
     deadline = time.monotonic() + 60  # Alertmanager gets vmalert's alerts a round later
     while True:
@@ -282,3 +275,64 @@ def test_vmalert_records_the_console_series_the_engine_computes(fleet):
         for labels, value in mine.items():
             if value == value:
                 assert theirs[labels] == pytest.approx(value, rel=0.05, abs=1e-9), labels
+
+
+def test_the_console_reads_the_alerts_prometheus_fires_for_the_exported_rules(fleet):
+    """Where the exported rules are loaded (Prometheus here) the console takes the findings
+    from the alerts the engine already fires, with their evidence: the same (rule, node,
+    severity), evidence and fleet findings as the diagnosis, for a fraction of the engine's
+    work. VictoriaMetrics has no rules API: None, the console evaluates the rules there."""
+    until_alerts_held(fleet)
+    url = fleet["engines"]["prometheus"].url
+    code, document = _diagnose(url)
+    answer = remote.alerts_diagnosis(url, SECONDS)
+    assert answer is not None and answer.from_alerts
+    ours = [f.to_json() for f in answer.findings]
+    assert _keyed(ours) == _keyed(document["findings"])
+    assert answer.fleet_findings == document["fleet_findings"]
+    theirs = {(f["rule"], f["node"]): f for f in document["findings"]}
+    for finding in ours:
+        other = theirs[(finding["rule"], finding["node"])]
+        # The same words; a growing queue's depth reads a few seconds apart.
+        assert re.sub(r"[\d.]+", "#", finding["summary"]) == re.sub(r"[\d.]+", "#",
+                                                                      other["summary"])
+        assert [e["signal"] for e in finding["evidence"]] == [
+            e["signal"] for e in other["evidence"]]
+    assert answer.stats.queries < document["query_engine"]["queries"]
+    assert remote.alerts_diagnosis(fleet["engines"]["victoriametrics"].url, SECONDS) is None
+
+
+def test_alerts_are_trusted_only_from_exactly_the_exported_rules(fleet):
+    """Another version of a rule, a missing tier, another `for:` or a rule failing to
+    evaluate: the alerts are not the rules' findings, the console evaluates instead. A
+    malformed alert costs that alert."""
+    import copy
+
+    until_alerts_held(fleet)  # evaluated (a rule not evaluated yet is not trusted either)
+    client = remote.QueryClient(fleet["engines"]["prometheus"].url)
+    loaded = client.request("/api/v1/rules", {"type": "alert"})
+    assert remote.loaded_alerts(loaded) is not None
+
+    def ours(data):
+        return [r for g in data["groups"] for r in g["rules"]
+                if "fleetscope_rule" in r.get("labels", {})]
+
+    def changed(change):
+        data = copy.deepcopy(loaded)
+        change(ours(data))
+        return remote.loaded_alerts(data)
+
+    assert changed(lambda rules: rules[0].update(query=rules[0]["query"] + " > 1")) is None
+    assert changed(lambda rules: rules[0].update(labels={})) is None  # a tier missing
+    assert changed(lambda rules: rules[0].update(duration=999)) is None  # another for:
+    assert changed(lambda rules: rules[-1].update(health="err")) is None
+    assert changed(lambda rules: rules[0].update(duration="soon")) is None
+    data = copy.deepcopy(loaded)
+    firing = [a for r in ours(data) for a in r.get("alerts", []) if a["state"] == "firing"]
+    assert firing
+    whole = remote.alert_candidates(firing, time.time())
+    assert len(whole) == len(firing)
+    firing[0]["value"] = "not a number"
+    firing[-1]["labels"] = {**firing[-1]["labels"], "fleetscope_rule": "no-such-rule"}
+    kept = remote.alert_candidates(firing, time.time())
+    assert len(kept) == len(firing) - 2
