@@ -122,7 +122,19 @@ def wait_for(driver, check, what: str, seconds: float = 120) -> str:
                          f"the page says:\n{text[:2000]}")
 
 
+# Streamlit shows a grey skeleton where an element is still coming, and a dataframe is a
+# canvas grid drawn after its data arrives: on a busy machine 1.5 s was not always enough.
+PAINTED = """
+const frames = [...document.querySelectorAll('[data-testid="stDataFrame"]')];
+return document.querySelectorAll('[data-testid="stSkeleton"]').length === 0 &&
+       frames.every(f => f.querySelector('canvas') && f.getBoundingClientRect().height > 40);
+"""
+
+
 def shoot(driver, tmp_path: Path, name: str) -> Path:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not driver.execute_script(PAINTED):
+        time.sleep(0.25)
     time.sleep(1.5)  # let plotly finish drawing
     shot = tmp_path / f"{name}.png"
     driver.save_screenshot(str(shot))
