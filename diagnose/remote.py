@@ -350,12 +350,14 @@ def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG) -> list[d
                 continue
             if loaded.get("type") != "alerting" or loaded.get("health") != "ok":
                 return None  # one of ours not evaluated cleanly: do not trust the rest
+            if not isinstance(loaded.get("alerts"), list):
+                return None  # no alerts listed with the rule (vmalert 1.79 behind a proxy)
             key = (str(loaded.get("name")), str(labels.get("severity")))
             try:
                 found[key] = (str(loaded.get("query")), _number(loaded.get("duration", 0)))
             except RemoteError:
                 return None
-            firing += [alert for alert in loaded.get("alerts") or []
+            firing += [alert for alert in loaded["alerts"]
                        if isinstance(alert, dict) and alert.get("state") == "firing"]
     if found != wanted:
         return None
