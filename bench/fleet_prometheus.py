@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -311,22 +312,25 @@ def load_rules(engine: Engine, workdir: Path, rule_file: Path) -> None:
     engine.proc.send_signal(signal.SIGHUP)
 
 
-def wait_recorded(url: str, seconds: float = 300) -> bool:
-    """Whether the engine holds every recorded series of the console within `seconds`."""
+def wait_recorded(url: str, seconds: float = 300, back: float = 0.0) -> float | None:
+    """The time `back` seconds ago at which the engine first held every recorded series
+    of the console, waiting up to `seconds`; None if it did not."""
     from fleetscope.diagnose import remote
     from fleetscope.rules.recording import RECORDINGS
 
     names = {r.record for r in RECORDINGS}
-    query = '{__name__=~"' + "|".join(names) + '"}'
+    query = '{__name__=~"' + "|".join(re.escape(n) for n in names) + '"}'
     deadline = time.monotonic() + seconds
     client = remote.QueryClient(url, 120)
-    while time.monotonic() < deadline:
+    while True:
+        at = time.time() - back
         found = {str(s["metric"].get("__name__"))
-                 for s in client.query(f"count by (__name__) ({query})", time.time())}
+                 for s in client.query(f"count by (__name__) ({query})", at)}
         if found == names:
-            return True
-        time.sleep(3)
-    return False
+            return at
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(2)
 
 
 def start_prometheus(openmetrics: Path, workdir: Path, rule_file: Path | None = None,
@@ -638,7 +642,7 @@ def main() -> int:
                 subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
                                 str(rule_file)], check=True)
                 load_rules(engine, workdir, rule_file)
-                recorded = wait_recorded(engine.url)
+                recorded = wait_recorded(engine.url) is not None
                 # Its alerts fire once their `for:` has passed (the console reads them).
                 from fleetscope.rules.catalog import CATALOG
 

@@ -307,16 +307,17 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
     now = time.time()
     at = now - remote.SETTLE_SECONDS  # where the diagnosis's settled window ends
     client = remote.QueryClient(url, timeout)
-    # The engine works on the three at once: the diagnosis, the node table, the aggregates.
-    def diagnosis():
+
+    def findings_now() -> remote.RemoteDiagnosis:
         # The alerts the engine already fires for the exported rules, else every rule
         # evaluated there now (the same conditions: tests/test_remote_engines.py).
         return (remote.alerts_diagnosis(url, seconds, deadline_seconds=timeout, now=now)
                 or remote.diagnose_remote(url, seconds, None, deadline_seconds=timeout,
                                           now=now))
 
+    # The engine works on the three at once: the findings, the node table, the aggregates.
     with ThreadPoolExecutor(max_workers=3) as pool:
-        diagnosis = pool.submit(diagnosis)
+        diagnosis = pool.submit(findings_now)
         tables_answer = pool.submit(remote.instant_vectors, client, NODE_TABLE_QUERIES, at)
         aggregates_answer = pool.submit(remote.recorded_vectors, client, RECORDINGS, at)
         try:

@@ -214,19 +214,21 @@ class _Candidate:
     vectors: list[Vector] = field(default_factory=list)
 
 
+def _vector(result: list[dict]) -> Vector:
+    """An instant query's answer as {labels without __name__/job: value}."""
+    return {labels_of(item): _value(item) for item in result}
+
+
+def _value(item: dict) -> float:
+    return _number((item.get("value") or [0, "NaN"])[1])
+
+
 def instant_vectors(client: QueryClient, queries: dict[str, str], at: float,
                     parallel: int = PARALLEL_QUERIES) -> dict[str, Vector]:
-    """Each PromQL expression's instant vector at `at` ({labels without __name__/job:
-    value}), `parallel` queries at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(promql: str) -> Vector:
-        return {labels_of(item): _number((item.get("value") or [0, "NaN"])[1])
-                for item in client.query(promql, at)}
-
+    """Each PromQL expression's instant vector at `at`, `parallel` queries at a time."""
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        answers = dict(zip(queries, pool.map(one, queries.values()), strict=True))
-    return answers
+        return dict(zip(queries, pool.map(lambda promql: _vector(client.query(promql, at)),
+                                          queries.values()), strict=True))
 
 
 def recorded_vectors(client: QueryClient, recordings, at: float,
@@ -237,8 +239,7 @@ def recorded_vectors(client: QueryClient, recordings, at: float,
     found: dict[str, Vector] = {}
     for item in client.query(f'{{__name__=~"{names}"}}', at):
         name = str((item.get("metric") or {}).get("__name__", ""))
-        found.setdefault(name, {})[labels_of(item)] = _number(
-            (item.get("value") or [0, "NaN"])[1])
+        found.setdefault(name, {})[labels_of(item)] = _value(item)
     missing = {r.record: r.expr.promql() for r in recordings if r.record not in found}
     return {**found, **instant_vectors(client, missing, at, parallel)} if missing else found
 
@@ -283,9 +284,7 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     steps = evaluation_steps(stamps)
     # The fleet's metric names straight from the index; a node's from its own series.
     scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
-    present = set(client.label_values("__name__", scope_match, window[0], window[1]))
-    names = Series()
-    names.by_name = {name: {} for name in present}
+    names = _present_names(client, scope_match, window)
 
     not_evaluated: list[dict] = []
     queries: list[tuple[Rule, int, str, Expr, str]] = []
@@ -311,6 +310,15 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     if node:
         return RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
     return _fleet_answer(client, findings, not_evaluated, window)
+
+
+def _present_names(client: QueryClient, matches: list[str],
+                   window: tuple[float, float]) -> Series:
+    """The metric names the source has in the window (matching `matches`), straight from
+    the index, as an empty Series the engine's missing-signal check reads."""
+    names = Series()
+    names.by_name = {name: {} for name in client.label_values("__name__", matches, *window)}
+    return names
 
 
 def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
@@ -380,9 +388,7 @@ def alerts_diagnosis(base: str, seconds: float, *, deadline_seconds: float = DEA
         return None
     now = time.time() if now is None else now
     window = (now - seconds, now)
-    present = set(client.label_values("__name__", [], window[0], window[1]))
-    names = Series()
-    names.by_name = {name: {} for name in present}
+    names = _present_names(client, [], window)
     not_evaluated = [{"rule": rule.id, "reason": _missing_reason(missing)} for rule in rules
                      if (missing := engine.missing_signals(rule, names))]
     candidates = alert_candidates(firing, now, rules)
@@ -551,7 +557,7 @@ def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
     answers = pool.map(lambda job: client.query(job[3], job[4]), jobs)
     vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples
     for (members, chunk, index, _query, _at), result in zip(jobs, answers, strict=True):
-        vector = {labels_of(s): _number((s.get("value") or [0, "NaN"])[1]) for s in result}
+        vector = _vector(result)
         for member in members:
             if member.finding.node in chunk:
                 vectors[(id(member), index)] = vector

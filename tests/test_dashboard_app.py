@@ -266,29 +266,12 @@ def test_a_bad_source_is_one_error_line(monkeypatch, tmp_path):
 # The small fleet of tests/conftest.py (engine_fleet): Prometheus evaluates the exported rules
 # (the console reads its recorded per-node series), VictoriaMetrics has none (the console asks
 # it the same expressions as instant queries).
-def _recorded_ready(url: str, at: float) -> bool:
-    from fleetscope.diagnose import remote
-    from fleetscope.rules.recording import RECORDINGS
-
-    client = remote.QueryClient(url, 30)
-    names = {r.record for r in RECORDINGS}
-    found = {str(item["metric"].get("__name__")) for item in client.query(
-        '{__name__=~"' + "|".join(re.escape(n) for n in names) + '"}', at)}
-    return found == names
-
-
-def _wait_recorded(url: str, seconds: float = 120.0) -> float:
-    """The rule evaluations reach back past the settled window's end (30 s ago)."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    while True:
-        at = time.time() - 31
-        if _recorded_ready(url, at):
-            return at
-        if time.monotonic() > deadline:
-            raise AssertionError("Prometheus recorded none of the console's series in time")
-        time.sleep(2)
+def _wait_recorded(fleet: dict) -> float:
+    """When Prometheus held every recorded series, 31 s back: the rule evaluations reach
+    past the settled window's end (30 s ago)."""
+    at = fleet["bench"].wait_recorded(fleet["engines"]["prometheus"].url, 120, back=31)
+    assert at is not None, "Prometheus recorded none of the console's series in time"
+    return at
 
 
 def test_recorded_series_and_instant_expressions_give_the_same_aggregates(engine_fleet):
@@ -297,7 +280,7 @@ def test_recorded_series_and_instant_expressions_give_the_same_aggregates(engine
 
     prometheus = engine_fleet["engines"]["prometheus"].url
     victoria = engine_fleet["engines"]["victoriametrics"].url
-    at = _wait_recorded(prometheus)
+    at = _wait_recorded(engine_fleet)
     recorded_client = remote.QueryClient(prometheus, 60)
     recorded = remote.recorded_vectors(recorded_client, RECORDINGS, at)
     assert recorded_client.stats.queries == 1  # one query: every recorded series
@@ -322,7 +305,7 @@ def test_recorded_series_and_instant_expressions_give_the_same_aggregates(engine
 def test_query_engine_source_every_page(monkeypatch, engine_fleet, engine, page):
     url = engine_fleet["engines"][engine].url
     if engine == "prometheus":  # the console reads its alerts: once they fire
-        _wait_recorded(url)
+        _wait_recorded(engine_fleet)
         until_alerts_held(engine_fleet)
     app = run_app(monkeypatch, f"prometheus:{url}", page)
     expected = set().union(*engine_fleet["expected"].values())  # rules of every profile
