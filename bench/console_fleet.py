@@ -47,10 +47,9 @@ def main() -> int:
     print(f"fleet: {args.nodes:,} nodes x 128 cores; load average before the run "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print("data functions (no cache):")
-    snap, load_s = timed("build fleet + rule engine (load)", data.load, spec)
-    series = sum(len(f) for f in snap.series.by_name.values())
+    snap, load_s = timed("build fleet, rules + recordings (load)", data.load, spec)
     nodes, a = timed("node_table", data.node_table, snap)
-    signals, b = timed("node_signals (8 heatmap signals)", data.node_signals, snap)
+    signals, b = timed("node_signals (8 recorded signals)", data.node_signals, snap)
     findings, c = timed("findings_frame", data.findings_frame, snap.findings)
     _, d = timed("rule_counts", data.rule_counts, findings)
     _, e = timed("health_by pool + rack", lambda: (data.health_by(nodes, findings, "node_pool"),
@@ -65,7 +64,7 @@ def main() -> int:
                               nodes, findings, first_rule)])
     page_s = a + b + c + d + e + f + g
     print(f"  {'Fleet page frames, given the load':<38} {page_s:7.3f} s")
-    print(f"  series {series:,}, findings {len(snap.findings):,}, rules firing "
+    print(f"  {'; '.join(snap.notes)}; findings {len(snap.findings):,}, rules firing "
           f"{findings['rule'].nunique()}")
     del snap
 

@@ -3,11 +3,14 @@
 Every source ends as the same thing, a `rules.promql.Series` named as the exporter's metrics
 with an `instance` label on every series, plus the findings the rule engine makes of it:
 
-    demo                 the simulated fleet (dashboard/fleet_sim.py); `demo:512` for 512 nodes
+    demo                 the simulated fleet (dashboard/fleet_sim.py); `demo:512` for 512 nodes,
+                         answered as a query engine would (dashboard/fleet_eval.py): findings,
+                         node table and recorded signals, a node's history when it is opened
     bundle:PATH          a `fleetscope bundle record` bundle, replayed through the collectors
                          (diagnose.evidence.bundle_series), one node named by its hostname
-    prometheus:URL       range queries for every metric the rules and pages read, the whole
-                         fleet at once (`fleetscope diagnose --prometheus URL --fleet`)
+    prometheus:URL       the rules where the data is (its firing alerts, or the rules evaluated
+                         there: diagnose/remote.py), the node table and recorded signals as
+                         instant queries, a node's history when it is opened
 
 The pages call the functions below on a `Snapshot` and draw the frames they return, so the
 same code draws a simulated fleet, a bundle and a Prometheus server.
@@ -26,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from fleetscope.core import units
-from fleetscope.dashboard import evidence_views
+from fleetscope.dashboard import evidence_views, fleet_eval
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, WINDOW, by_id
 from fleetscope.rules.promql import (
@@ -71,13 +74,7 @@ SIGNAL_COLOURS = {"health": [[0, "#e8f5e9"], [0.33, "#e8f5e9"], [0.33, "#ff9f1c"
                   "findings": "Reds"}
 HEALTH_LEVEL = {"ok": 0, "warning": 1, "critical": 2}
 # What the fleet view asks every node for: the rule inputs, the heatmap signals, metadata.
-FLEET_METRICS = sorted(set().union(*(rule.requires() for rule in CATALOG)) | {
-    "fleetscope_cpu_info", "fleetscope_cpu_core_busy_ratio", "fleetscope_cpu_core_steal_ratio",
-    "fleetscope_memory_bandwidth_utilization_ratio", "fleetscope_llc_miss_ratio",
-    "fleetscope_nic_pfc_pause_frames_total", "agent_queue_depth",
-    "agent_session_duration_seconds_bucket", "agent_stage_duration_seconds_sum",
-    "agent_stage_duration_seconds_count", "node_uname_info",
-})
+FLEET_METRICS = sorted(fleet_eval.metrics())
 # And one node, over time, for the node view.
 NODE_METRICS = sorted(set(FLEET_METRICS) | {
     "fleetscope_cpu_seconds_total", "fleetscope_cpu_numa_node_seconds_total",
@@ -160,43 +157,6 @@ def _span(series: Series) -> tuple[int, int]:
     return (stamps[0], stamps[-1]) if stamps else (0, 0)
 
 
-def merge(shards: list[Series]) -> Series:
-    """One Series of the shards, rated over the window the engine rated them over."""
-    out = Series()
-    for shard in shards:
-        for name, family in shard.by_name.items():
-            out.by_name.setdefault(name, {}).update(family)
-        out.max_window_ms = out.max_window_ms or shard.max_window_ms
-    return out
-
-
-def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, list[dict]]:
-    """The rule engine over a fleet, a shard of nodes at a time.
-
-    Every rule condition aggregates `by (instance)`, so evaluating shards of whole nodes finds
-    exactly what one evaluation of the whole fleet finds; the evidence of each finding is then
-    looked up among 32 nodes instead of 4,096. A rule is not evaluated only where no shard
-    had its signals."""
-    span = [_span(s) for s in shards if s.by_name]
-    if not span:
-        return [], [{"rule": r.id, "reason": "no samples"} for r in CATALOG]
-    first, last = min(a for a, _ in span), max(b for _, b in span)
-    findings: list = []
-    missing: dict[str, dict] | None = None
-    for shard in shards:
-        if not shard.by_name:
-            continue
-        shard.max_window_ms = (last - first) or None
-        found, not_evaluated = engine.evaluate(shard, hostname)
-        findings += found
-        here = {item["rule"]: item for item in not_evaluated}
-        missing = here if missing is None else {k: v for k, v in missing.items() if k in here}
-    # the engine's own ranking (tier severity, causes before symptoms), so a sharded fleet
-    # lists its findings exactly as one evaluation of the whole fleet would
-    findings.sort(key=engine.rank_key())
-    return findings, [missing[r.id] for r in CATALOG if r.id in (missing or {})]
-
-
 def _to_json(found: list) -> list[dict]:
     """CONTRACT section 5 findings, plus the labels they fired on (for the charts)."""
     return [{**f.to_json(), "labels": dict(f.labels)} for f in found]
@@ -209,17 +169,23 @@ def demo_end(now: float | None = None) -> int:
     return int((time.time() if now is None else now) // 60 * 60)
 
 
-def load_demo(nodes: int = 4096, cores: int = 128) -> Snapshot:
+def load_demo(nodes: int = 4096, cores: int = 128, processes: int | None = None) -> Snapshot:
+    """The simulated fleet as a query engine answers it: the rules and the recording rules
+    evaluated rack by rack (on every CPU for a large fleet: dashboard/fleet_eval.py), the
+    node table, and a node's history made when its page opens."""
+    from .fleet_eval import evaluate_fleet
     from .fleet_sim import Fleet
 
-    fleet = Fleet(nodes=nodes, cores=cores, end_s=demo_end())
-    shards = fleet.shards(set(FLEET_METRICS))
-    found, not_evaluated = evaluate_sharded(shards)
-    series = merge(shards)
-    first, last = _span(series)
+    end_s = demo_end()
+    answer = evaluate_fleet(nodes, cores, end_s, processes=processes)
+    first, last = _span(answer.tables)
+    how = (f"rules evaluated over {answer.series_evaluated:,} series, rack by rack"
+           + (f", in {answer.processes} processes" if answer.processes > 1 else ""))
+    fleet = Fleet(nodes=nodes, cores=cores, end_s=end_s)
     return Snapshot("demo", f"simulated fleet: {nodes:,} nodes x {cores} cores",
-                    series, _to_json(found), not_evaluated,
-                    (first / 1000, last / 1000), fleet.node_series)
+                    answer.tables, answer.findings, answer.not_evaluated,
+                    (first / 1000, last / 1000), fleet.node_series,
+                    notes=[how, *answer.notes], aggregates=answer.aggregates)
 
 
 def with_instance(series: Series, instance: str) -> Series:

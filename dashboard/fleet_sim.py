@@ -799,12 +799,18 @@ class Fleet:
         idx = np.arange(self.size) if nodes is None else np.asarray(nodes)
         return _to_series(self._families(idx, self.times(1), names), self.times(1))
 
-    def shards(self, names: set[str] | None = None) -> list[Series]:
-        """The same as `series`, one Series per rack (for evaluating racks in turn)."""
+    def shards(self, names: set[str] | None = None, racks: range | None = None
+               ) -> list[Series]:
+        """The same as `series`, one Series per rack (for evaluating racks in turn); `racks`
+        limits it to those racks (a node's series do not depend on which others are made)."""
         t = self.times(1)
-        series = _to_series(self._families(np.arange(self.size), t, names), t,
-                            shard_of=self.rack)
-        return series
+        idx = np.arange(self.size)
+        if racks is not None:
+            idx = idx[(self.rack >= racks.start) & (self.rack < racks.stop)]
+        if not len(idx):
+            return []
+        return _to_series(self._families(idx, t, names), t,
+                          shard_of=self.rack[idx] - self.rack[idx[0]])
 
     def node_series(self, instance: str, minutes: int = 180, per_core: bool = True) -> Series:
         """One node's metrics over the last `minutes`, scraped every minute; `per_core` adds

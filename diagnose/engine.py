@@ -95,9 +95,13 @@ def _matches(finding_labels: dict[str, str], labels: tuple) -> bool:
     return all(finding_labels.get(k, v) == v for k, v in labels)
 
 
-def _evidence(rule: Rule, finding_labels: dict, series: Series, at_ms: int) -> list[dict]:
-    return evidence_from(rule, finding_labels,
-                         [item.expr.evaluate(series, at_ms) for item in rule.evidence])
+def _evidence_vectors(rule: Rule, series: Series, at_ms: int,
+                      seen: dict[int, list[Vector]]) -> list[Vector]:
+    """The rule's evidence expressions at `at_ms`, evaluated once per time (`seen`): a rack
+    of 32 findings of one rule shares them; each finding then takes its own label sets."""
+    if at_ms not in seen:
+        seen[at_ms] = [item.expr.evaluate(series, at_ms) for item in rule.evidence]
+    return seen[at_ms]
 
 
 def evidence_from(rule: Rule, finding_labels: dict, vectors: list[Vector]) -> list[dict]:
@@ -230,6 +234,7 @@ def evaluate(series: Series, hostname: str, *,
                                   "reason": "one sample only: rates need at least two"})
             continue
         by_node: dict[str, list[Finding]] = {}
+        evidence_at: dict[int, list[Vector]] = {}
         for severity, condition, summary in rule.severities():
             # An event rule (for: 0, e.g. a crash or a cold model load in the look-back)
             # fires on one step; a state must persist.
@@ -241,7 +246,8 @@ def evaluate(series: Series, hostname: str, *,
                 found = by_node.setdefault(node, [])
                 if found and found[0].severity != severity:
                     continue  # a more severe tier already holds on this node
-                evidence = _evidence(rule, finding_labels, series, held.last_ms)
+                evidence = evidence_from(rule, finding_labels, _evidence_vectors(
+                    rule, series, held.last_ms, evidence_at))
                 finding = Finding(rule, node, finding_labels, held.value,
                                   _confidence(rule, evidence), evidence, severity=severity,
                                   summary_template=summary, held_ratio=held.steps / len(steps))

@@ -243,7 +243,10 @@ class Selector(Expr):
 def extrapolated_delta(points: list[tuple[int, float]], start_ms: int, end_ms: int,
                        is_rate: bool) -> float | None:
     """Prometheus's extrapolatedRate for counters over the samples in [start, end]."""
-    window = [(t, v) for t, v in points if start_ms <= t <= end_ms]
+    if points and start_ms <= points[0][0] and points[-1][0] <= end_ms:
+        window = points  # all inside (a fleet's last two scrapes): no copy
+    else:
+        window = [(t, v) for t, v in points if start_ms <= t <= end_ms]
     if len(window) < 2:
         return None
     result = window[-1][1] - window[0][1]

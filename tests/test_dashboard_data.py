@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data
+from fleetscope.dashboard import data, fleet_eval
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
 from fleetscope.rules.promql import Series
+from fleetscope.rules.recording import RECORDINGS
 from tests.conftest import BUNDLES
 
 
@@ -27,7 +32,7 @@ def snapshot() -> data.Snapshot:
 
 
 def test_every_injected_fault_is_found_by_the_rule_engine_on_exactly_its_nodes(fleet):
-    findings, not_evaluated = data.evaluate_sharded(fleet.shards(set(data.FLEET_METRICS)))
+    findings, not_evaluated = fleet_eval.evaluate_sharded(fleet.shards(set(data.FLEET_METRICS)))
     found: dict[str, set[str]] = {}
     for finding in findings:
         found.setdefault(finding.rule.id, set()).add(finding.node)
@@ -44,12 +49,89 @@ def test_sharded_evaluation_equals_one_evaluation_of_the_whole_fleet():
     stamps = whole.timestamps()
     whole.max_window_ms = stamps[-1] - stamps[0]
     one, _ = engine.evaluate(whole, "?")
-    sharded, _ = data.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
+    sharded, _ = fleet_eval.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
     key = [(f.rule.id, f.node, tuple(sorted(f.labels.items())), round(f.value, 9),
             round(f.confidence, 9)) for f in one]
     assert key == [(f.rule.id, f.node, tuple(sorted(f.labels.items())), round(f.value, 9),
                     round(f.confidence, 9)) for f in sharded]
     assert len(key) > len(RULE_IDS)
+
+
+def _same_answer(got: fleet_eval.FleetAnswer, want: fleet_eval.FleetAnswer) -> None:
+    assert got.findings == want.findings
+    assert got.not_evaluated == want.not_evaluated
+    assert got.tables.by_name == want.tables.by_name
+    assert got.series_evaluated == want.series_evaluated
+    assert set(got.aggregates) == set(want.aggregates)
+    for record, vector in want.aggregates.items():
+        assert set(got.aggregates[record]) == set(vector), record
+        assert [got.aggregates[record][k] for k in vector] == pytest.approx(
+            list(vector.values()), nan_ok=True), record
+
+
+@pytest.fixture(scope="module")
+def one_process_answer() -> tuple[int, fleet_eval.FleetAnswer]:
+    end = data.demo_end()
+    return end, fleet_eval.evaluate_fleet(64, 16, end, processes=1)
+
+
+def test_the_demo_in_worker_processes_answers_exactly_what_one_process_does(
+        one_process_answer):
+    end, one = one_process_answer
+    several = fleet_eval.evaluate_fleet(64, 16, end, processes=3)
+    assert several.processes == 3 and several.notes == []
+    _same_answer(several, one)
+    assert {f["rule"] for f in one.findings} == set(RULE_IDS)
+
+
+def test_the_demo_recordings_equal_the_recording_rules_over_the_whole_fleet(
+        one_process_answer):
+    end, answer = one_process_answer
+    whole = Fleet(nodes=64, cores=16, end_s=end).series(set(data.FLEET_METRICS))
+    stamps = whole.timestamps()
+    whole.max_window_ms = stamps[-1] - stamps[0]
+    for recording in RECORDINGS:
+        expected = recording.expr.evaluate(whole, stamps[-1])
+        got = answer.aggregates[recording.record]
+        assert expected and set(got) == set(expected), recording.record
+        assert [got[k] for k in expected] == pytest.approx(list(expected.values()),
+                                                            nan_ok=True), recording.record
+    # and the findings are those of one evaluation of the whole fleet
+    findings, _ = engine.evaluate(whole, "?")
+    assert [(f["rule"], f["node"], f["severity"]) for f in answer.findings] == \
+        [(f.rule.id, f.node, f.severity) for f in findings]
+
+
+WORKER_FAILURES = {
+    "exits with an error": "import sys; sys.stderr.write('MemoryError\\n'); sys.exit(3)",
+    "writes no JSON": "print('{\"rules\": [')",
+    "runs another rule catalog": "import json; print(json.dumps({'rules': ['x']}))",
+}
+
+
+@pytest.mark.parametrize("failure", list(WORKER_FAILURES))
+def test_a_failed_worker_costs_time_never_racks(failure, one_process_answer, monkeypatch):
+    end, one = one_process_answer
+
+    def failing_worker(*_args):  # a real process that fails the way named
+        return subprocess.Popen([sys.executable, "-c", WORKER_FAILURES[failure]],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    monkeypatch.setattr(fleet_eval, "_worker", failing_worker)
+    answer = fleet_eval.evaluate_fleet(64, 16, end, processes=2)
+    _same_answer(answer, one)
+    assert len(answer.notes) == 1
+    assert re.fullmatch(r"a worker for racks \d+-15 failed \(.+\); evaluated in the "
+                        r"console's process", answer.notes[0]), answer.notes
+    if failure == "exits with an error":
+        assert "exit 3: MemoryError" in answer.notes[0]
+
+
+def test_a_large_demo_fleet_uses_the_other_cpus_a_small_one_stays_in_process():
+    assert fleet_eval.default_processes(256) == 1
+    cpus = len(os.sched_getaffinity(0))
+    assert fleet_eval.default_processes(4096) == min(cpus, fleet_eval.MAX_WORKERS)
+    assert fleet_eval._parts(128, 2) == [range(0, 71), range(71, 128)]
+    assert fleet_eval._parts(16, 3) == [range(0, 6), range(6, 11), range(11, 16)]
 
 
 def test_the_fleet_is_deterministic_and_a_node_history_ends_on_the_fleet_scrape(fleet):

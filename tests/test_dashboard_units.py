@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fleetscope.core import units
-from fleetscope.dashboard import data, evidence_views
+from fleetscope.dashboard import data, evidence_views, fleet_eval
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -245,7 +245,7 @@ def test_every_fault_is_found_at_any_time_of_day(hour):
     """The demo's clock is now: night or day, the engine finds exactly the injected nodes."""
     end = 1_764_633_600 + hour * 3600 - 8 * 3600  # that hour in the fleet's UTC+8
     small = Fleet(nodes=64, end_s=end)
-    found, _ = data.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
+    found, _ = fleet_eval.evaluate_sharded(small.shards(set(data.FLEET_METRICS)))
     by_rule: dict[str, set[str]] = {}
     for finding in found:
         by_rule.setdefault(finding.rule.id, set()).add(finding.node)
