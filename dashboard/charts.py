@@ -21,9 +21,17 @@ SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b
 MARGIN = {"l": 10, "r": 10, "t": 50, "b": 10}
 
 
+# st.plotly_chart config of a static bar chart: nothing to zoom or pan, so no toolbar over it
+STATIC = {"displayModeBar": False}
+MODEBAR_WIDTH = 48  # px: the vertical toolbar's column, with its padding
+
+
 def _styled(fig: go.Figure) -> go.Figure:
-    """The toolbar stands down the right edge, so it never covers a chart's title."""
-    fig.update_layout(modebar={"orientation": "v"}, title={"font": {"size": 15}})
+    """The toolbar stands down the right edge, so it never covers a chart's title, in a
+    right margin of its own, so it never covers the latest points either."""
+    right = fig.layout.margin.r if fig.layout.margin.r is not None else MARGIN["r"]
+    fig.update_layout(modebar={"orientation": "v"}, title={"font": {"size": 15}},
+                      margin={"r": max(right, MODEBAR_WIDTH)})
     return fig
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 from fleetscope.core import units
 from fleetscope.dashboard import evidence_views, fleet_eval
 from fleetscope.diagnose import engine
-from fleetscope.rules.catalog import CATALOG, WINDOW, by_id
+from fleetscope.rules.catalog import CATALOG, WINDOW, by_id, evidence_picks
 from fleetscope.rules.promql import (
     Rate,
     Selector,
@@ -868,18 +868,17 @@ def evidence_frame(finding: dict) -> pd.DataFrame:
     """The finding's evidence for people: value and threshold in their units, and how far
     past the threshold the value is in words (the ratio stays numeric for the bars)."""
     rows = []
-    picks = {}
-    try:
-        picks = {item.signal: item.pick for item in by_id(finding.get("rule", "")).evidence}
-    except KeyError:
-        pass
+    picks = evidence_picks(finding.get("rule", ""))
     for e in finding.get("evidence", []):
         pick = e.get("pick") or picks.get(e["signal"], "max")
-        ratio = (e["value"] / e["threshold"]) if e["threshold"] else None
+        # a moment against a moment is no ratio (1.0000004x): words only
+        ratio = (e["value"] / e["threshold"]) if e["threshold"] and \
+            e["unit"] != units.TIME_UNIT else None
         rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
                      "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
                      if e["threshold"] else "–",
-                     "over threshold": units.over_threshold(e["value"], e["threshold"], pick),
+                     "over threshold": units.over_threshold(e["value"], e["threshold"], pick,
+                                                            e["unit"]),
                      "ratio": ratio})
     return pd.DataFrame(rows, columns=["signal", "value", "threshold", "over threshold",
                                        "ratio"])

@@ -506,8 +506,11 @@ class Fleet:
                 values = np.where(since >= 0, np.floor(since / STEP_S) + 1, np.nan)
                 yield "fleetscope_sigill_crashes_total", binaries, values, crashed
             if want("fleetscope_sigill_last_crash_timestamp_seconds"):
-                # the latest restart's crash: at the scrape, every minute since the onset
-                last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S, np.nan)
+                # the latest restart's crash: each node restarts the task every minute at
+                # its own second, so the last crash is 5-45 s before the scrape
+                offset = 5 + 40 * _uniform(self.seed, 90, idx[crashed])[:, None]
+                last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S
+                                - np.minimum(offset, since), np.nan)
                 yield "fleetscope_sigill_last_crash_timestamp_seconds", binaries, last, crashed
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
 

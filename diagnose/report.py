@@ -28,12 +28,15 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetscope.core import units
+from fleetscope.rules.catalog import evidence_picks
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan", "ok": "green",
           "unknown": "magenta"}
 MIN_WIDTH, MAX_WIDTH = 80, 120
 PIPE_WIDTH = 100  # a report piped into a file or a pager
 INDENT = 4  # where a block's lines start, under its title
+BODY_COLUMN = INDENT + 1 + 8 + 2  # where a block's values start: indent, label, gap
+MIN_SIGNAL = 30  # columns an evidence signal keeps beside its numbers
 
 
 def print_json(document: dict) -> None:
@@ -69,21 +72,35 @@ def _names(values: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
 
 
-def _evidence_table(evidence: list[dict]) -> Table:
-    table = Table.grid(padding=(0, 2))
-    table.add_column(ratio=1)  # the signal wraps (with its indent); numbers never do
-    table.add_column(no_wrap=True, justify="right")
-    table.add_column(no_wrap=True, style="dim")
+def _evidence_table(evidence: list[dict], width: int, picks: dict[str, str]) -> Table:
+    """Signal, value, threshold in three columns; where the numbers would leave the signal
+    less than MIN_SIGNAL columns (a crash time against the look-back's start), each signal
+    takes its own line with its numbers indented under it."""
+    rows = []
     for item in evidence:
-        threshold = units.format_threshold(item["threshold"], item["unit"],
-                                           item.get("pick", "max")) if item["threshold"] \
-            else ""
-        table.add_row(item["signal"], units.format_value(item["value"], item["unit"]),
-                      threshold)
+        pick = item.get("pick") or picks.get(item["signal"], "max")
+        threshold = units.format_threshold(item["threshold"], item["unit"], pick) \
+            if item["threshold"] else ""
+        rows.append((item["signal"], units.format_value(item["value"], item["unit"]),
+                     threshold))
+    numbers = max(len(value) for _, value, _ in rows) + 2 + max(len(t) for *_, t in rows)
+    if width - numbers - 2 >= MIN_SIGNAL:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(ratio=1)  # the signal wraps (with its indent); numbers never do
+        table.add_column(no_wrap=True, justify="right")
+        table.add_column(no_wrap=True, style="dim")
+        for row in rows:
+            table.add_row(*row)
+        return table
+    table = Table.grid()
+    table.add_column(ratio=1)
+    for signal, value, threshold in rows:
+        table.add_row(signal)
+        table.add_row(Padding(Text.assemble(value, "  ", (threshold, "dim")), (0, 0, 0, 2)))
     return table
 
 
-def _block(number: int, group: list[dict]) -> Group:
+def _block(number: int, group: list[dict], width: int) -> Group:
     first = group[0]
     nodes = list(dict.fromkeys(f["node"] for f in group))
     where = first["node"] if len(nodes) == 1 else f"{len(nodes)} nodes"
@@ -111,7 +128,8 @@ def _block(number: int, group: list[dict]) -> Group:
     if subjects:
         body.add_row("subjects", "; ".join(subjects))
     if first["evidence"]:
-        body.add_row("evidence", _evidence_table(first["evidence"]))
+        body.add_row("evidence", _evidence_table(first["evidence"], width - BODY_COLUMN,
+                                                 evidence_picks(first["rule"])))
     body.add_row("cause", first["cause"])
     body.add_row("action", first["action"])
     body.add_row("runbook", Text(first["runbook"], no_wrap=True, overflow="ignore"))
@@ -181,7 +199,7 @@ def _print_report(document: dict, console: Console) -> None:
     console.print()
     if findings:
         for number, group in enumerate(group_findings(findings), 1):
-            console.print(_block(number, group))
+            console.print(_block(number, group, console.width))
         primary = findings[0]
         console.print(Text.assemble("Primary diagnosis: ", (primary["rule"], "bold"),
                                     f" on {primary['node']} — {primary['summary']}"))

@@ -119,6 +119,15 @@ def by_id(rule_id: str) -> Rule:
     raise KeyError(rule_id)
 
 
+def evidence_picks(rule_id: str) -> dict[str, str]:
+    """Evidence signal -> "max" or "min" (whether the value must be above or below its
+    threshold) for a rule; a diagnosis document carries only the contract's four fields."""
+    try:
+        return {item.signal: item.pick for item in by_id(rule_id).evidence}
+    except KeyError:  # a document from another version's catalog
+        return {}
+
+
 def module_of(rule_id: str):
     """The rules/builtin module that defines a rule (its thresholds live there)."""
     for module in builtin_modules():

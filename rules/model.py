@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetscope.core import units
+
 from .promql import Expr, SetOp
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
@@ -164,12 +166,22 @@ class Rule:
 
     def render_summary(self, labels: dict[str, str], value: float,
                        template: str | None = None) -> str:
+        """The summary template filled in: label names and `value`, which takes Python's
+        format specs and `{value:duration}` (seconds as a person reads them: 400 ms, 42 s,
+        22.5 min), as the evidence tables show the same number."""
         class _Default(dict):
             def __missing__(self, key):
                 return "?"
 
         template = self.summary if template is None else template
         try:
-            return template.format_map(_Default(labels, value=value))
+            return template.format_map(_Default(labels, value=_SummaryValue(value)))
         except (ValueError, TypeError):
             return template
+
+
+class _SummaryValue(float):
+    def __format__(self, spec: str) -> str:
+        if spec == "duration":
+            return units.duration(float(self))
+        return float(self).__format__(spec)

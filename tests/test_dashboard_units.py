@@ -52,6 +52,22 @@ def test_thresholds_read_as_conditions_and_never_in_exponent_notation():
     assert units.over_threshold(12, 0) == "above 0"
 
 
+def test_a_moment_reads_as_a_local_time_and_its_distance_from_the_threshold(monkeypatch):
+    monkeypatch.setenv(units.TIME_ZONE_ENV, "Asia/Shanghai")
+    crash, look_back_start = 1_764_662_463.0, 1_764_661_570.0
+    assert units.format_value(crash, units.TIME_UNIT) == "2025-12-02 16:01:03 CST"
+    assert units.format_threshold(look_back_start, units.TIME_UNIT) == \
+        "after 2025-12-02 15:46:10 CST"
+    assert units.over_threshold(crash, look_back_start, unit=units.TIME_UNIT) == \
+        "14.9 min after it"
+    assert units.over_threshold(look_back_start - 60, look_back_start,
+                                unit=units.TIME_UNIT) == "60 s before it"
+    frame = data.evidence_frame({"rule": "isa-mismatch", "evidence": [
+        {"signal": "latest SIGILL", "value": crash, "threshold": look_back_start,
+         "unit": units.TIME_UNIT}]})
+    assert frame["ratio"].isna().all()  # no "1.0000006x" bar for a moment
+
+
 def test_axes_format_bandwidth_in_bytes_per_second_not_billions():
     bandwidth = units.axis("bytes/s")
     assert bandwidth["tickformat"] == "~s" and bandwidth["ticksuffix"] == "B/s"

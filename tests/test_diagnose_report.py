@@ -19,16 +19,26 @@ import pytest
 from rich.console import Console
 
 from fleetscope.diagnose.report import group_findings, print_report
-from tests.conftest import BUNDLES
+from tests.conftest import BUNDLES, SCENARIOS
+
+
+def diagnosis_of(bundle) -> dict:
+    """A real `diagnose --bundle --json` of a critical fixture bundle."""
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                             str(bundle), "--json"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def document() -> dict:
-    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
-                             str(BUNDLES / "kunpeng-128"), "--json"], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
-    return json.loads(result.stdout)
+    return diagnosis_of(BUNDLES / "kunpeng-128")
+
+
+@pytest.fixture(scope="module")
+def crash_document() -> dict:
+    return diagnosis_of(SCENARIOS / "isa-mismatch")
 
 
 def render(document: dict, width: int) -> list[str]:
@@ -129,3 +139,20 @@ def test_a_bundle_diagnosis_shows_no_sampling_bar():
     assert proc.returncode == 2
     assert b"sampling" not in seen
     assert b"reading the bundle" in seen
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_crash_time_reads_as_a_time_beside_a_readable_signal(crash_document, width):
+    """The isa-mismatch evidence holds a crash's time against the look-back's start: read as
+    times (not 1,764,662,464 unix seconds), and long numbers put each signal on a line of its
+    own rather than squeezing every signal into a 20-column strip."""
+    lines = render(crash_document, width)
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= width
+    assert "unix seconds" not in text
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+  after \d{4}-\d\d-\d\d "
+                     r"\d\d:\d\d:\d\d \S+", text)
+    # "seconds since the last crash" must be below its threshold: < 15 min, not > 15 min
+    assert re.search(r"\d s  < 15 min", text) and "> 15 min" not in text
+    for signal in ("SIGILL crashes in the kernel log", "seconds since the last SIGILL crash"):
+        assert any(signal in line for line in lines), signal  # whole, on one line

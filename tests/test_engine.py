@@ -9,7 +9,7 @@ conditions themselves are checked against Prometheus in test_rules_promtool.py.
 from __future__ import annotations
 
 from fleetscope.diagnose import engine
-from fleetscope.rules.catalog import Evidence, Rule, Tier
+from fleetscope.rules.catalog import CATALOG, Evidence, Rule, Tier
 from fleetscope.rules.promql import Max, Selector, Series
 
 STEP_MS = 1000
@@ -126,6 +126,19 @@ def test_rdma_ports_without_hw_counters_are_not_called_no_device():
     _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
                                        rules=(by_id("roce-congestion"),))
     assert "no RDMA device" in not_evaluated[0]["reason"]
+
+
+def test_a_summary_reads_seconds_as_the_evidence_table_does():
+    rule = _rule(summary="pool {pool}: silent for {value:duration} ({value:.0f} s)")
+    assert rule.render_summary({"pool": "chat"}, 1349.2) == \
+        "pool chat: silent for 22.5 min (1349 s)"
+    assert rule.render_summary({"pool": "chat"}, 0.4) == "pool chat: silent for 400 ms (0 s)"
+    assert rule.render_summary({}, 42.0) == "pool ?: silent for 42 s (42 s)"
+    # every duration summary of the catalog renders (no raw template left)
+    for catalog_rule in CATALOG:
+        for _, _, template in catalog_rule.severities():
+            text = catalog_rule.render_summary({}, 1349.2, template)
+            assert "{" not in text and "1349 s" not in text, (catalog_rule.id, text)
 
 
 def test_an_event_before_the_window_is_not_inside_it():

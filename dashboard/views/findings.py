@@ -70,7 +70,8 @@ left.dataframe(evidence.drop(columns="ratio"), hide_index=True, key="evidence_ta
                column_config={"signal": st.column_config.TextColumn(width="large"),
                               "over threshold": st.column_config.TextColumn(width="medium")})
 if evidence["ratio"].notna().any():
-    right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars")
+    right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars",
+                       config=charts.STATIC)
 
 history = state.node_history(snap, finding["node"])
 window = data.history_window(history)

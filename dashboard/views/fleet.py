@@ -59,14 +59,15 @@ if not counts.empty:
             st.info(summary)
     grouping = data.rule_grouping(nodes, findings, rule, dimension)
     right.plotly_chart(charts.grouping_bars(grouping.head(20), rule, dimension),
-                       key="grouping_bars")
+                       key="grouping_bars", config=charts.STATIC)
     with st.expander("Nodes per firing rule", expanded=False):
-        st.plotly_chart(charts.rule_bars(counts), key="rule_bars")
+        st.plotly_chart(charts.rule_bars(counts), key="rule_bars", config=charts.STATIC)
         st.dataframe(counts, hide_index=True, key="rule_counts")
 
 left, right = st.columns(2)
 by_pool = data.health_by(nodes, findings, "node_pool")
-left.plotly_chart(charts.health_bars(by_pool, "node_pool"), key="health_pool")
+left.plotly_chart(charts.health_bars(by_pool, "node_pool"), key="health_pool",
+                  config=charts.STATIC)
 by_rack = data.health_by(nodes, findings, "rack").head(12)
 with right:
     st.markdown("**Worst racks** (click a row to open its worst node)")

@@ -21,7 +21,7 @@ cols = st.columns(max(1, min(4, len(shares))))
 for number, row in enumerate(shares.itertuples(index=False)):
     cols[number % len(cols)].metric(f"inference · {row.node_pool} · {row.pool}",
                                     f"{row[2]:.0%}")
-st.plotly_chart(charts.stage_bars(breakdown), key="stage_bars")
+st.plotly_chart(charts.stage_bars(breakdown), key="stage_bars", config=charts.STATIC)
 spent = breakdown["seconds_per_second"].map(lambda v: units.format_value(v, "s/s"))
 per_session = breakdown["seconds_per_session"].map(lambda v: units.format_value(v, "s"))
 table = breakdown.assign(**{"time spent per second, all nodes": spent,

@@ -29,6 +29,7 @@ _COUNTS = {"CPUs", "cpus", "cores", "threads", "tasks", "fds", "crashes", "pages
            "frames", "packets", "processes", "sessions"}
 _UNIT_WORDS = {"ratio": "%", "1/s": "per second", "s": "seconds", "s/s": "seconds per second",
                "bytes/s": "bytes per second", "bytes": "bytes", "ipc": "instructions per cycle"}
+TIME_UNIT = "unix seconds"  # a moment (a crash's time), read as a local time with its zone
 TIME_ZONE_ENV = "FLEETSCOPE_CONSOLE_TZ"  # e.g. Asia/Shanghai; default: the machine's zone
 
 
@@ -58,6 +59,8 @@ def format_value(value, unit: str = "") -> str:
     value = float(value)
     if math.isinf(value):
         return "∞"
+    if unit == TIME_UNIT:
+        return local_time(value)
     if unit == "ratio":
         return f"{_significant(value * 100)} %"
     if unit == "bytes/s":
@@ -94,13 +97,19 @@ def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
     """A rule threshold as a condition: '> 30 %', '< 1 IPC'; no threshold: '–'."""
     if threshold is None or (isinstance(threshold, float) and math.isnan(threshold)):
         return "–"
+    if unit == TIME_UNIT:
+        return f"{'before' if pick == 'min' else 'after'} {format_value(threshold, unit)}"
     return f"{'<' if pick == 'min' else '>'} {format_value(threshold, unit)}"
 
 
-def over_threshold(value, threshold, pick: str = "max") -> str:
-    """How far past its threshold a value is, in words: '2.4x the threshold', 'below'."""
+def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
+    """How far past its threshold a value is, in words: '2.4x the threshold', 'below', and
+    for a moment '12.5 min after it'."""
     if value is None or threshold is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if unit == TIME_UNIT:
+        side = "after" if value >= threshold else "before"
+        return f"{duration(abs(value - threshold))} {side} it"
     if threshold == 0:
         return "above 0" if value > 0 else "at 0"
     if pick == "min":

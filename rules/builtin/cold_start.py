@@ -10,6 +10,7 @@ import os
 
 from fleetscope.collectors.parsers.process import parse_pid_stat
 from fleetscope.collectors.parsers.procfs import parse_proc_stat
+from fleetscope.core import units
 
 from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
@@ -46,7 +47,7 @@ def enrich(ctx, finding) -> None:
     finding.subjects["pids"] = [pid for _, pid in young[:MAX_SUBJECTS]]
     if young:
         finding.extra_summary = "started in the last 5 minutes: " + ", ".join(
-            f"pid {pid} ({age:.0f} s ago)" for age, pid in young[:3])
+            f"pid {pid} ({units.duration(age)} ago)" for age, pid in young[:3])
 
 
 def scenario(k):
@@ -83,7 +84,7 @@ RULE = Rule(
     symptom="first request after a restart is very slow",
     cause="the model is loaded cold on the first request",
     action="keep warm instances; preload models at start (readiness only after the load)",
-    summary="pool {pool}: model loads take {value:.1f} s on average",
+    summary="pool {pool}: model loads take {value:duration} on average",
     condition=_LOAD > MODEL_LOAD_SECONDS,
     evidence=(Evidence("average model-load stage", _LOAD, MODEL_LOAD_SECONDS, "s"),),
     confidence=0.65,
@@ -91,5 +92,5 @@ RULE = Rule(
     enrich=enrich,
     views=(Panel("Average model-load stage per pool (5 min)", _LOAD, "s", MODEL_LOAD_SECONDS),),
     fleet=FleetFault(("codegen",), 8, 4),
-    proof=Proof(scenario, summary=r"pool chat-online: model loads take 4\d\.\d s on average"),
+    proof=Proof(scenario, summary=r"pool chat-online: model loads take 4\d(\.\d+)? s on average"),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from fleetscope.collectors.base import NotAvailable
+from fleetscope.core import units
 
 from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Recent, Selector, Sum, Time
@@ -91,7 +92,7 @@ def _crash_summary(crashed, now: float) -> str:
     fault = crashed.fault
     pids = ", ".join(str(p) for p in crashed.pids[:3])
     head = f"{crashed.binary} (pid {pids}" + (
-        f", {max(0, now - crashed.last_time):.0f} s ago)" if crashed.last_time else ")")
+        f", {units.duration(max(0, now - crashed.last_time))} ago)" if crashed.last_time else ")")
     if fault is not None and fault.text:
         verdict = ", ".join(f"{name} {'absent' if state == 'missing' else state} on this CPU"
                             for name, state in crashed.on_cpu.items()) or fault.note
@@ -163,14 +164,15 @@ RULE = Rule(
     action="rebuild for the fleet's common baseline (no -march=native; x86-64-v2/v3 or "
            "armv8.2-a as the oldest stepping allows) and redeploy; fleetscope isa check BINARY "
            "names the missing extension",
-    summary="SIGILL (illegal instruction) crashes, the last {value:.0f} s before the window's "
+    summary="SIGILL (illegal instruction) crashes, the last {value:duration} before the "
+            "window's "
             "end",
     # Crashes inside the look-back (Prometheus: the last 15 minutes; in-process: inside the
     # window, see Recent), one finding per node naming every crashing binary (enrichment).
     # Older crashes are only information: a node that once ran a bad build is not sick now.
     condition=Recent(_SIGILL_AGE, SIGILL_WINDOW),
     tiers=(Tier("info", _SIGILL_AGE >= 0,
-                "earlier SIGILL crashes, the last {value:.0f} s before the window's end"),),
+                "earlier SIGILL crashes, the last {value:duration} before the window's end"),),
     evidence=(
         Evidence("SIGILL crashes in the kernel log", Sum(Max(_SIGILL, by=(*NODE, "binary")),
                                                          by=NODE), 0, "crashes"),
@@ -190,8 +192,8 @@ RULE = Rule(
     ),
     fleet=FleetFault(("codegen",), "rack", 25),
     proof=Proof(scenario,
-                summary=r"SIGILL \(illegal instruction\) crashes, the last \d+ s before the "
-                        r"window's end; libagentcore\.so \(pid .*\) faulted on ptrue p0\.s: "
-                        r"SVE absent",
+                summary=r"SIGILL \(illegal instruction\) crashes, the last [\d.]+ (ms|s|min) "
+                        r"before the window's end; libagentcore\.so \(pid .*\) faulted on "
+                        r"ptrue p0\.s: SVE absent",
                 subjects=("binaries", ["libagentcore.so"])),
 )

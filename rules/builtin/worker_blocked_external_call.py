@@ -8,6 +8,8 @@ Enrichment: those threads with their peer and wait, and on a live node the py-sp
 
 from __future__ import annotations
 
+from fleetscope.core import units
+
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Selector, Sum
 
@@ -62,7 +64,7 @@ def enrich(ctx, finding) -> None:
             frame = " in ".join(part for part in parts if part)
         peer = wait.peer or "an unconnected TCP socket"
         text = (f"pid {wait.pid} thread {wait.tid} in {wait.call}() on {peer} "
-                f"for {seconds:.0f} s" + (f" at {frame}" if frame else ""))
+                f"for {units.duration(seconds)}" + (f" at {frame}" if frame else ""))
         described.append(text)
         finding.evidence.append({
             "signal": f"{text} (fd {wait.fd}, kernel wait {wait.wchan or '?'})",
@@ -105,7 +107,7 @@ RULE = Rule(
           "connection pool)",
     action="give every tool call its own timeout and a circuit breaker; check the connection "
            "pool size; fleetscope stacks PID shows the blocking call",
-    summary="pool {pool}: oldest in-flight task silent for {value:.0f} s",
+    summary="pool {pool}: oldest in-flight task silent for {value:duration}",
     condition=_HEARTBEAT > HEARTBEAT_AGE,
     # Earlier, from the kernel: a worker thread parked in a network call longer than the
     # node config's blocked_call_seconds (default 30 s) - before the heartbeat goes stale.
