@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -226,10 +227,18 @@ def _signal_mid_unpack(tmp_path, signum) -> tuple[int, list[str]]:
     archive = hostile_corpus._tar(source, tmp_path / "big.tar.gz", sparse=True)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
-                             str(archive)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FLEETSCOPE_SCRATCH_DIR": str(scratch)})
+    # A job started in the background of a non-interactive shell (a CI runner's) inherits
+    # SIGINT ignored, as POSIX has it, and Python keeps it ignored: the Ctrl-C of a terminal
+    # is what is tested, so the child starts with SIGINT at its default (exec resets a
+    # handled signal, never an ignored one).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                                 str(archive)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FLEETSCOPE_SCRATCH_DIR": str(scratch)})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     for _ in range(2000):  # until the scratch copy holds data (bounded: 2000 x 10 ms)
         if any(files for _, _, files in os.walk(scratch)) or proc.poll() is not None:
             break
