@@ -214,17 +214,23 @@ def evaluate_fleet(nodes: int = 4096, cores: int = 128, end_s: int | None = None
     processes = default_processes(nodes) if processes is None else max(1, processes)
     parts = _parts(racks, min(processes, racks))
     workers = [(part, _worker(nodes, cores, seed, fleet.end_s, part)) for part in parts[1:]]
-    with _without_cycle_collection():  # the workers' answers are as many small objects
-        answers = [evaluate_part(fleet, parts[0])]
-        notes = []
-        for part, worker in workers:
-            answer, why = _collect(worker)
-            if answer is None:  # its racks are evaluated here: slower, never incomplete
-                notes.append(f"a worker for racks {part.start}-{part.stop - 1} failed "
-                             f"({why}); evaluated in the console's process")
-                answer = evaluate_part(fleet, part)
-            answers.append(answer)
-        return _merge(answers, len(parts), notes)
+    try:
+        with _without_cycle_collection():  # the workers' answers are as many small objects
+            answers = [evaluate_part(fleet, parts[0])]
+            notes = []
+            for part, worker in workers:
+                answer, why = _collect(worker)
+                if answer is None:  # its racks are evaluated here: slower, never incomplete
+                    notes.append(f"a worker for racks {part.start}-{part.stop - 1} failed "
+                                 f"({why}); evaluated in the console's process")
+                    answer = evaluate_part(fleet, part)
+                answers.append(answer)
+            return _merge(answers, len(parts), notes)
+    finally:
+        for _, worker in workers:  # an error (or Ctrl-C) here leaves no worker behind
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
 
 
 def _merge(answers: list[dict], processes: int, notes: list[str]) -> FleetAnswer:

@@ -126,6 +126,23 @@ def test_a_failed_worker_costs_time_never_racks(failure, one_process_answer, mon
         assert "exit 3: MemoryError" in answer.notes[0]
 
 
+def test_an_error_in_the_console_process_leaves_no_worker_running(monkeypatch):
+    started = []
+    real_worker = fleet_eval._worker
+
+    def recorded_worker(*args):
+        started.append(real_worker(*args))
+        return started[-1]
+
+    def failing_part(fleet, racks):
+        raise RuntimeError("a bug in this process")
+    monkeypatch.setattr(fleet_eval, "_worker", recorded_worker)
+    monkeypatch.setattr(fleet_eval, "evaluate_part", failing_part)
+    with pytest.raises(RuntimeError):
+        fleet_eval.evaluate_fleet(64, 16, data.demo_end(), processes=2)
+    assert len(started) == 1 and started[0].returncode is not None  # ended, not left running
+
+
 def test_a_large_demo_fleet_uses_the_other_cpus_a_small_one_stays_in_process():
     assert fleet_eval.default_processes(256) == 1
     cpus = len(os.sched_getaffinity(0))
