@@ -176,12 +176,11 @@ def load_demo(nodes: int = 4096, cores: int = 128, processes: int | None = None)
     from .fleet_eval import evaluate_fleet
     from .fleet_sim import Fleet
 
-    end_s = demo_end()
-    answer = evaluate_fleet(nodes, cores, end_s, processes=processes)
+    fleet = Fleet(nodes=nodes, cores=cores, end_s=demo_end())
+    answer = evaluate_fleet(fleet, processes=processes)
     first, last = _span(answer.tables)
     how = (f"rules evaluated over {answer.series_evaluated:,} series, rack by rack"
            + (f", in {answer.processes} processes" if answer.processes > 1 else ""))
-    fleet = Fleet(nodes=nodes, cores=cores, end_s=end_s)
     return Snapshot("demo", f"simulated fleet: {nodes:,} nodes x {cores} cores",
                     answer.tables, answer.findings, answer.not_evaluated,
                     (first / 1000, last / 1000), fleet.node_series,
@@ -320,12 +319,6 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
 # Tiles and rules read the same numbers: every value below is an expression of
 # rules/promql.py (the tree the rule engine evaluates), at the source's last sample, with
 # the rate window the rules use (WINDOW, capped like the engine's by series.max_window_ms).
-def _end_ms(series: Series, name: str) -> int | None:
-    """The last sample time of a metric: where its tiles are evaluated."""
-    ends = [points[-1][0] for points in series.by_name.get(name, {}).values() if points]
-    return max(ends) if ends else None
-
-
 def _rows(vector: dict) -> pd.DataFrame:
     rows = [{**{k: v for k, v in labels if k != "__name__"}, "value": value}
             for labels, value in vector.items()]
@@ -333,7 +326,7 @@ def _rows(vector: dict) -> pd.DataFrame:
 
 
 def _instant(series: Series, expr, name: str) -> pd.DataFrame:
-    at_ms = _end_ms(series, name)
+    at_ms = series.last_sample_ms([name])
     return _rows({} if at_ms is None else expr.evaluate(series, at_ms))
 
 
@@ -423,9 +416,8 @@ def recorded(snapshot: Snapshot, recording: Recording) -> pd.DataFrame:
     at its last sample of those metrics."""
     if snapshot.aggregates is not None:
         return _rows(snapshot.aggregates.get(recording.record, {}))
-    ends = [end for end in (_end_ms(snapshot.series, name) for name in recording.expr.metrics())
-            if end is not None]
-    return _rows(recording.expr.evaluate(snapshot.series, max(ends)) if ends else {})
+    at_ms = snapshot.series.last_sample_ms(recording.expr.metrics())
+    return _rows({} if at_ms is None else recording.expr.evaluate(snapshot.series, at_ms))
 
 
 def node_signals(snapshot: Snapshot) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The simulated fleet evaluated as a query engine would: where the data is, a rack at a time.
 
-    answer = evaluate_fleet(nodes=4096, cores=128, end_s=demo_end())
+    answer = evaluate_fleet(Fleet(nodes=4096, cores=128, end_s=demo_end()))
     answer.findings        # CONTRACT section 5 findings (+ labels), ranked as the engine ranks
     answer.aggregates      # recording name -> vector: the per-node numbers the pages draw
     answer.tables          # fleetscope_cpu_info and node_uname_info: the node table
@@ -54,11 +54,6 @@ def metrics() -> set[str]:
     return names
 
 
-def _span(series: Series) -> tuple[int, int]:
-    stamps = series.timestamps()
-    return (stamps[0], stamps[-1]) if stamps else (0, 0)
-
-
 def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, list[dict]]:
     """The rule engine over a fleet, a shard of nodes at a time.
 
@@ -67,12 +62,24 @@ def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, l
     looked up among 32 nodes instead of 4,096. A rule is not evaluated only where no shard
     had its signals."""
     found, missing = _evaluate_shards(shards, hostname)
-    if missing is None:
-        return [], [{"rule": r.id, "reason": "no samples"} for r in CATALOG]
     # the engine's own ranking (tier severity, causes before symptoms), so a sharded fleet
     # lists its findings exactly as one evaluation of the whole fleet would
     found.sort(key=engine.rank_key())
-    return found, [missing[r.id] for r in CATALOG if r.id in missing]
+    return found, _not_evaluated(missing)
+
+
+def _still_missing(missing: dict[str, dict] | None, here: dict[str, dict] | None
+                   ) -> dict[str, dict] | None:
+    """Rules not evaluated anywhere so far: a rule one part evaluated is evaluated."""
+    if here is None:
+        return missing
+    return here if missing is None else {k: v for k, v in missing.items() if k in here}
+
+
+def _not_evaluated(missing: dict[str, dict] | None) -> list[dict]:
+    if missing is None:  # no part had a sample
+        return [{"rule": r.id, "reason": "no samples"} for r in CATALOG]
+    return [missing[r.id] for r in CATALOG if r.id in missing]
 
 
 def _evaluate_shards(shards: list[Series], hostname: str = "?"
@@ -85,15 +92,8 @@ def _evaluate_shards(shards: list[Series], hostname: str = "?"
             continue
         found, not_evaluated = engine.evaluate(shard, hostname)
         findings += found
-        here = {item["rule"]: item for item in not_evaluated}
-        missing = here if missing is None else {k: v for k, v in missing.items() if k in here}
+        missing = _still_missing(missing, {item["rule"]: item for item in not_evaluated})
     return findings, missing
-
-
-def _end_ms(series: Series, names: set[str]) -> int | None:
-    ends = [points[-1][0] for name in names for points in series.by_name.get(name, {}).values()
-            if points]
-    return max(ends) if ends else None
 
 
 @contextmanager
@@ -125,7 +125,7 @@ def _evaluate_part(fleet: Fleet, racks: range) -> dict:
     tables: dict[str, list] = {name: [] for name in TABLE_METRICS}
     for shard in shards:  # the recordings at each shard's last sample, as the pages would
         for recording in RECORDINGS:
-            at_ms = _end_ms(shard, recording.expr.metrics())
+            at_ms = shard.last_sample_ms(recording.expr.metrics())
             if at_ms is not None:
                 aggregates[recording.record] += [
                     [list(labels), value]
@@ -176,10 +176,10 @@ def default_processes(nodes: int) -> int:
     return max(1, min(MAX_WORKERS, cpus))
 
 
-def _worker(nodes: int, cores: int, seed: int, end_s: int, racks: range) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fleetscope.dashboard.fleet_eval", "--nodes", str(nodes),
-               "--cores", str(cores), "--seed", str(seed), "--end", str(end_s),
-               "--racks", f"{racks.start}:{racks.stop}"]
+def _worker(fleet: Fleet, racks: range) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fleetscope.dashboard.fleet_eval", "--nodes",
+               str(fleet.size), "--cores", str(fleet.cores), "--seed", str(fleet.seed),
+               "--end", str(fleet.end_s), "--racks", f"{racks.start}:{racks.stop}"]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
 
@@ -204,16 +204,14 @@ def _collect(worker: subprocess.Popen) -> tuple[dict | None, str]:
     return answer, ""
 
 
-def evaluate_fleet(nodes: int = 4096, cores: int = 128, end_s: int | None = None,
-                   seed: int = 7, processes: int | None = None) -> FleetAnswer:
-    """Build the simulated fleet and evaluate every rule and recording over it, rack by rack,
-    on `processes` processes (default: one per CPU for a large fleet)."""
-    fleet = Fleet(nodes=nodes, cores=cores, seed=seed,
-                  **({} if end_s is None else {"end_s": end_s}))
+def evaluate_fleet(fleet: Fleet, processes: int | None = None) -> FleetAnswer:
+    """Every rule and recording over the simulated fleet, rack by rack, on `processes`
+    processes (default: one per CPU for a large fleet); a worker rebuilds the same fleet
+    from its size, seed and clock."""
     racks = int(fleet.rack[-1]) + 1
-    processes = default_processes(nodes) if processes is None else max(1, processes)
+    processes = default_processes(fleet.size) if processes is None else max(1, processes)
     parts = _parts(racks, min(processes, racks))
-    workers = [(part, _worker(nodes, cores, seed, fleet.end_s, part)) for part in parts[1:]]
+    workers = [(part, _worker(fleet, part)) for part in parts[1:]]
     try:
         with _without_cycle_collection():  # the workers' answers are as many small objects
             answers = [evaluate_part(fleet, parts[0])]
@@ -238,14 +236,7 @@ def _merge(answers: list[dict], processes: int, notes: list[str]) -> FleetAnswer
                     key=lambda item: tuple(item[0]))
     missing: dict[str, dict] | None = None
     for answer in answers:
-        here = answer["missing"]
-        if here is not None:
-            missing = here if missing is None else {k: v for k, v in missing.items()
-                                                    if k in here}
-    if missing is None:
-        not_evaluated = [{"rule": r.id, "reason": "no samples"} for r in CATALOG]
-    else:
-        not_evaluated = [missing[r.id] for r in CATALOG if r.id in missing]
+        missing = _still_missing(missing, answer["missing"])
     tables = Series()
     aggregates: dict[str, dict[Labels, float]] = {r.record: {} for r in RECORDINGS}
     for answer in answers:
@@ -256,7 +247,8 @@ def _merge(answers: list[dict], processes: int, notes: list[str]) -> FleetAnswer
         for record, rows in answer["aggregates"].items():
             aggregates[record].update((tuple(map(tuple, labels)), value)
                                       for labels, value in rows)
-    return FleetAnswer([finding for _, finding in ranked], not_evaluated, tables, aggregates,
+    return FleetAnswer([finding for _, finding in ranked], _not_evaluated(missing), tables,
+                       aggregates,
                        sum(answer["series"] for answer in answers), processes, notes)
 
 

@@ -76,6 +76,13 @@ class Series:
     def names(self) -> set[str]:
         return set(self.by_name)
 
+    def last_sample_ms(self, names: Iterable[str]) -> int | None:
+        """The latest sample time of these metrics (where their tiles and recordings are
+        evaluated), None without a sample."""
+        ends = [points[-1][0] for name in names
+                for points in self.by_name.get(name, {}).values() if points]
+        return max(ends) if ends else None
+
     def timestamps(self) -> list[int]:
         seen: set[int] = set()
         first = operator.itemgetter(0)

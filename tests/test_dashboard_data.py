@@ -72,13 +72,13 @@ def _same_answer(got: fleet_eval.FleetAnswer, want: fleet_eval.FleetAnswer) -> N
 @pytest.fixture(scope="module")
 def one_process_answer() -> tuple[int, fleet_eval.FleetAnswer]:
     end = data.demo_end()
-    return end, fleet_eval.evaluate_fleet(64, 16, end, processes=1)
+    return end, fleet_eval.evaluate_fleet(Fleet(64, 16, end_s=end), processes=1)
 
 
 def test_the_demo_in_worker_processes_answers_exactly_what_one_process_does(
         one_process_answer):
     end, one = one_process_answer
-    several = fleet_eval.evaluate_fleet(64, 16, end, processes=3)
+    several = fleet_eval.evaluate_fleet(Fleet(64, 16, end_s=end), processes=3)
     assert several.processes == 3 and several.notes == []
     _same_answer(several, one)
     assert {f["rule"] for f in one.findings} == set(RULE_IDS)
@@ -117,7 +117,7 @@ def test_a_failed_worker_costs_time_never_racks(failure, one_process_answer, mon
         return subprocess.Popen([sys.executable, "-c", WORKER_FAILURES[failure]],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     monkeypatch.setattr(fleet_eval, "_worker", failing_worker)
-    answer = fleet_eval.evaluate_fleet(64, 16, end, processes=2)
+    answer = fleet_eval.evaluate_fleet(Fleet(64, 16, end_s=end), processes=2)
     _same_answer(answer, one)
     assert len(answer.notes) == 1
     assert re.fullmatch(r"a worker for racks \d+-15 failed \(.+\); evaluated in the "
@@ -139,7 +139,7 @@ def test_an_error_in_the_console_process_leaves_no_worker_running(monkeypatch):
     monkeypatch.setattr(fleet_eval, "_worker", recorded_worker)
     monkeypatch.setattr(fleet_eval, "evaluate_part", failing_part)
     with pytest.raises(RuntimeError):
-        fleet_eval.evaluate_fleet(64, 16, data.demo_end(), processes=2)
+        fleet_eval.evaluate_fleet(Fleet(64, 16, end_s=data.demo_end()), processes=2)
     assert len(started) == 1 and started[0].returncode is not None  # ended, not left running
 
 

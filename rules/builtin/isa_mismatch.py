@@ -165,8 +165,7 @@ RULE = Rule(
            "armv8.2-a as the oldest stepping allows) and redeploy; fleetscope isa check BINARY "
            "names the missing extension",
     summary="SIGILL (illegal instruction) crashes, the last {value:duration} before the "
-            "window's "
-            "end",
+            "window's end",
     # Crashes inside the look-back (Prometheus: the last 15 minutes; in-process: inside the
     # window, see Recent), one finding per node naming every crashing binary (enrichment).
     # Older crashes are only information: a node that once ran a bad build is not sick now.
