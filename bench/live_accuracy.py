@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Live diagnosis accuracy, repeated: runs tests/test_live_accuracy.py N times (default 5)
+"""Live diagnosis accuracy, repeated: runs the live scenario modules (tests/test_live_accuracy.py
+and every tests/test_live_fault_*.py beside it) N times (default 5)
 and prints, per scenario, how often the primary finding was right, how many false alarms
 (warning-or-worse findings the scenario does not explain) were raised, and the diagnosis
 wall time (median and max).
@@ -28,6 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def live_modules() -> list[str]:
+    """The scenario modules: the catalog's faults and each later family of faults, one module
+    each, all logging through FLEETSCOPE_ACCURACY_LOG."""
+    extra = sorted(str(path.relative_to(ROOT))
+                   for path in (ROOT / "tests").glob("test_live_fault_*.py"))
+    return ["tests/test_live_accuracy.py", *extra]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--repetitions", type=int, default=5)
@@ -37,7 +46,7 @@ def main() -> int:
         log = Path(scratch) / "accuracy.jsonl"
         for repetition in range(1, args.repetitions + 1):
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                       "tests/test_live_accuracy.py"] + (["-k", args.k] if args.k else [])
+                       *live_modules()] + (["-k", args.k] if args.k else [])
             result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                     env={**__import__("os").environ,
                                          "FLEETSCOPE_ACCURACY_LOG": str(log)})
