@@ -26,13 +26,22 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 
 
+# `python -m streamlit` would put the working directory first on sys.path, where a folder
+# named `fleetscope` (the one a clone sits in) shadows the installed package: start
+# Streamlit's command line with that entry removed instead.
+STREAMLIT_MAIN = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+                  "from streamlit.web.cli import main; main(prog_name='streamlit')")
+
+
 def streamlit_args(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(APP),
+    # logger.enableRich off: an exception in a page is logged through `logging` to stderr
+    # (rich prints it to stdout), as well as shown on the page.
+    return [sys.executable, "-c", STREAMLIT_MAIN, "run", str(APP),
             "--server.address", host, "--server.port", str(port),
             "--server.headless", "true", "--server.fileWatcherType", "none",
             "--server.runOnSave", "false", "--browser.gatherUsageStats", "false",
             "--global.developmentMode", "false", "--client.toolbarMode", "minimal",
-            "--theme.base", "light"]
+            "--theme.base", "light", "--logger.enableRich", "false"]
 
 
 DEFAULT_PORT = 8501
