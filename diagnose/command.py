@@ -60,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds is None:
         args.seconds = PROMETHEUS_SECONDS if args.prometheus else LIVE_SECONDS
     if not 0 < args.seconds <= 3600 * 24:
-        print("fleetscope diagnose: error: --seconds must be between 0 and 86400",
-              file=sys.stderr)
+        print(f"fleetscope diagnose: error: --seconds must be more than 0 and at most 86400 "
+              f"(24 h), not {args.seconds:g}", file=sys.stderr)
         return 2
     args.timeout = getattr(args, "timeout", 30.0)
     if not 0 < args.timeout <= 3600:
-        print("fleetscope diagnose: error: --timeout must be between 0 and 3600",
-              file=sys.stderr)
+        print(f"fleetscope diagnose: error: --timeout must be more than 0 and at most 3600, "
+              f"not {args.timeout:g}", file=sys.stderr)
         return 2
     # The bundle's scratch copy is removed on every path out: errors, crashes, Ctrl-C and
     # SIGTERM (the CLI turns it into SystemExit).
@@ -120,8 +120,6 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                                   timeout=args.timeout)
             except PrometheusError as err:
                 return _fail(str(err))
-            if args.node and not nodes:
-                nodes = [args.node]
             end = time.time()
             window = (end - args.seconds, end)
             source = "prometheus"

@@ -87,6 +87,11 @@ def _hint(prefix: str, hint: str, series: Series) -> str:
         return ("RDMA devices present, but their ports have no hw_counters directory "
                 "(the ECN/CNP counters: mlx5_ib or hns_roce_hw_v2 with a kernel that "
                 "exposes them)")
+    if prefix.startswith("fleetscope_pool_") and not any(
+            name.startswith("fleetscope_pool_") for name in series.names()):
+        # No pool series at all: no pool is configured (or none matched), whatever the
+        # narrower family's usual reason.
+        return dict(MISSING_HINTS)["fleetscope_pool_"]
     return hint
 
 

@@ -92,9 +92,10 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
                 detail = json.loads(body).get("error") or ""
             except (ValueError, AttributeError, RecursionError):
                 pass
+            hint = NOT_AN_API_HINT if response.status == 404 else ""
             raise PrometheusError(f"Prometheus at {_one_line(base)} answered HTTP "
                                   f"{response.status}" + (f": {_one_line(detail)}"
-                                                          if detail else ""))
+                                                          if detail else "") + hint)
         declared = response.getheader("Content-Length")
         if declared and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
             raise PrometheusError(_too_large(base))
@@ -135,6 +136,40 @@ def _abort(connection: http.client.HTTPConnection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+# A 404 on /api/v1/... is a server that is not a Prometheus query API at that path.
+NOT_AN_API_HINT = (": is this a Prometheus base URL? Give the server's root, e.g. "
+                   "http://prometheus:9090, without /api/v1 or /graph")
+MAX_NAMED_INSTANCES = 10
+# Series that every fleetscope exporter serves: which instances exist.
+EXPORTER_PRESENCE = ("fleetscope_exporter_build_info", "fleetscope_cpu_info")
+
+
+def unknown_node(base: str, node: str, instances: list[str]) -> str:
+    """The line for a --node Prometheus holds no series of: the instances that exist."""
+    if not instances:
+        return (f"Prometheus at {_one_line(base)} has no series with instance=\"{_one_line(node)}"
+                f"\", and no fleetscope exporter's series at all in the window: is it scraping "
+                "`fleetscope exporter` (port 9105)?")
+    named = ", ".join(_one_line(i) for i in sorted(instances)[:MAX_NAMED_INSTANCES])
+    more = len(instances) - MAX_NAMED_INSTANCES
+    return (f"Prometheus at {_one_line(base)} has no series with instance=\"{_one_line(node)}"
+            f"\"; --node takes the instance label, and the exporters there are: {named}"
+            + (f" (+{more} more)" if more > 0 else ""))
+
+
+def instances(base: str, start: float, end: float, deadline: Deadline) -> list[str]:
+    """The instance labels of the fleetscope exporters Prometheus holds in [start, end]."""
+    params = [("match[]", name) for name in EXPORTER_PRESENCE]
+    params += [("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
+    try:
+        body = fetch(base, "/api/v1/label/instance/values", params, deadline)
+        document = json.loads(body)
+    except (TimeoutError, ValueError, RecursionError, PrometheusError):
+        return []
+    values = document.get("data") if isinstance(document, dict) else None
+    return [str(v) for v in values] if isinstance(values, list) else []
 
 
 def _too_large(base: str) -> str:
@@ -240,6 +275,8 @@ def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | 
                     {"query": selector, "start": f"{start:.3f}", "end": f"{end:.3f}",
                      "step": f"{step:g}s"}, deadline)
         add_matrix(series, name, data, nodes)
+    if node and not nodes:
+        raise PrometheusError(unknown_node(base, node, instances(base, start, end, deadline)))
     return series, sorted(nodes)
 
 

@@ -285,6 +285,9 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     # The fleet's metric names straight from the index; a node's from its own series.
     scope_match = [f'{{{NODE_LABEL}="{_escape(node)}"}}'] if node else []
     names = _present_names(client, scope_match, window)
+    if node and not names.by_name:
+        known = client.label_values(NODE_LABEL, prometheus.EXPORTER_PRESENCE, *window)
+        raise RemoteError(prometheus.unknown_node(base, node, known))
 
     not_evaluated: list[dict] = []
     queries: list[tuple[Rule, int, str, Expr, str]] = []

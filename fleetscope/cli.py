@@ -10,6 +10,7 @@ its temporary directories are removed.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
@@ -23,8 +24,13 @@ EXIT_INPUT = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
+# Every error line starts with the command that failed, `fleetscope bundle record: error:`,
+# as argparse's own usage errors do (set by main()).
+_prog_of_this_run = "fleetscope"
+
+
 def _fail(message: str) -> int:
-    print(f"fleetscope: error: {message}", file=sys.stderr)
+    print(f"{_prog_of_this_run}: error: {message}", file=sys.stderr)
     return EXIT_INPUT
 
 
@@ -381,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("FLEETSCOPE_DEBUG") == "1"
     argv = [arg for arg in argv if arg != "--debug"]
     prog = _prog(argv)
+    global _prog_of_this_run
+    _prog_of_this_run = prog
     if argv[:1] == ["diagnose"] and not any(a.startswith(("--bundle", "--prometheus", "-h",
                                                           "--help")) for a in argv):
         _raise_priority()  # before the imports: they too run on the starved node
@@ -399,6 +407,29 @@ def main(argv: list[str] | None = None) -> int:
         return _unexpected(prog, err, debug)
 
 
+def _command_parser(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the sub-command the line named (`bundle record`'s, not the top one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _command_parser(chosen, args)
+    return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> int:
+    """One line for an argument the command does not take, with the option meant if one
+    is close (`--secs`: did you mean --seconds?)."""
+    first = unknown[0]
+    near = difflib.get_close_matches(first.split("=")[0], list(parser._option_string_actions),
+                                     n=1) if first.startswith("-") else []
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    print(f"{parser.prog}: error: unrecognized argument {first}{hint}; "
+          f"{parser.prog} --help lists what it takes", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _main(argv: list[str], debug: bool) -> int:
     if argv[:2] == ["isa", "check"] and any(a == "--prometheus" or a.startswith(
             "--prometheus=") for a in argv[2:]):  # against the fleet (diagnose/isa_fleet.py)
@@ -410,7 +441,9 @@ def _main(argv: list[str], debug: bool) -> int:
 
         return run_isa_check(argv[2:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        return _unrecognized(_command_parser(parser, args), unknown)
     args.debug = debug
     logging.basicConfig(
         level=args.log_level.upper(),

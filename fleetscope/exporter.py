@@ -12,6 +12,7 @@ a slow or hostile client cannot hold threads without bound.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import os
@@ -254,7 +255,7 @@ class ExporterServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # Prometheus HA pairs plus ad-hoc curls must not be refused
 
-    def __init__(self, address: tuple[str, int], exporter: Exporter, web: WebConfig):
+    def __init__(self, address: tuple[str, int], exporter: Exporter | None, web: WebConfig):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.exporter = exporter
         self.web = web
@@ -323,16 +324,30 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class ListenError(OSError):
+    """The address cannot be listened on; the message names it."""
+
+
 def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str = "auto"
           ) -> None:
     """Start the exporter and serve until interrupted."""
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root} is not a directory")
+    # Listen first: a taken port is one line naming the address, before the collectors
+    # log what this node lacks.
+    host, port = parse_listen(listen)
+    try:
+        server = ExporterServer((host, port), None, web)
+    except OSError as err:
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        hint = (": another exporter may run there; stop it or give --listen HOST:PORT"
+                if err.errno == errno.EADDRINUSE else "")
+        raise ListenError(f"cannot listen on {shown}: {err.strerror or err}{hint}") from None
     exporter = Exporter(root, config, evidence)
+    server.exporter = exporter
     log.info("evidence source: %s %s", "live host" if exporter.source.live
              else "recorded sample", exporter.source.roots[0])
     exporter.collect()  # first snapshot for interval metrics; logs what this node lacks
-    server = ExporterServer(parse_listen(listen), exporter, web)
     print(f"fleetscope exporter listening on {server.url()}", flush=True)
     try:
         server.serve_forever()

@@ -170,7 +170,17 @@ def test_bad_answers_are_one_line(prometheus, mode):
     assert result.max_rss_mib < 400
 
 
-@pytest.mark.parametrize("mode", ["non-numeric", "nan-values", "no-metric", "empty"])
+@pytest.mark.parametrize("mode", ["no-metric", "empty"])
+def test_no_series_of_the_node_is_one_line_naming_it(prometheus, mode):
+    """Answers that hold no series labelled instance="n1": --node names no node there."""
+    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1"],
+                 timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 3 and len(lines) == 1, result.stderr[-2000:]
+    assert 'no series with instance="n1"' in lines[0]
+
+
+@pytest.mark.parametrize("mode", ["non-numeric", "nan-values"])
 def test_bad_points_are_skipped_and_the_rest_diagnosed(prometheus, mode):
     result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1",
                   "--json"], timeout=120)

@@ -115,6 +115,13 @@ def test_diagnose_from_prometheus(exporter_factory, prometheus, tmp_path):
     code, fleet = diagnose("--fleet")
     assert target in fleet["nodes"]
     assert {f["rule"] for f in fleet["findings"]} >= {"fd-exhaustion", "numa-remote-access"}
-    # A node Prometheus has never seen: nothing to evaluate, said as such.
-    code, unknown = diagnose("--node", "nowhere:9105")
-    assert unknown["status"] == "unknown" and code == 3
+    # A node Prometheus has never seen (a host name, where --node takes the instance
+    # label): one line naming the instances that exist, in either evaluation.
+    for evaluate in ("engine", "local"):
+        result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--prometheus",
+                                 base, "--node", "nowhere", "--evaluate", evaluate,
+                                 "--seconds", "60"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 3 and result.stdout == ""
+        line, = result.stderr.strip().splitlines()
+        assert line.startswith("fleetscope diagnose: error: ") and "nowhere" in line
+        assert f"the exporters there are: {target}" in line

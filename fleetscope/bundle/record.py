@@ -303,7 +303,9 @@ def _prepare_directory(output: str) -> None:
             raise RecordError(f"{output} already exists and is not a directory: not "
                               "overwriting it (name a new directory, or a .tar.gz file)")
         if os.listdir(output):
-            raise RecordError(f"{output} exists and is not empty")
+            raise RecordError(f"{output} exists and is not empty: name a new directory, or a "
+                              "PATH.tar.gz (--force replaces an existing .tar.gz, never a "
+                              "directory's contents)")
     try:
         os.makedirs(output, mode=0o700, exist_ok=True)
         os.chmod(output, 0o700)

@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 
 from fleetscope.bundle.read import Bundle, BundleError, one_line
+from fleetscope.collectors.parsers.perf import parse_perf_stat_csv
 from fleetscope.core.bundle_format import AGENT_PROM, BUNDLE_FORMAT, DMESG, PERF_STAT, STATIC
 from fleetscope.core.units import time_window
+
+MAX_PERF_TEXT = 1 << 20  # one perf stat output: a few hundred lines at most
 
 # What a sample may hold, and what each part is evidence for (for `bundle show`).
 SOURCES = (
@@ -62,11 +65,34 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
     for relative, what in SOURCES:
         present = os.path.exists(os.path.join(last.directory, relative)) or \
             os.path.exists(os.path.join(static, relative))
+        if present and relative == PERF_STAT:
+            rows.append((what, _perf_counted(bundle)))
+            continue
         rows.append((what, "yes" if present else "absent"))
     rows.append((f"kernel log ({DMESG})",
                  "yes" if os.path.isfile(os.path.join(static, DMESG)) else "absent"))
     rows.append(("redacted", describe_redactions(bundle.redacted)))
     return rows
+
+
+def _perf_counted(bundle: Bundle) -> str:
+    """Whether perf counted anything: a perf that cannot open its events (no PMU in a VM,
+    perf_event_paranoid) still writes a line per event, valued `<not supported>`."""
+    events = counted = 0
+    for sample in bundle.samples:
+        try:
+            with open(os.path.join(sample.directory, PERF_STAT), encoding="utf-8",
+                      errors="replace") as handle:
+                counts = parse_perf_stat_csv(handle.read(MAX_PERF_TEXT))
+        except OSError:
+            continue
+        events += len(counts)
+        counted += sum(count.value is not None for count in counts)
+    if counted:
+        return "yes"
+    if events:
+        return "recorded, but perf counted no event (<not supported>: no PMU access here)"
+    return "recorded, but empty"
 
 
 def describe_redactions(redacted: dict) -> str:

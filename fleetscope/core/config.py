@@ -18,6 +18,7 @@ before anything walks or serialises it.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -200,6 +201,12 @@ def _pool(index: int, raw: Any) -> Pool:
     return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"))
 
 
+def _with_near_key(key: str, known) -> str:
+    """'pool (did you mean pools?)' for a typo; the key alone when nothing is close."""
+    near = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"{key} (did you mean {near[0]}?)" if near else key
+
+
 def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
     """Validate a loaded YAML document. Unknown top-level keys are errors (typos hide)."""
     if raw is None:
@@ -208,7 +215,8 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         raise ConfigError("the config must be a YAML mapping")
     unknown = set(raw) - _KNOWN_KEYS
     if unknown:
-        raise ConfigError(f"unknown config keys: {', '.join(sorted(map(str, unknown)))}")
+        raise ConfigError("unknown config keys: " + ", ".join(
+            _with_near_key(str(key), _KNOWN_KEYS) for key in sorted(map(str, unknown))))
     per_core = raw.get("per_core", "summary")
     if per_core not in ("summary", "full"):
         raise ConfigError(f"per_core must be 'summary' or 'full', got {per_core!r}")
@@ -322,4 +330,10 @@ def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Con
         raise ConfigError(f"config {path} is not UTF-8 text") from None
     except RecursionError:
         raise ConfigError(f"config {path} is nested too deeply to be a config: refused") from None
-    return parse_config(raw, known_collectors)
+    try:
+        return parse_config(raw, known_collectors)
+    except ConfigError as err:
+        # Name the file, and where its name came from when no --config was given.
+        origin = " (named by $FLEETSCOPE_CONFIG)" if path == os.environ.get(
+            "FLEETSCOPE_CONFIG") else ""
+        raise ConfigError(f"config {path}{origin}: {err}") from None

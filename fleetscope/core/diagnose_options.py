@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(directory or .tar.gz); never contacts the network")
     source.add_argument("--prometheus", metavar="URL", help="diagnose from a Prometheus server")
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("--node", metavar="NAME", help="with --prometheus: the instance label")
+    scope.add_argument("--node", metavar="NAME", help="with --prometheus: the node's "
+                       "`instance` label, the exporter's host:port as Prometheus scrapes it "
+                       "(e.g. 10.0.0.7:9105)")
     scope.add_argument("--fleet", action="store_true", help="with --prometheus: every node")
     parser.add_argument("--seconds", type=float, default=None, metavar="N",
                         help=f"live: how long to sample, once a second (default "

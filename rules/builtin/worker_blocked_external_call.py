@@ -16,6 +16,9 @@ from ..promql import Max, Rate, Selector, Sum
 RANK = 1
 HEARTBEAT_AGE = 120.0  # seconds: "a task whose heartbeat is older than 120 s is requeued"
 MAX_SUBJECTS = 5
+# The config's blocked_call_seconds when it sets none (enrichment puts the node's own).
+DEFAULT_BLOCKED_CALL_SECONDS = 30.0
+LONGEST_WAIT_SIGNAL = "longest network wait of a worker thread"
 
 _POOL = (*NODE, "pool")
 _HEARTBEAT = Max(Selector("agent_task_heartbeat_age_seconds"), by=_POOL)
@@ -53,6 +56,9 @@ def enrich(ctx, finding) -> None:
         if not waits:
             finding.subjects["pids"] = blocked[:MAX_SUBJECTS]
     threshold = ctx.config.blocked_call_seconds
+    for row in finding.evidence:  # the node's own limit, not the rule's default
+        if row["signal"] == LONGEST_WAIT_SIGNAL:
+            row["threshold"] = threshold
     described = []
     for wait, seconds in waits[:MAX_SUBJECTS]:
         if wait.pid not in finding.subjects["pids"]:
@@ -116,7 +122,7 @@ RULE = Rule(
     evidence=(
         Evidence("oldest in-flight task heartbeat age", _HEARTBEAT, HEARTBEAT_AGE, "s"),
         Evidence("worker threads parked in a network call", _BLOCKED, 0, "threads"),
-        Evidence("longest network wait of a worker thread", _LONGEST_WAIT, 30, "s"),
+        Evidence(LONGEST_WAIT_SIGNAL, _LONGEST_WAIT, DEFAULT_BLOCKED_CALL_SECONDS, "s"),
         Evidence("tool calls timing out", _TIMEOUTS, 0, "1/s"),
     ),
     confidence=0.8,

@@ -1,0 +1,170 @@
+"""What a new user's first mistakes print: one line on stderr that says what was wrong and
+what to do, each reproduced as it was met (a wrong flag, a taken port, a config typo, a URL
+that is not Prometheus, a node Prometheus does not know...)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from fleetscope import cli
+from tests.conftest import BUNDLES
+from tests.test_threads import _config as parked_config
+from tests.test_threads import parked_worker  # noqa: F401 (a fixture)
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fleetscope", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def one_error_line(result: subprocess.CompletedProcess, prog: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_a_mistyped_flag_names_the_flag_meant(capsys):
+    assert cli.main(["diagnose", "--secs", "5"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("fleetscope diagnose: error: ") and "\n" not in line
+    assert "--secs" in line and "did you mean --seconds?" in line
+    assert cli.main(["bundle", "record", "--intervall", "1", "-o", "x"]) == 2
+    assert "did you mean --interval?" in capsys.readouterr().err
+
+
+def test_seconds_zero_says_the_real_bounds(capsys):
+    assert cli.main(["diagnose", "--bundle", "x", "--seconds", "0"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "more than 0 and at most 86400" in line and "not 0" in line
+    assert "between 0 and" not in line
+
+
+def test_a_config_typo_names_the_file_its_origin_and_the_near_key(tmp_path):
+    config = tmp_path / "node.yaml"
+    config.write_text("pool:\n  - {name: chat, class: online, match: {cmdline: chat}}\n")
+    env = dict(os.environ, FLEETSCOPE_CONFIG=str(config))
+    result = run("bundle", "record", "--seconds", "0", "-o", str(tmp_path / "b"), env=env)
+    line = one_error_line(result, "fleetscope bundle record")
+    assert result.returncode == 3
+    assert str(config) in line and "$FLEETSCOPE_CONFIG" in line
+    assert "pool (did you mean pools?)" in line
+    # Given with --config, the same file is named without the variable.
+    del env["FLEETSCOPE_CONFIG"]
+    result = run("bundle", "record", "--seconds", "0", "--config", str(config), "-o",
+                 str(tmp_path / "b"), env=env)
+    line = one_error_line(result, "fleetscope bundle record")
+    assert str(config) in line and "FLEETSCOPE_CONFIG" not in line
+
+
+def test_every_command_prefixes_its_errors_with_its_own_name(tmp_path):
+    missing = str(tmp_path / "nowhere")
+    for args, prog in ((("bundle", "show", missing), "fleetscope bundle show"),
+                       (("diagnose", "--bundle", missing), "fleetscope diagnose"),
+                       (("rules", "export", "-o", f"{missing}/x.yml"), "fleetscope rules export"),
+                       (("exporter", "--root", missing, "--listen", "127.0.0.1:0"),
+                        "fleetscope exporter")):
+        result = run(*args)
+        one_error_line(result, prog)
+        assert result.returncode == 3, args
+
+
+def test_an_existing_output_directory_says_what_to_do(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine\n")
+    result = run("bundle", "record", "--seconds", "0", "-o", str(tmp_path / "out"))
+    line = one_error_line(result, "fleetscope bundle record")
+    assert "not empty" in line and "--force" in line and ".tar.gz" in line
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine\n"
+
+
+def test_the_exporter_on_a_taken_port_says_so_first_naming_the_address():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run("exporter", "--listen", f"127.0.0.1:{port}", "--root",
+                     str(BUNDLES / "kunpeng-128" / "samples" / "s0001"))
+    line = one_error_line(result, "fleetscope exporter")  # no collector warnings before it
+    assert result.returncode == 3
+    assert f"127.0.0.1:{port}" in line and "Address already in use" in line
+    assert "--listen" in line and "[Errno" not in line
+
+
+class _NotPrometheus(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("evaluate", ["engine", "local"])
+def test_a_404_from_a_server_that_is_not_prometheus_hints_at_the_base_url(evaluate):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotPrometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/grafana"
+        result = run("diagnose", "--prometheus", url, "--node", "n1", "--evaluate", evaluate,
+                     "--timeout", "20")
+    finally:
+        server.shutdown()
+        server.server_close()
+    line = one_error_line(result, "fleetscope diagnose")
+    assert result.returncode == 3
+    assert "HTTP 404" in line and "Prometheus base URL" in line
+
+
+def test_no_pools_configured_is_the_reason_given_not_ptrace_rights(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n")
+    result = run("diagnose", "--bundle", str(BUNDLES / "kunpeng-128"), "--config", str(empty),
+                 "--json")
+    reasons = {r["rule"]: r["reason"] for r in json.loads(result.stdout)["not_evaluated"]}
+    reason = reasons["worker-blocked-external-call"]
+    assert "no workload pools in the config" in reason
+    assert "CAP_SYS_PTRACE" not in reason
+
+
+def test_bundle_show_says_perf_counted_nothing_when_every_event_was_not_supported(tmp_path):
+    """A real recording here: this machine has no hardware perf counters, so perf writes
+    `<not supported>` for every event."""
+    output = tmp_path / "b"
+    assert run("bundle", "record", "--seconds", "1", "--interval", "1", "-o",
+               str(output)).returncode == 0
+    perf = [p.read_text() for p in output.glob("samples/*/cmd/perf-stat.csv")]
+    if not perf or any(any(ch.isdigit() for ch in line.split(",")[2]) for text in perf
+                       for line in text.splitlines() if line.count(",") > 3):
+        pytest.skip("perf missing here, or it counts events: not the case reproduced")
+    shown = run("bundle", "show", str(output)).stdout
+    row = next(line for line in shown.splitlines() if line.startswith("perf memory"))
+    assert "yes" not in row.split("L3", 1)[1] and "counted no event" in row
+
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_the_blocked_call_threshold_comes_from_the_config_in_every_row(parked_worker,  # noqa: F811
+                                                                       tmp_path):
+    _, _, marker, _ = parked_worker
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(json.dumps(parked_config(marker)))  # blocked_call_seconds: 2
+    output = tmp_path / "parked"
+    assert run("bundle", "record", "--seconds", "4", "--interval", "1", "--config",
+               str(config_path), "-o", str(output)).returncode == 0
+    result = run("diagnose", "--bundle", str(output), "--json")
+    finding = next(f for f in json.loads(result.stdout)["findings"]
+                   if f["rule"] == "worker-blocked-external-call")
+    waits = [e for e in finding["evidence"] if e["unit"] in ("s", "seconds")
+             and "wait" in e["signal"] or "thread" in e["signal"] and e["unit"] == "seconds"]
+    assert len(waits) >= 2
+    assert {e["threshold"] for e in waits} == {2}
