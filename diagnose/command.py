@@ -113,7 +113,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             # Every series the rules read fetched, the rules evaluated here.
             from .prometheus import PrometheusError, prometheus_series
 
-            metrics = set().union(*(rule.requires() for rule in CATALOG))
+            # What the conditions read, and the evidence (its values, the subjects it names).
+            metrics = set().union(*(rule.requires() for rule in CATALOG),
+                                  *(item.expr.metrics() for rule in CATALOG
+                                    for item in rule.evidence))
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
                                                   None if args.fleet else args.node,

@@ -126,6 +126,21 @@ def evidence_from(rule: Rule, finding_labels: dict, vectors: list[Vector]) -> li
     return out
 
 
+def name_subjects(finding: Finding, vectors: list[Vector]) -> None:
+    """Subjects named by the rule's evidence samples (Evidence.names) that match the
+    finding and are above zero."""
+    for item, vector in zip(finding.rule.evidence, vectors, strict=True):
+        if item.names is None:
+            continue
+        kind, label = item.names
+        for labels, value in sorted(vector.items()):
+            found = dict(strip_name(labels))
+            if value > 0 and label in found and _matches(finding.labels, tuple(found.items())):
+                named = _subject_value(kind, found[label])
+                if named not in finding.subjects[kind]:
+                    finding.subjects[kind].append(named)
+
+
 def _confidence(rule: Rule, evidence: list[dict]) -> float:
     """The rule's base confidence, raised by how far its first evidence passes its threshold."""
     if not evidence or not evidence[0]["threshold"]:
@@ -222,7 +237,6 @@ def evaluate(series: Series, hostname: str, *,
     series.max_window_ms = rate_window_ms(timestamps)
     span_ms = timestamps[-1] - timestamps[0]
     series.max_lookback_ms = span_ms or None
-    series.window_start_ms = timestamps[0]
     steps = evaluation_steps(timestamps, series.max_window_ms)
     for rule in rules:
         missing = missing_signals(rule, series)
@@ -251,11 +265,12 @@ def evaluate(series: Series, hostname: str, *,
                 found = by_node.setdefault(node, [])
                 if found and found[0].severity != severity:
                     continue  # a more severe tier already holds on this node
-                evidence = evidence_from(rule, finding_labels, _evidence_vectors(
-                    rule, series, held.last_ms, evidence_at))
+                vectors = _evidence_vectors(rule, series, held.last_ms, evidence_at)
+                evidence = evidence_from(rule, finding_labels, vectors)
                 finding = Finding(rule, node, finding_labels, held.value,
                                   _confidence(rule, evidence), evidence, severity=severity,
                                   summary_template=summary, held_ratio=held.steps / len(steps))
+                name_subjects(finding, vectors)
                 for kind, label in rule.subject_labels.items():
                     if label in finding_labels:
                         finding.subjects[kind].append(_subject_value(kind,

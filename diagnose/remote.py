@@ -449,6 +449,7 @@ def _with_evidence(candidates: list[_Candidate], rules: tuple[Rule, ...]) -> lis
         finding.evidence = engine.evidence_from(finding.rule, finding.labels,
                                                 candidate.vectors)
         finding.confidence = engine._confidence(finding.rule, finding.evidence)
+        engine.name_subjects(finding, candidate.vectors)
         by_rule_node.setdefault((finding.rule.id, finding.node), []).append(finding)
     findings = [engine._merge(same) for same in by_rule_node.values()]
     findings.sort(key=engine.rank_key(rules))

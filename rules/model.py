@@ -38,6 +38,9 @@ class Evidence:
     threshold: float
     unit: str
     pick: str = "max"  # several samples match a finding: report the max (or min)
+    # (subject kind, label): the finding's subjects are this label's values in the samples
+    # that match it, e.g. ("binaries", "binary"), in every mode (in-process or from an engine).
+    names: tuple[str, str] | None = None
 
 
 def required_metrics(expr: Expr) -> set[str]:

@@ -27,9 +27,11 @@ LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
 # Range windows up to this are rates of what is happening now; longer ones look back over
 # events (model loads in the last 5 minutes, crashes in the last 15).
 RATE_SECONDS = 60
-# Kernel-log event times are boot time (whole seconds in /proc/stat btime) plus the log's
-# seconds since boot: up to a second early. An event that early is still inside the window.
-EVENT_CLOCK_SLACK_S = 1.0
+# How far back an event from the kernel log (a SIGILL crash, an OOM kill...) is the incident,
+# in every mode alike: the exported alert, a diagnosis from Prometheus, of a bundle or of the
+# live node, whatever its window. Older events are information at most. Event rules use it
+# through Recent.
+EVENT_LOOKBACK_SECONDS = 15 * 60
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs; may hold __name__
 Vector = dict[Labels, float]
@@ -51,9 +53,6 @@ class Series:
         # max_lookback_ms (the whole span). None: the rule's own windows, as Prometheus.
         self.max_window_ms: int | None = None
         self.max_lookback_ms: int | None = None
-        # With max_lookback_ms: the window's first sample. An event counts when it happened
-        # inside the window, so at every step its age is bounded by the time since then.
-        self.window_start_ms: int | None = None
 
     def window_ms(self, window_seconds: int) -> int:
         window_ms = window_seconds * 1000
@@ -568,23 +567,19 @@ class SetOp(_Binary):
 class Recent(Expr):
     """`age < seconds`: an event at most `seconds` old (age from `time() - <timestamp>`).
 
-    Prometheus reads it as written. In-process the look-back is capped like a long
-    range window (Series.window_ms): on a 20 s live sample or a 1-minute bundle an event
-    counts when it happened inside the window, not up to 15 minutes before it, so an old
-    crash cannot make every later diagnosis critical."""
+    Read as written everywhere, in-process too: the look-back does not shrink to a short
+    window (a 20 s live sample, a 1-minute bundle), so a crash 40 s before a live diagnosis
+    reads as it does in the alert and in a diagnosis from Prometheus."""
 
     age: Expr
-    seconds: int
+    seconds: int = EVENT_LOOKBACK_SECONDS
 
     def promql(self) -> str:
         return (self.age < self.seconds).promql()
 
     def evaluate(self, series, at_ms):
-        limit = series.window_ms(self.seconds) / 1000
-        if series.max_lookback_ms and series.window_start_ms is not None:
-            limit = min(limit, (at_ms - series.window_start_ms) / 1000 + EVENT_CLOCK_SLACK_S)
         return {labels: value for labels, value in self.age.evaluate(series, at_ms).items()
-                if value < limit}
+                if value < self.seconds}
 
     def metrics(self):
         return self.age.metrics()

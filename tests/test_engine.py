@@ -141,19 +141,19 @@ def test_a_summary_reads_seconds_as_the_evidence_table_does():
             assert "{" not in text and "1349 s" not in text, (catalog_rule.id, text)
 
 
-def test_an_event_before_the_window_is_not_inside_it():
-    from fleetscope.rules.promql import Recent, Time
+def test_an_event_counts_inside_the_look_back_whatever_the_window():
+    """A 20 s window: an event 4 s before it, or 14 minutes before it, is inside the
+    15-minute look-back, as Prometheus reads the same condition; 16 minutes before is not."""
+    from fleetscope.rules.promql import EVENT_LOOKBACK_SECONDS, Recent, Time
 
     age = Time() - Max(Selector("last_event_timestamp_seconds"), by=("instance",))
-    rule = _rule(condition=Recent(age, 900), for_seconds=0, summary="event {value:.0f} s ago")
-    series = Series()
-    for step in range(21):  # a 20 s window starting at t=100 s; the event 4 s before it
-        series.add("last_event_timestamp_seconds", {}, 100_000 + step * STEP_MS, 96.0)
-    findings, _ = engine.evaluate(series, "n", rules=(rule,))
-    assert findings == []
-    series = Series()
-    for step in range(21):  # the same event 3 s into the window
-        value = 103.0 if step >= 3 else 50.0
-        series.add("last_event_timestamp_seconds", {}, 100_000 + step * STEP_MS, value)
-    findings, _ = engine.evaluate(series, "n", rules=(rule,))
-    assert len(findings) == 1
+    rule = _rule(condition=Recent(age), for_seconds=0, summary="event {value:.0f} s ago")
+    assert EVENT_LOOKBACK_SECONDS == 900 and rule.condition.promql().endswith("< 900")
+    start_s = 10_000
+    for before_s, found in ((4, 1), (14 * 60, 1), (16 * 60, 0)):
+        series = Series()
+        for step in range(21):  # a 20 s window starting at start_s
+            series.add("last_event_timestamp_seconds", {}, start_s * 1000 + step * STEP_MS,
+                       start_s - before_s)
+        findings, _ = engine.evaluate(series, "n", rules=(rule,))
+        assert len(findings) == found, before_s

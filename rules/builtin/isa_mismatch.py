@@ -1,7 +1,7 @@
 """isa-mismatch: a binary built for a newer instruction set than this CPU dies with SIGILL.
 
-Condition: a SIGILL crash in the kernel log inside the look-back (Prometheus: the last 15
-minutes; in-process: inside the window); older crashes are an `info` tier. Enrichment: one
+Condition: a SIGILL crash in the kernel log inside the look-back (the last 15 minutes, in
+every mode); older crashes are an `info` tier. Enrichment: one
 finding per node naming every binary that died, its pids, crash times and the instruction
 that faulted (fleetscope/tools/isa_fault.py).
 """
@@ -14,14 +14,15 @@ from fleetscope.collectors.base import NotAvailable
 from fleetscope.core import units
 
 from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
-from ..promql import Max, Rate, Recent, Selector, Sum, Time
+from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0  # ties between equally severe, equally confident findings: causes first
-SIGILL_WINDOW = 900  # seconds: crashes this recent are news (in-process: the window)
-SIGILL_LOOKBACK = 900  # seconds: crashes this recent are the incident; older ones "earlier"
+# Crashes this recent are the incident, older ones "earlier" (information), in every mode.
+SIGILL_LOOKBACK = EVENT_LOOKBACK_SECONDS
 MAX_SUBJECTS = 5
 
 _SIGILL = Selector("fleetscope_sigill_crashes_total")
+_PER_BINARY = Max(_SIGILL, by=(*NODE, "binary"))
 _SIGILL_AGE = Time() - Max(Selector("fleetscope_sigill_last_crash_timestamp_seconds"), by=NODE)
 
 
@@ -166,17 +167,20 @@ RULE = Rule(
            "names the missing extension",
     summary="SIGILL (illegal instruction) crashes, the last {value:duration} before the "
             "window's end",
-    # Crashes inside the look-back (Prometheus: the last 15 minutes; in-process: inside the
-    # window, see Recent), one finding per node naming every crashing binary (enrichment).
+    # Crashes inside the look-back (the last 15 minutes, in every mode: see Recent), one
+    # finding per node naming every crashing binary (enrichment; from Prometheus, the
+    # series' `binary` labels).
     # Older crashes are only information: a node that once ran a bad build is not sick now.
-    condition=Recent(_SIGILL_AGE, SIGILL_WINDOW),
+    condition=Recent(_SIGILL_AGE, SIGILL_LOOKBACK),
     tiers=(Tier("info", _SIGILL_AGE >= 0,
                 "earlier SIGILL crashes, the last {value:duration} before the window's end"),),
     evidence=(
         Evidence("SIGILL crashes in the kernel log", Sum(Max(_SIGILL, by=(*NODE, "binary")),
                                                          by=NODE), 0, "crashes"),
-        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, SIGILL_WINDOW, "s",
+        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, SIGILL_LOOKBACK, "s",
                  pick="min"),
+        Evidence("SIGILL crashes of the binary that crashed most", _PER_BINARY, 0, "crashes",
+                 names=("binaries", "binary")),
     ),
     confidence=0.9,
     for_seconds=0,  # an event: one crash in the window is the finding
