@@ -24,11 +24,11 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
 from fleetscope.core import units
+from fleetscope.core.runbooks import runbook_dir
 from fleetscope.dashboard import evidence_views, fleet_eval
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, WINDOW, by_id, evidence_picks
@@ -42,7 +42,7 @@ from fleetscope.rules.promql import (
 )
 from fleetscope.rules.recording import NODE_SIGNALS, SESSIONS, STAGE_SECONDS, Recording
 
-RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
+RUNBOOKS = runbook_dir()
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
 DEFAULT_SOURCE = "demo"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from fleetscope.core.runbooks import runbook_path
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.promql import Labels, Series, Vector, strip_name
 
@@ -58,6 +59,7 @@ class Finding:
 
     def to_json(self) -> dict:
         rule = self.rule
+        installed = runbook_path(rule.id)
         return {
             "rule": rule.id,
             "severity": self.severity,
@@ -68,6 +70,8 @@ class Finding:
             "cause": rule.cause,
             "action": rule.action,
             "runbook": f"runbooks/{rule.id}.md",
+            # beside it, the file on this machine (`fleetscope runbook RULE` prints it)
+            **({"runbook_path": str(installed)} if installed else {}),
             "evidence": self.evidence,
             "subjects": {kind: self.subjects.get(kind, []) for kind in SUBJECT_KINDS},
         }

@@ -9,7 +9,8 @@ worst first, laid out for a terminal 80 to 120 columns wide. `--json` prints the
                   by default)
         action    raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the
                   container runtime) before deploying; look for fd leaks
-        runbook   runbooks/fd-exhaustion.md
+        runbook   fleetscope runbook fd-exhaustion
+                  /usr/lib/python3/dist-packages/fleetscope/runbooks/fd-exhaustion.md
 
 Findings that say the same thing (one rule, the same summary but for its numbers, e.g. one
 crash on 32 nodes) are one block naming every node. Values read in their units (GB/s, %, ms)
@@ -132,7 +133,11 @@ def _block(number: int, group: list[dict], width: int) -> Group:
                                                  evidence_picks(first["rule"])))
     body.add_row("cause", first["cause"])
     body.add_row("action", first["action"])
-    body.add_row("runbook", Text(first["runbook"], no_wrap=True, overflow="ignore"))
+    # The command reads it on any node; the path is the installed file on this one.
+    body.add_row("runbook", Text(f"fleetscope runbook {first['rule']}", no_wrap=True,
+                                 overflow="ignore"))
+    if first.get("runbook_path"):
+        body.add_row("", Text(first["runbook_path"], no_wrap=True, overflow="ignore"))
     return Group(head, Padding(body, (0, 0, 1, INDENT + 1), expand=False))
 
 

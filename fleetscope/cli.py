@@ -82,7 +82,12 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_export(args: argparse.Namespace) -> int:
-    from fleetscope.rules.export import export_prometheus_rule, export_yaml, parse_duration
+    from fleetscope.rules.export import (
+        DEFAULT_RUNBOOK_BASE,
+        export_prometheus_rule,
+        export_yaml,
+        parse_duration,
+    )
 
     try:
         hold = parse_duration(args.hold_for) if args.hold_for else None
@@ -94,7 +99,8 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     formats = {"rules": export_yaml, "prometheusrule": export_prometheus_rule}
-    text = formats[args.format](args.runbook_url_base, hold, args.console_url)
+    text = formats[args.format](args.runbook_url_base or DEFAULT_RUNBOOK_BASE, hold,
+                                args.console_url, args.runbook_url_base is None)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -179,6 +185,30 @@ def _cmd_console(args: argparse.Namespace) -> int:
     source = args.source if args.command == "console" else \
         ("demo" if args.nodes is None else f"demo:{args.nodes}")
     return run_console(source, args.host, args.port, prog=args.command)
+
+
+def _cmd_runbook(args: argparse.Namespace) -> int:
+    from fleetscope.core.runbooks import runbook_dir, runbook_path
+    from fleetscope.rules.catalog import RULE_IDS
+
+    if args.rule is None:  # the list: id and file
+        for rule_id in RULE_IDS:
+            print(f"{rule_id:<30} {runbook_path(rule_id) or '(not installed)'}")
+        return 0
+    path = runbook_path(args.rule)
+    if path is None:
+        near = difflib.get_close_matches(args.rule, list(RULE_IDS), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else \
+            "; fleetscope runbook (no argument) lists them"
+        if args.rule in RULE_IDS:
+            return _fail(f"the runbook of {args.rule} is not installed in {runbook_dir()}")
+        print(f"fleetscope runbook: error: no rule {args.rule!r}{hint}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.path:
+        print(path)
+        return 0
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+    return 0
 
 
 def _cmd_stacks(args: argparse.Namespace) -> int:
@@ -281,6 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("path", metavar="PATH")
     show.set_defaults(run=_cmd_bundle_show)
 
+    runbook = commands.add_parser(
+        "runbook", help="print a rule's runbook (installed with fleetscope)",
+        description="Print the runbook a finding names (its `runbook` field, "
+        "runbooks/<rule id>.md), from the files installed with fleetscope. Without RULE: "
+        "every rule and its runbook file.")
+    runbook.add_argument("rule", nargs="?", metavar="RULE", help="a rule id, e.g. isa-mismatch")
+    runbook.add_argument("--path", action="store_true",
+                         help="print the file's path instead of its text")
+    runbook.set_defaults(run=_cmd_runbook)
+
     stacks = commands.add_parser(
         "stacks", help="py-spy stacks of agent workers, classified",
         description="Dump every Python thread of the given processes with py-spy and say "
@@ -339,8 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=_cmd_rules_list)
     export = rule_commands.add_parser("export", help="write the Prometheus rule file")
     export.add_argument("-o", "--output", metavar="FILE", help="file to write (default stdout)")
-    export.add_argument("--runbook-url-base", default="runbooks/", metavar="URL",
-                        help="prefix of every alert's runbook_url (default runbooks/)")
+    export.add_argument("--runbook-url-base", default=None, metavar="URL",
+                        help="where the runbooks are served: every alert's runbook_url is "
+                        "URL/<rule id>.md (e.g. your repository's web view of runbooks/). "
+                        "Default: the console's runbook page with --console-url, else "
+                        "runbooks/ (relative: `fleetscope runbook RULE` prints one)")
     export.add_argument("--for", dest="hold_for", metavar="DURATION",
                         help="one `for:` for every alert, e.g. 5m (default: each rule's own)")
     export.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",

@@ -45,8 +45,17 @@ def console_link(console_url: str, rule: Rule) -> str:
             "&node={{ $labels.instance | urlquery }}")
 
 
+def runbook_url(rule: Rule, runbook_base: str, console_url: str | None = None,
+                console_runbooks: bool = False) -> str:
+    """base/<rule id>.md; with console_runbooks and a console, the console's page for the
+    runbook (the console serves the runbooks installed with it)."""
+    if console_runbooks and console_url:
+        return f"{console_url.rstrip('/')}/runbook?rule={rule.id}"
+    return f"{runbook_base.rstrip('/')}/{rule.id}.md"
+
+
 def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None,
-                console_url: str | None = None) -> list[dict]:
+                console_url: str | None = None, console_runbooks: bool = False) -> list[dict]:
     """One alert per severity tier of the rule, under the rule's alert name: a lesser tier's
     expression excludes nodes where a more severe one holds (Rule.severities)."""
     hold = rule.for_seconds if for_seconds is None else for_seconds
@@ -59,7 +68,7 @@ def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None,
             "summary": f"{rule.symptom} ({rule.id}) on {{{{ $labels.instance }}}}",
             "description": f"Likely cause: {rule.cause}. Action: {rule.action}. "
                            f"Value: {{{{ $value }}}}.",
-            "runbook_url": f"{runbook_base.rstrip('/')}/{rule.id}.md",
+            "runbook_url": runbook_url(rule, runbook_base, console_url, console_runbooks),
         },
     } for severity, condition, _ in rule.severities()]
     if console_url:
@@ -70,21 +79,24 @@ def alert_rules(rule: Rule, runbook_base: str, for_seconds: int | None = None,
 
 def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] = CATALOG,
               for_seconds: int | None = None, console_url: str | None = None,
-              recording: bool = True) -> dict:
+              recording: bool = True, console_runbooks: bool = False) -> dict:
     """The alerts (group `fleetscope`), then the recording rules the console reads
     (`fleetscope-recording`, rules/recording.py)."""
     groups = [{"name": "fleetscope",
                "rules": [alert for r in rules
-                         for alert in alert_rules(r, runbook_base, for_seconds, console_url)]}]
+                         for alert in alert_rules(r, runbook_base, for_seconds, console_url,
+                                                  console_runbooks)]}]
     if recording:
         groups.append(recording_group())
     return {"groups": groups}
 
 
 def export_yaml(runbook_base: str = DEFAULT_RUNBOOK_BASE, for_seconds: int | None = None,
-                console_url: str | None = None) -> str:
+                console_url: str | None = None, console_runbooks: bool = False) -> str:
     return yaml.safe_dump(rule_file(runbook_base, for_seconds=for_seconds,
-                                    console_url=console_url), sort_keys=False, width=100)
+                                    console_url=console_url,
+                                    console_runbooks=console_runbooks),
+                          sort_keys=False, width=100)
 
 
 PROMETHEUS_RULE_HEADER = (
@@ -95,7 +107,8 @@ PROMETHEUS_RULE_HEADER = (
 
 def export_prometheus_rule(runbook_base: str = DEFAULT_RUNBOOK_BASE,
                            for_seconds: int | None = None,
-                           console_url: str | None = None) -> str:
+                           console_url: str | None = None,
+                           console_runbooks: bool = False) -> str:
     """The same groups as export_yaml, wrapped as a prometheus-operator PrometheusRule
     (monitoring.coreos.com/v1) for `kubectl apply`."""
     resource = {
@@ -104,7 +117,8 @@ def export_prometheus_rule(runbook_base: str = DEFAULT_RUNBOOK_BASE,
         "metadata": {"name": "fleetscope", "namespace": "monitoring",
                      "labels": {"app.kubernetes.io/name": "fleetscope",
                                 "app.kubernetes.io/part-of": "fleetscope"}},
-        "spec": rule_file(runbook_base, for_seconds=for_seconds, console_url=console_url),
+        "spec": rule_file(runbook_base, for_seconds=for_seconds, console_url=console_url,
+                          console_runbooks=console_runbooks),
     }
     return PROMETHEUS_RULE_HEADER + yaml.safe_dump(resource, sort_keys=False, width=100)
 

@@ -71,7 +71,10 @@ def test_every_line_fits_and_actions_take_a_few_lines(document, width):
 def test_runbook_paths_and_long_words_are_never_split(document, width):
     text = "\n".join(render(document, width))
     for finding in document["findings"]:
-        assert re.search(rf"runbook\s+{re.escape(finding['runbook'])}\n", text + "\n")
+        assert re.search(rf"runbook\s+fleetscope runbook {finding['rule']}\n", text)
+        path = finding.get("runbook_path")
+        if path and len(path) < width - 20:
+            assert re.search(rf"\n\s+{re.escape(path)}\n", text + "\n")
         for cgroup in finding["subjects"].get("cgroups", []):
             if len(cgroup) < width - 20:
                 assert cgroup in text  # a path stays whole on one line
