@@ -135,9 +135,12 @@ def test_one_node_and_an_unknown_node(fleet):
     answer = remote.diagnose_remote(url, SECONDS, node.instance)
     assert {f.rule.id for f in answer.findings} == fleet["expected"]["fd-exhaustion"]
     assert answer.nodes == [node.instance]
-    # Every query of a one-node diagnosis is filtered to that node.
-    nobody = remote.diagnose_remote(url, SECONDS, "nowhere:9105")
-    assert nobody.findings == [] and len(nobody.not_evaluated) == len(CATALOG)
+    # Every query of a one-node diagnosis is filtered to that node: a node the engine does
+    # not know is refused, naming the instances it does know.
+    with pytest.raises(remote.RemoteError, match='no series with instance="nowhere:9105"') \
+            as refused:
+        remote.diagnose_remote(url, SECONDS, "nowhere:9105")
+    assert f"exporters there are: {min(n.instance for n in fleet['nodes'])}" in str(refused.value)
 
 
 @pytest.mark.parametrize("name", ["prometheus", "victoriametrics"])
