@@ -50,3 +50,35 @@ def test_demo_from_a_folder_holding_a_fleetscope_directory(tmp_path):
             shutil.rmtree(profile, ignore_errors=True)
         stop(proc)
     assert "Traceback" not in log_path.read_text()
+
+
+@pytest.mark.live
+def test_an_exception_on_a_page_also_goes_to_stderr(tmp_path):
+    """The console's own Streamlit command line on a page that raises: the traceback is on
+    the page and on stderr (where systemd and the terminal look), not only on stdout."""
+    from fleetscope.dashboard.launch import APP, streamlit_args
+
+    page = tmp_path / "broken.py"
+    page.write_text("raise RuntimeError('fleetscope-test-page-broke')\n")
+    port = free_port()
+    args = [str(page) if arg == str(APP) else arg for arg in streamlit_args("127.0.0.1", port)]
+    stdout, stderr = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stderr=stderr,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    driver = profile = None
+    try:
+        wait_healthy(url, proc)
+        driver, profile = browser()
+        driver.set_page_load_timeout(60)
+        driver.get(url)
+        wait_for(driver, lambda t: "fleetscope-test-page-broke" in t, "the page's exception")
+    finally:
+        if driver is not None:
+            driver.quit()
+            shutil.rmtree(profile, ignore_errors=True)
+        stop(proc)
+        stdout.close()
+        stderr.close()
+    logged = (tmp_path / "err.log").read_text()
+    assert "RuntimeError: fleetscope-test-page-broke" in logged, logged[-2000:]
