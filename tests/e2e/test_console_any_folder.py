@@ -33,23 +33,27 @@ def test_demo_from_a_folder_holding_a_fleetscope_directory(tmp_path):
         proc = subprocess.Popen([command, "demo", "--nodes", "64", "--port", str(port)],
                                 cwd=home, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    driver = profile = None
     try:
-        wait_healthy(url, proc)
-        driver, profile = browser()
+        text = read_page(f"http://127.0.0.1:{port}/", proc,
+                         lambda t: "nodes\n64" in t or "Error" in t, "the Fleet page")
+    finally:
+        stop(proc)
+    assert "ImportError" not in text and "Error" not in text, text[:1000]
+    assert "Traceback" not in log_path.read_text()
+
+
+def read_page(url: str, proc: subprocess.Popen, check, what: str) -> str:
+    """One page load in headless Chromium, once the server is healthy: the text `check`
+    waited for."""
+    wait_healthy(url, proc)
+    driver, profile = browser()
+    try:
         driver.set_page_load_timeout(60)
         driver.get(url)
-        text = wait_for(driver, lambda t: "Worst racks" in t or "Error" in t,
-                        "the Fleet page")
-        assert "ImportError" not in text and "Error" not in text, text[:1000]
-        assert "nodes\n64" in wait_for(driver, lambda t: "nodes\n64" in t, "the node count")
+        return wait_for(driver, check, what)
     finally:
-        if driver is not None:
-            driver.quit()
-            shutil.rmtree(profile, ignore_errors=True)
-        stop(proc)
-    assert "Traceback" not in log_path.read_text()
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
@@ -65,18 +69,10 @@ def test_an_exception_on_a_page_also_goes_to_stderr(tmp_path):
     stdout, stderr = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stderr=stderr,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    driver = profile = None
     try:
-        wait_healthy(url, proc)
-        driver, profile = browser()
-        driver.set_page_load_timeout(60)
-        driver.get(url)
-        wait_for(driver, lambda t: "fleetscope-test-page-broke" in t, "the page's exception")
+        read_page(f"http://127.0.0.1:{port}/", proc,
+                  lambda t: "fleetscope-test-page-broke" in t, "the page's exception")
     finally:
-        if driver is not None:
-            driver.quit()
-            shutil.rmtree(profile, ignore_errors=True)
         stop(proc)
         stdout.close()
         stderr.close()
