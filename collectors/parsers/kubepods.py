@@ -260,7 +260,8 @@ def parse_cpu_manager_state(text: str) -> CpuManagerState:
     default = document.get("defaultCpuSet") or ""
     if not isinstance(default, str):
         raise ParseError(f"{what}: defaultCpuSet is not a CPU list")
-    entries = document.get("entries") or {}
+    entries = document.get("entries")
+    entries = {} if entries is None else entries
     if not isinstance(entries, dict):
         raise ParseError(f"{what}: entries is not a mapping")
     exclusive: dict[str, dict[str, frozenset[int]]] = {}
@@ -295,7 +296,8 @@ def parse_memory_manager_state(text: str) -> MemoryManagerState:
     """
     what = "memory_manager_state"
     document = _checkpoint(text, what)
-    entries = document.get("entries") or {}
+    entries = document.get("entries")
+    entries = {} if entries is None else entries
     if not isinstance(entries, dict):
         raise ParseError(f"{what}: entries is not a mapping")
     nodes: dict[str, dict[str, frozenset[int]]] = {}

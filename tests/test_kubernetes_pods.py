@@ -1,0 +1,383 @@
+"""Pods named from the node alone: the kubelet's cgroup layouts, pod log directories, runtime
+annotations and the CPU/memory manager checkpoints, parsed from real public samples (origin
+beside each); pools matched by namespace and QoS class in the exporter and in a recorded
+bundle; findings that name pods."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fleetscope.bundle.read import open_bundle
+from fleetscope.bundle.record import record
+from fleetscope.collectors import pods as pods_module
+from fleetscope.collectors.base import Scrape
+from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.parsers.kubepods import (
+    PodCgroup,
+    parse_container_log_link,
+    parse_cpu_manager_state,
+    parse_memory_manager_state,
+    parse_oci_annotations,
+    parse_pod_cgroup,
+    parse_pod_log_dir,
+    parse_pod_path,
+)
+from fleetscope.collectors.processes import pool_processes
+from fleetscope.core.config import ConfigError, parse_config
+from fleetscope.exporter import Exporter
+from tests.conftest import samples
+from tests.test_pools import collect, write, write_process
+
+# ---- real samples of each layout ---------------------------------------------------------
+
+CGROUP_SAMPLES = [
+    # coreos/fedora-coreos-tracker#682: kubelet and Docker with the cgroupfs driver, cgroup
+    # v1, a Burstable coredns (cpu,cpuacct left at / by the runtime).
+    ("cgroupfs-v1-burstable",
+     "11:freezer:/kubepods/burstable/pod43b37e54-f9ee-4267-b992-2a516b0be3c8/"
+     "f0a3a171f445d2d3253ddf693a1c662e617b691874e2416360baf6eb690db240\n"
+     "10:cpu,cpuacct:/\n"
+     "9:cpuset:/kubepods/burstable/pod43b37e54-f9ee-4267-b992-2a516b0be3c8/"
+     "f0a3a171f445d2d3253ddf693a1c662e617b691874e2416360baf6eb690db240\n"
+     "8:pids:/system.slice/docker.service\n",
+     PodCgroup("burstable", "43b37e54-f9ee-4267-b992-2a516b0be3c8",
+               "f0a3a171f445d2d3253ddf693a1c662e617b691874e2416360baf6eb690db240", "")),
+    # containerd/containerd#4857: a static pod's UID (32 hex digits), cgroupfs path.
+    ("cgroupfs-static-pod",
+     "4:cpu:/kubepods/burstable/pod89f4f2cb511c3b0b7e5272cff5ec37bf/"
+     "823b5a6d9aaa8da5c0ecda3e7cbcd6729673437965dc600ffcb0a2651960f945\n",
+     PodCgroup("burstable", "89f4f2cb511c3b0b7e5272cff5ec37bf",
+               "823b5a6d9aaa8da5c0ecda3e7cbcd6729673437965dc600ffcb0a2651960f945", "")),
+    # adoptium/adoptium-support#638: cgroupfs v1 Burstable with containerd.
+    ("cgroupfs-v1-containerd",
+     "12:rdma:/kubepods/burstable/podd7874f44-eee0-423c-83c9-f246075bdde1/"
+     "fbaa59723cd1f05d310e6f48b5d49a9d9e9552b7fde2205d0a2e2b5f60ec21ba\n",
+     PodCgroup("burstable", "d7874f44-eee0-423c-83c9-f246075bdde1",
+               "fbaa59723cd1f05d310e6f48b5d49a9d9e9552b7fde2205d0a2e2b5f60ec21ba", "")),
+    # opencontainers/runc#4620: systemd driver, CRI-O, cgroup v1 lines (calico-node).
+    ("systemd-v1-crio",
+     "13:freezer:/kubepods.slice/kubepods-burstable.slice/"
+     "kubepods-burstable-poda5c1f8d5_1919_434d_add7_4afaafdaef89.slice/"
+     "crio-5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c.scope\n"
+     "11:files:/\n",
+     PodCgroup("burstable", "a5c1f8d5-1919-434d-add7-4afaafdaef89",
+               "5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c", "cri-o")),
+    # lxc/lxc#3890: systemd driver, Docker scopes, cgroup v1.
+    ("systemd-v1-docker",
+     "12:rdma:/\n11:freezer:/kubepods.slice/kubepods-burstable.slice/"
+     "kubepods-burstable-pod7d4424e6_bb13_42f4_a47a_45a4828bf54d.slice/"
+     "docker-d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98.scope\n",
+     PodCgroup("burstable", "7d4424e6-bb13-42f4-a47a-45a4828bf54d",
+               "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98", "docker")),
+    # kubernetes/minikube#11280 (systemd-cgls of a node in Docker, CRI-O): the path from the
+    # tree, under the outer container's cgroup, as a cgroup v2 line.
+    ("systemd-v2-crio-nested",
+     "0::/docker/d6701ec289c56e4391acb11d07474b3139466857a305490575508a8b7a9fcf22/"
+     "kubepods.slice/kubepods-besteffort.slice/"
+     "kubepods-besteffort-pod2ca4a155_3599_498d_bb9d_4446693fa3ea.slice/"
+     "crio-358607a37e7ada357032e7f5729c9ae6a3efdb7962acbcbe47ff6a3c5506cb1c.scope\n",
+     PodCgroup("besteffort", "2ca4a155-3599-498d-bb9d-4446693fa3ea",
+               "358607a37e7ada357032e7f5729c9ae6a3efdb7962acbcbe47ff6a3c5506cb1c", "cri-o")),
+    # netdata/netdata#4868 (systemd-cgls, containerd): the tree's path as a v2 line.
+    ("systemd-v2-containerd",
+     "0::/kubepods.slice/kubepods-burstable.slice/"
+     "kubepods-burstable-pod03f3f104_3215_44f2_9686_d4dd1f05a7ed.slice/"
+     "cri-containerd-09d185410c4e25236cc24717f881589bb0978b24eafd101624e627a4dd8d3439.scope\n",
+     PodCgroup("burstable", "03f3f104-3215-44f2-9686-d4dd1f05a7ed",
+               "09d185410c4e25236cc24717f881589bb0978b24eafd101624e627a4dd8d3439",
+               "containerd")),
+    # containerd/nri#227: kind with --cgroup-root=kubelet.slice (prefixed slice names).
+    ("systemd-v2-kind-prefixed",
+     "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+     "kubelet-kubepods-besteffort-pod1e597579_417e_482f_bf65_5fe170c3aebd.slice/"
+     "cri-containerd-d7dfb4a21fe1703a8537e60d5af248af729315d187b24a538102d14874c8117d.scope\n",
+     PodCgroup("besteffort", "1e597579-417e-482f-bf65-5fe170c3aebd",
+               "d7dfb4a21fe1703a8537e60d5af248af729315d187b24a538102d14874c8117d",
+               "containerd")),
+    # open-telemetry/opentelemetry-java#4507: containerd's "slice:prefix:name" form seen
+    # from inside the container (cgroup v1).
+    ("systemd-v1-slice-prefix-name",
+     "9:cpuacct,cpu:/system.slice/containerd.service/"
+     "kubepods-besteffort-pod0125ec2f_b64a_4868_8f5b_94b56cbab864.slice:cri-containerd:"
+     "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459\n",
+     PodCgroup("besteffort", "0125ec2f-b64a-4868-8f5b-94b56cbab864",
+               "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459",
+               "containerd")),
+    # kontena/pharos-cluster#440: the kubelet's own process, in no pod.
+    ("not-a-pod", "11:cpuacct,cpu:/system.slice\n10:perf_event:/system.slice\n"
+                  "1:name=systemd:/system.slice\n", None),
+]
+
+
+@pytest.mark.parametrize("name,text,expected", CGROUP_SAMPLES,
+                         ids=[s[0] for s in CGROUP_SAMPLES])
+def test_pod_cgroup_real_samples(name, text, expected):
+    assert parse_pod_cgroup(text) == expected
+
+
+def test_guaranteed_pods_sit_directly_under_kubepods_in_both_drivers():
+    # pkg/kubelet/cm/qos_container_manager_linux.go: Guaranteed pods get no QoS level; the
+    # live test below builds this layout for real.
+    uid = "b0e4cb0d-47b0-4ed3-b707-4baf7eb0875a"
+    cid = "c269a18400e27b14085c57f8e36f5b4d5471c140eb27e8b0f632c056547555de"
+    assert parse_pod_path(f"/kubepods/pod{uid}/{cid}") == PodCgroup("guaranteed", uid, cid, "")
+    systemd = (f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
+               f"cri-containerd-{cid}.scope")
+    assert parse_pod_path(systemd) == PodCgroup("guaranteed", uid, cid, "containerd")
+    # the pod's own cgroup (no container), a CRI-O conmon scope, and look-alikes
+    assert parse_pod_path(f"/kubepods/besteffort/pod{uid}") == PodCgroup(
+        "besteffort", uid, "", "")
+    assert parse_pod_path(f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
+                          f"crio-conmon-{cid}.scope").container_id == ""
+    assert parse_pod_path(f"/srv/pod{uid}/{cid}") is None
+    assert parse_pod_path(f"/besteffort/pod{uid}/{cid}") is None
+
+
+def test_malformed_cgroup_file_is_a_parse_error():
+    with pytest.raises(ParseError):
+        parse_pod_cgroup("not a cgroup line\n")
+
+
+def test_pod_log_names_real_samples():
+    # dec1/practical_devops (troubleshooting notes): `ls /var/log/pods` and
+    # `ls /var/log/containers` on a kubeadm control-plane node.
+    found = parse_pod_log_dir("kube-system_kube-apiserver-controlplane_"
+                              "33d556edd3ae8ef21980288cef77ae8b")
+    assert found.namespace == "kube-system" and found.pod == "kube-apiserver-controlplane"
+    assert found.uid == "33d556edd3ae8ef21980288cef77ae8b"
+    link = parse_container_log_link(
+        "kube-apiserver-controlplane_kube-system_kube-apiserver-"
+        "3959d7abfbd0221e5043fccbcb8040e9a1a4e6518dad483b7a33a131885e0283.log")
+    assert link == ("kube-system", "kube-apiserver-controlplane", "kube-apiserver",
+                    "3959d7abfbd0221e5043fccbcb8040e9a1a4e6518dad483b7a33a131885e0283")
+    assert parse_pod_log_dir("0.log") is None and parse_pod_log_dir("a_b_notauid") is None
+    # kuberuntime logSymlink cuts names past 255 characters, ID included: skipped
+    assert parse_container_log_link("p_ns_c-3959d7abfbd0221e5043.log") is None
+
+
+def test_cpu_manager_state_real_sample():
+    # kubernetes/kubernetes#118657: a v1.23 node with the static policy, full-pcpus-only.
+    state = parse_cpu_manager_state(
+        '{"policyName":"static","defaultCpuSet":"0-7,16-55","entries":{"b0e4cb0d-47b0-4ed3-'
+        'b707-4baf7eb0875a":{"nf-97cb00a04fbdc660b8193d6093288930":"8-15,56-63"}},'
+        '"checksum":2824956018}')
+    assert state.policy == "static"
+    assert state.default_cpus == frozenset([*range(0, 8), *range(16, 56)])
+    assert state.exclusive["b0e4cb0d-47b0-4ed3-b707-4baf7eb0875a"][
+        "nf-97cb00a04fbdc660b8193d6093288930"] == frozenset([*range(8, 16), *range(56, 64)])
+    # the none policy writes no entries (siderolabs/talos#7504 quotes its policy name)
+    none = parse_cpu_manager_state('{"policyName":"none","defaultCpuSet":"","checksum":1}')
+    assert none.policy == "none" and not none.exclusive and not none.default_cpus
+    for bad in ("", "[]", '{"defaultCpuSet":"0-3"}', '{"policyName":"static","entries":[]}',
+                '{"policyName":"static","defaultCpuSet":"3-1"}'):
+        with pytest.raises(ParseError):
+            parse_cpu_manager_state(bad)
+
+
+def test_memory_manager_state():
+    # The MemoryManagerCheckpoint of pkg/kubelet/cm/memorymanager/state/checkpoint.go
+    # (v1.21-v1.35), field names from its json tags; no public capture was found.
+    state = parse_memory_manager_state(json.dumps({
+        "policyName": "Static",
+        "machineState": {"0": {"numberOfAssignments": 1, "memoryMap": {}, "cells": [0]}},
+        "entries": {"fb4f2c0e-1c37-4a4b-8d39-3a1c7f0b9e21": {"worker": [
+            {"numaAffinity": [1], "type": "memory", "size": 2147483648},
+            {"numaAffinity": [1, 2], "type": "hugepages-1Gi", "size": 1073741824}]}},
+        "checksum": 3961423441}))
+    assert state.policy == "Static"
+    assert state.numa_nodes == {"fb4f2c0e-1c37-4a4b-8d39-3a1c7f0b9e21": {
+        "worker": frozenset({1, 2})}}
+    with pytest.raises(ParseError):
+        parse_memory_manager_state('{"policyName":"Static","entries":{"u":[1]}}')
+
+
+def test_runtime_annotations():
+    # kata-containers docs (a containerd CRI container's annotations, verbatim keys and
+    # values) and CRI-O's keys (pkg/annotations: io.kubernetes.pod.*, container.name).
+    containerd = parse_oci_annotations(json.dumps({"ociVersion": "1.0.2", "annotations": {
+        "io.kubernetes.cri.container-name": "coco-container",
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id":
+            "7a0d058477e280604ae02de6a016959e8a05fcd3165c47af41eabcf205b55517",
+        "io.kubernetes.cri.sandbox-name": "coco-pod",
+        "io.kubernetes.cri.sandbox-namespace": "default",
+        "io.kubernetes.cri.sandbox-uid": "de7c6a0c-79c0-44dc-a099-69bb39f180af"}}))
+    assert containerd == ("default", "coco-pod", "de7c6a0c-79c0-44dc-a099-69bb39f180af",
+                          "coco-container")
+    crio = parse_oci_annotations(json.dumps({"annotations": {
+        "io.kubernetes.pod.namespace": "batch", "io.kubernetes.pod.name": "etl-7f9c",
+        "io.kubernetes.pod.uid": "2ca4a155-3599-498d-bb9d-4446693fa3ea",
+        "io.kubernetes.container.name": "POD"}}))
+    assert crio == ("batch", "etl-7f9c", "2ca4a155-3599-498d-bb9d-4446693fa3ea", "")
+    assert parse_oci_annotations('{"process": {}}') is None
+    with pytest.raises(ParseError):
+        parse_oci_annotations("{")
+
+
+# ---- a node's tree: pools by namespace and QoS, in the exporter and in a bundle ------------
+
+ONLINE_UID = "6f1a2b3c-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+BATCH_UID = "0125ec2f-b64a-4868-8f5b-94b56cbab864"
+TENANT_UID = "d7874f44-eee0-423c-83c9-f246075bdde1"
+ONLINE_CID = "a" * 64
+BATCH_CID = "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459"
+TENANT_CID = "fbaa59723cd1f05d310e6f48b5d49a9d9e9552b7fde2205d0a2e2b5f60ec21ba"
+RUNTIME = "run/containerd/io.containerd.runtime.v2.task/k8s.io"
+POD_POOLS = [
+    {"name": "online", "class": "online", "match": {"qos": "guaranteed"}},
+    {"name": "batch", "class": "offline", "match": {"namespace": "batch"}},
+    {"name": "tenants", "class": "offline",
+     "match": {"namespace": "tenant-*", "qos": "burstable", "container": "worker"}},
+]
+
+
+def kube_tree(tmp_path: Path) -> Path:
+    """Three pods in the kubelet's layouts: a Guaranteed one (cgroupfs, v1, named by its log
+    link), a BestEffort one (systemd, v2, named by containerd's annotations only) and a
+    Burstable one of two containers; and sshd in no pod."""
+    root = tmp_path / "node"
+    write_process(root, 100, "python3\0-m\0agent.worker\0",
+                  f"4:cpu,cpuacct:/kubepods/pod{ONLINE_UID}/{ONLINE_CID}\n0::/\n", utime=50)
+    write_process(root, 200, "python3\0etl_job.py\0",
+                  "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
+                  f"{BATCH_UID.replace('-', '_')}.slice/cri-containerd-{BATCH_CID}.scope\n",
+                  utime=900)
+    write_process(root, 300, "python3\0tenant_worker.py\0",
+                  f"4:cpu,cpuacct:/kubepods/burstable/pod{TENANT_UID}/{TENANT_CID}\n0::/\n",
+                  utime=20)
+    write_process(root, 400, "/usr/sbin/sshd\0-D\0", "0::/system.slice/ssh.service\n")
+    write(root / f"var/log/pods/chat_agent-7d9f-x2_{ONLINE_UID}/agent/0.log", "")
+    write(root / f"var/log/pods/batch_etl-7f9c_{BATCH_UID}/etl/0.log", "")
+    write(root / f"var/log/pods/tenant-42_report-5c_{TENANT_UID}/worker/0.log", "")
+    write(root / f"var/log/pods/tenant-42_report-5c_{TENANT_UID}/sidecar/0.log", "")
+    write(root / f"var/log/containers/agent-7d9f-x2_chat_agent-{ONLINE_CID}.log", "")
+    write(root / f"var/log/containers/report-5c_tenant-42_worker-{TENANT_CID}.log", "")
+    write(root / f"{RUNTIME}/{BATCH_CID}/config.json", json.dumps({
+        "ociVersion": "1.1.0", "process": {"env": ["AWS_SECRET_ACCESS_KEY=sk-live-123"]},
+        "annotations": {"io.kubernetes.cri.container-name": "etl",
+                        "io.kubernetes.cri.sandbox-name": "etl-7f9c",
+                        "io.kubernetes.cri.sandbox-namespace": "batch",
+                        "io.kubernetes.cri.sandbox-uid": BATCH_UID}}))
+    write(root / "var/lib/kubelet/cpu_manager_state", json.dumps({
+        "policyName": "static", "defaultCpuSet": "0,2-3",
+        "entries": {ONLINE_UID: {"agent": "1"}}, "checksum": 1}))
+    return root
+
+
+def pod_config(**extra):
+    return parse_config({"pools": POD_POOLS, "collectors": ["pools"], **extra}, ("pools",))
+
+
+def test_pools_by_namespace_and_qos_in_the_exporter(tmp_path):
+    root = kube_tree(tmp_path)
+    got = collect(Exporter(str(root), pod_config()), 1000.0)
+    assert got['fleetscope_pool_processes{class="online",pool="online"}'] == 1
+    assert got['fleetscope_pool_processes{class="offline",pool="batch"}'] == 1
+    assert got['fleetscope_pool_processes{class="offline",pool="tenants"}'] == 1
+    assert got['fleetscope_pool_cpu_seconds_total{class="offline",pool="batch"}'] == 9.0
+    assert not [k for k in got if "pod=" in k or "namespace=" in k]  # pools aggregate
+
+
+def test_membership_follows_every_term_and_names_each_pod(tmp_path):
+    root = kube_tree(tmp_path)
+    members = {p.pid: p for p in pool_processes(Scrape((str(root),)), pod_config().pools)}
+    assert sorted(members) == [100, 200, 300]  # sshd is in no pod
+    assert members[200].pod.ref == "batch/etl-7f9c/etl"  # from containerd's annotations
+    assert members[300].pod.title == "pod tenant-42/report-5c (Burstable)"
+    # a term that does not hold keeps the process out: the sidecar container, another QoS
+    narrower = parse_config({"pools": [
+        {"name": "t", "class": "offline", "match": {"namespace": "tenant-*",
+                                                   "container": "sidecar"}},
+        {"name": "g", "class": "online", "match": {"namespace": "batch",
+                                                  "qos": "guaranteed"}}]})
+    assert pool_processes(Scrape((str(root),)), narrower.pools) == []
+
+
+def test_a_pod_without_names_still_matches_its_qos_class(tmp_path):
+    root = kube_tree(tmp_path)
+    shutil.rmtree(root / "var/log")  # no pod log directory mounted
+    config = parse_config({"pools": [{"name": "g", "class": "online",
+                                      "match": {"qos": "guaranteed"}},
+                                     {"name": "chat", "class": "online",
+                                      "match": {"namespace": "chat"}}]})
+    members = pool_processes(Scrape((str(root),)), config.pools)
+    assert [(p.pid, p.pool.name, p.pod.name) for p in members] == [(100, "g", None)]
+
+
+def test_pod_config_errors_are_one_line():
+    for raw, says in (
+            ({"pools": [{"name": "a", "class": "online", "match": {"qos": "gold"}}]},
+             "pools[0].match.qos must be one of guaranteed, burstable, besteffort"),
+            ({"pools": [{"name": "a", "class": "online", "match": {"nmspace": "x"}}]},
+             "pools[0].match has unknown keys: nmspace"),
+            ({"pools": [{"name": "a", "class": "online", "match": {"pod": ""}}]},
+             "pools[0].match.pod must be a non-empty glob string"),
+            ({"kubernetes": {"pod_logs": "var/log/pods"}},
+             "kubernetes.pod_logs must be an absolute path"),
+            ({"kubernetes": {"kubelet_dir": "/x"}}, "kubernetes has unknown keys: kubelet_dir")):
+        with pytest.raises(ConfigError) as err:
+            parse_config(raw)
+        assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_recorded_bundle_keeps_the_pod_names_it_saw_redacted(tmp_path):
+    root = kube_tree(tmp_path)
+    config = parse_config({"pools": POD_POOLS, "redact": ["tenant-[0-9]+"]})
+    out = tmp_path / "bundle"
+    record(str(out), 0, 1.0, config, root=str(root))
+    sample = out / "samples" / "s0000"
+    text = "\n".join(str(p.relative_to(sample)) for p in sample.rglob("*"))
+    assert f"batch_etl-7f9c_{BATCH_UID}/etl" in text and "agent-7d9f-x2_chat_agent-" in text
+    assert "tenant-42" not in text and "<redacted>" in text  # the config's redact: pattern
+    assert not list(sample.rglob("0.log"))  # directories only, no log content
+    spec = json.loads((sample / RUNTIME / BATCH_CID / "config.json").read_text())
+    assert spec == {"annotations": {"io.kubernetes.cri.sandbox-namespace": "batch",
+                                    "io.kubernetes.cri.sandbox-name": "etl-7f9c",
+                                    "io.kubernetes.cri.sandbox-uid": BATCH_UID,
+                                    "io.kubernetes.cri.container-name": "etl"}}
+    assert "sk-live" not in "".join(p.read_text(errors="replace")
+                                    for p in sample.rglob("*") if p.is_file())
+    assert (sample / "var/lib/kubelet/cpu_manager_state").is_file()
+    # Replayed: the pools by QoS and namespace hold; the redacted namespace no longer
+    # matches its glob (the price of redaction), the Burstable pod is still known by class.
+    with open_bundle(str(out)) as bundle:
+        replay = bundle.config()
+        scrape = Scrape(bundle.source(bundle.samples[0]))
+        members = {p.pid: p for p in pool_processes(scrape, replay.pools)}
+    assert {pid: p.pool.name for pid, p in members.items()} == {100: "online", 200: "batch"}
+    assert members[100].pod.ref == "chat/agent-7d9f-x2/agent"
+
+
+def test_bundle_replay_in_the_exporter_matches_pools_by_pod(tmp_path, exporter_factory):
+    root = kube_tree(tmp_path)
+    config = parse_config({"pools": POD_POOLS})
+    out = tmp_path / "bundle"
+    record(str(out), 0, 1.0, config, root=str(root))
+    exporter = exporter_factory(out / "samples" / "s0000",
+                                {"pools": POD_POOLS, "collectors": ["pools"]})
+    got = samples(exporter.text())
+    for pool, workload_class in (("online", "online"), ("batch", "offline"),
+                                 ("tenants", "offline")):
+        key = f'fleetscope_pool_processes{{class="{workload_class}",pool="{pool}"}}'
+        assert got[key] == 1, key
+
+
+def test_findings_name_the_pods_of_their_pids_and_cgroups(tmp_path):
+    from diagnose.engine import SUBJECT_KINDS, Finding
+    from fleetscope.rules.catalog import CATALOG
+
+    root = kube_tree(tmp_path)
+    config = pod_config()
+    rule = next(r for r in CATALOG if r.id == "offline-preemption")
+    finding = Finding(rule, "node", {"pool": "online"}, 0.3, 0.8)
+    finding.subjects["pids"] = [200, 400]
+    finding.subjects["cgroups"] = [f"/kubepods/burstable/pod{TENANT_UID}"]
+    scrape = Scrape((str(root),))
+    pods_module.add_pod_subjects((scrape, scrape), config, finding)
+    assert "pods" in SUBJECT_KINDS
+    assert finding.to_json()["subjects"]["pods"] == ["batch/etl-7f9c/etl",
+                                                     "tenant-42/report-5c"]
