@@ -16,16 +16,7 @@ from fleetscope.bundle.record import record
 from fleetscope.collectors import pods as pods_module
 from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.collectors.parsers.kubepods import (
-    PodCgroup,
-    parse_container_log_link,
-    parse_cpu_manager_state,
-    parse_memory_manager_state,
-    parse_oci_annotations,
-    parse_pod_cgroup,
-    parse_pod_log_dir,
-    parse_pod_path,
-)
+from fleetscope.collectors.parsers import kubepods as kp
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
@@ -44,19 +35,19 @@ CGROUP_SAMPLES = [
      "9:cpuset:/kubepods/burstable/pod43b37e54-f9ee-4267-b992-2a516b0be3c8/"
      "f0a3a171f445d2d3253ddf693a1c662e617b691874e2416360baf6eb690db240\n"
      "8:pids:/system.slice/docker.service\n",
-     PodCgroup("burstable", "43b37e54-f9ee-4267-b992-2a516b0be3c8",
+     kp.PodCgroup("burstable", "43b37e54-f9ee-4267-b992-2a516b0be3c8",
                "f0a3a171f445d2d3253ddf693a1c662e617b691874e2416360baf6eb690db240", "")),
     # containerd/containerd#4857: a static pod's UID (32 hex digits), cgroupfs path.
     ("cgroupfs-static-pod",
      "4:cpu:/kubepods/burstable/pod89f4f2cb511c3b0b7e5272cff5ec37bf/"
      "823b5a6d9aaa8da5c0ecda3e7cbcd6729673437965dc600ffcb0a2651960f945\n",
-     PodCgroup("burstable", "89f4f2cb511c3b0b7e5272cff5ec37bf",
+     kp.PodCgroup("burstable", "89f4f2cb511c3b0b7e5272cff5ec37bf",
                "823b5a6d9aaa8da5c0ecda3e7cbcd6729673437965dc600ffcb0a2651960f945", "")),
     # adoptium/adoptium-support#638: cgroupfs v1 Burstable with containerd.
     ("cgroupfs-v1-containerd",
      "12:rdma:/kubepods/burstable/podd7874f44-eee0-423c-83c9-f246075bdde1/"
      "fbaa59723cd1f05d310e6f48b5d49a9d9e9552b7fde2205d0a2e2b5f60ec21ba\n",
-     PodCgroup("burstable", "d7874f44-eee0-423c-83c9-f246075bdde1",
+     kp.PodCgroup("burstable", "d7874f44-eee0-423c-83c9-f246075bdde1",
                "fbaa59723cd1f05d310e6f48b5d49a9d9e9552b7fde2205d0a2e2b5f60ec21ba", "")),
     # opencontainers/runc#4620: systemd driver, CRI-O, cgroup v1 lines (calico-node).
     ("systemd-v1-crio",
@@ -64,14 +55,14 @@ CGROUP_SAMPLES = [
      "kubepods-burstable-poda5c1f8d5_1919_434d_add7_4afaafdaef89.slice/"
      "crio-5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c.scope\n"
      "11:files:/\n",
-     PodCgroup("burstable", "a5c1f8d5-1919-434d-add7-4afaafdaef89",
+     kp.PodCgroup("burstable", "a5c1f8d5-1919-434d-add7-4afaafdaef89",
                "5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c", "cri-o")),
     # lxc/lxc#3890: systemd driver, Docker scopes, cgroup v1.
     ("systemd-v1-docker",
      "12:rdma:/\n11:freezer:/kubepods.slice/kubepods-burstable.slice/"
      "kubepods-burstable-pod7d4424e6_bb13_42f4_a47a_45a4828bf54d.slice/"
      "docker-d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98.scope\n",
-     PodCgroup("burstable", "7d4424e6-bb13-42f4-a47a-45a4828bf54d",
+     kp.PodCgroup("burstable", "7d4424e6-bb13-42f4-a47a-45a4828bf54d",
                "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98", "docker")),
     # kubernetes/minikube#11280 (systemd-cgls of a node in Docker, CRI-O): the path from the
     # tree, under the outer container's cgroup, as a cgroup v2 line.
@@ -80,14 +71,14 @@ CGROUP_SAMPLES = [
      "kubepods.slice/kubepods-besteffort.slice/"
      "kubepods-besteffort-pod2ca4a155_3599_498d_bb9d_4446693fa3ea.slice/"
      "crio-358607a37e7ada357032e7f5729c9ae6a3efdb7962acbcbe47ff6a3c5506cb1c.scope\n",
-     PodCgroup("besteffort", "2ca4a155-3599-498d-bb9d-4446693fa3ea",
+     kp.PodCgroup("besteffort", "2ca4a155-3599-498d-bb9d-4446693fa3ea",
                "358607a37e7ada357032e7f5729c9ae6a3efdb7962acbcbe47ff6a3c5506cb1c", "cri-o")),
     # netdata/netdata#4868 (systemd-cgls, containerd): the tree's path as a v2 line.
     ("systemd-v2-containerd",
      "0::/kubepods.slice/kubepods-burstable.slice/"
      "kubepods-burstable-pod03f3f104_3215_44f2_9686_d4dd1f05a7ed.slice/"
      "cri-containerd-09d185410c4e25236cc24717f881589bb0978b24eafd101624e627a4dd8d3439.scope\n",
-     PodCgroup("burstable", "03f3f104-3215-44f2-9686-d4dd1f05a7ed",
+     kp.PodCgroup("burstable", "03f3f104-3215-44f2-9686-d4dd1f05a7ed",
                "09d185410c4e25236cc24717f881589bb0978b24eafd101624e627a4dd8d3439",
                "containerd")),
     # containerd/nri#227: kind with --cgroup-root=kubelet.slice (prefixed slice names).
@@ -95,7 +86,7 @@ CGROUP_SAMPLES = [
      "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
      "kubelet-kubepods-besteffort-pod1e597579_417e_482f_bf65_5fe170c3aebd.slice/"
      "cri-containerd-d7dfb4a21fe1703a8537e60d5af248af729315d187b24a538102d14874c8117d.scope\n",
-     PodCgroup("besteffort", "1e597579-417e-482f-bf65-5fe170c3aebd",
+     kp.PodCgroup("besteffort", "1e597579-417e-482f-bf65-5fe170c3aebd",
                "d7dfb4a21fe1703a8537e60d5af248af729315d187b24a538102d14874c8117d",
                "containerd")),
     # open-telemetry/opentelemetry-java#4507: containerd's "slice:prefix:name" form seen
@@ -104,7 +95,7 @@ CGROUP_SAMPLES = [
      "9:cpuacct,cpu:/system.slice/containerd.service/"
      "kubepods-besteffort-pod0125ec2f_b64a_4868_8f5b_94b56cbab864.slice:cri-containerd:"
      "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459\n",
-     PodCgroup("besteffort", "0125ec2f-b64a-4868-8f5b-94b56cbab864",
+     kp.PodCgroup("besteffort", "0125ec2f-b64a-4868-8f5b-94b56cbab864",
                "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459",
                "containerd")),
     # kontena/pharos-cluster#440: the kubelet's own process, in no pod.
@@ -116,7 +107,7 @@ CGROUP_SAMPLES = [
 @pytest.mark.parametrize("name,text,expected", CGROUP_SAMPLES,
                          ids=[s[0] for s in CGROUP_SAMPLES])
 def test_pod_cgroup_real_samples(name, text, expected):
-    assert parse_pod_cgroup(text) == expected
+    assert kp.parse_pod_cgroup(text) == expected
 
 
 def test_guaranteed_pods_sit_directly_under_kubepods_in_both_drivers():
@@ -124,44 +115,45 @@ def test_guaranteed_pods_sit_directly_under_kubepods_in_both_drivers():
     # live test below builds this layout for real.
     uid = "b0e4cb0d-47b0-4ed3-b707-4baf7eb0875a"
     cid = "c269a18400e27b14085c57f8e36f5b4d5471c140eb27e8b0f632c056547555de"
-    assert parse_pod_path(f"/kubepods/pod{uid}/{cid}") == PodCgroup("guaranteed", uid, cid, "")
+    assert kp.parse_pod_path(f"/kubepods/pod{uid}/{cid}") == kp.PodCgroup(
+        "guaranteed", uid, cid, "")
     systemd = (f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
                f"cri-containerd-{cid}.scope")
-    assert parse_pod_path(systemd) == PodCgroup("guaranteed", uid, cid, "containerd")
+    assert kp.parse_pod_path(systemd) == kp.PodCgroup("guaranteed", uid, cid, "containerd")
     # the pod's own cgroup (no container), a CRI-O conmon scope, and look-alikes
-    assert parse_pod_path(f"/kubepods/besteffort/pod{uid}") == PodCgroup(
+    assert kp.parse_pod_path(f"/kubepods/besteffort/pod{uid}") == kp.PodCgroup(
         "besteffort", uid, "", "")
-    assert parse_pod_path(f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
+    assert kp.parse_pod_path(f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
                           f"crio-conmon-{cid}.scope").container_id == ""
-    assert parse_pod_path(f"/srv/pod{uid}/{cid}") is None
-    assert parse_pod_path(f"/besteffort/pod{uid}/{cid}") is None
+    assert kp.parse_pod_path(f"/srv/pod{uid}/{cid}") is None
+    assert kp.parse_pod_path(f"/besteffort/pod{uid}/{cid}") is None
 
 
 def test_malformed_cgroup_file_is_a_parse_error():
     with pytest.raises(ParseError):
-        parse_pod_cgroup("not a cgroup line\n")
+        kp.parse_pod_cgroup("not a cgroup line\n")
 
 
 def test_pod_log_names_real_samples():
     # dec1/practical_devops (troubleshooting notes): `ls /var/log/pods` and
     # `ls /var/log/containers` on a kubeadm control-plane node.
-    found = parse_pod_log_dir("kube-system_kube-apiserver-controlplane_"
+    found = kp.parse_pod_log_dir("kube-system_kube-apiserver-controlplane_"
                               "33d556edd3ae8ef21980288cef77ae8b")
     assert found.namespace == "kube-system" and found.pod == "kube-apiserver-controlplane"
     assert found.uid == "33d556edd3ae8ef21980288cef77ae8b"
-    link = parse_container_log_link(
+    link = kp.parse_container_log_link(
         "kube-apiserver-controlplane_kube-system_kube-apiserver-"
         "3959d7abfbd0221e5043fccbcb8040e9a1a4e6518dad483b7a33a131885e0283.log")
     assert link == ("kube-system", "kube-apiserver-controlplane", "kube-apiserver",
                     "3959d7abfbd0221e5043fccbcb8040e9a1a4e6518dad483b7a33a131885e0283")
-    assert parse_pod_log_dir("0.log") is None and parse_pod_log_dir("a_b_notauid") is None
+    assert kp.parse_pod_log_dir("0.log") is None and kp.parse_pod_log_dir("a_b_notauid") is None
     # kuberuntime logSymlink cuts names past 255 characters, ID included: skipped
-    assert parse_container_log_link("p_ns_c-3959d7abfbd0221e5043.log") is None
+    assert kp.parse_container_log_link("p_ns_c-3959d7abfbd0221e5043.log") is None
 
 
 def test_cpu_manager_state_real_sample():
     # kubernetes/kubernetes#118657: a v1.23 node with the static policy, full-pcpus-only.
-    state = parse_cpu_manager_state(
+    state = kp.parse_cpu_manager_state(
         '{"policyName":"static","defaultCpuSet":"0-7,16-55","entries":{"b0e4cb0d-47b0-4ed3-'
         'b707-4baf7eb0875a":{"nf-97cb00a04fbdc660b8193d6093288930":"8-15,56-63"}},'
         '"checksum":2824956018}')
@@ -170,18 +162,18 @@ def test_cpu_manager_state_real_sample():
     assert state.exclusive["b0e4cb0d-47b0-4ed3-b707-4baf7eb0875a"][
         "nf-97cb00a04fbdc660b8193d6093288930"] == frozenset([*range(8, 16), *range(56, 64)])
     # the none policy writes no entries (siderolabs/talos#7504 quotes its policy name)
-    none = parse_cpu_manager_state('{"policyName":"none","defaultCpuSet":"","checksum":1}')
+    none = kp.parse_cpu_manager_state('{"policyName":"none","defaultCpuSet":"","checksum":1}')
     assert none.policy == "none" and not none.exclusive and not none.default_cpus
     for bad in ("", "[]", '{"defaultCpuSet":"0-3"}', '{"policyName":"static","entries":[]}',
                 '{"policyName":"static","defaultCpuSet":"3-1"}'):
         with pytest.raises(ParseError):
-            parse_cpu_manager_state(bad)
+            kp.parse_cpu_manager_state(bad)
 
 
 def test_memory_manager_state():
     # The MemoryManagerCheckpoint of pkg/kubelet/cm/memorymanager/state/checkpoint.go
     # (v1.21-v1.35), field names from its json tags; no public capture was found.
-    state = parse_memory_manager_state(json.dumps({
+    state = kp.parse_memory_manager_state(json.dumps({
         "policyName": "Static",
         "machineState": {"0": {"numberOfAssignments": 1, "memoryMap": {}, "cells": [0]}},
         "entries": {"fb4f2c0e-1c37-4a4b-8d39-3a1c7f0b9e21": {"worker": [
@@ -192,13 +184,13 @@ def test_memory_manager_state():
     assert state.numa_nodes == {"fb4f2c0e-1c37-4a4b-8d39-3a1c7f0b9e21": {
         "worker": frozenset({1, 2})}}
     with pytest.raises(ParseError):
-        parse_memory_manager_state('{"policyName":"Static","entries":{"u":[1]}}')
+        kp.parse_memory_manager_state('{"policyName":"Static","entries":{"u":[1]}}')
 
 
 def test_runtime_annotations():
     # kata-containers docs (a containerd CRI container's annotations, verbatim keys and
     # values) and CRI-O's keys (pkg/annotations: io.kubernetes.pod.*, container.name).
-    containerd = parse_oci_annotations(json.dumps({"ociVersion": "1.0.2", "annotations": {
+    containerd = kp.parse_oci_annotations(json.dumps({"ociVersion": "1.0.2", "annotations": {
         "io.kubernetes.cri.container-name": "coco-container",
         "io.kubernetes.cri.container-type": "container",
         "io.kubernetes.cri.sandbox-id":
@@ -208,14 +200,14 @@ def test_runtime_annotations():
         "io.kubernetes.cri.sandbox-uid": "de7c6a0c-79c0-44dc-a099-69bb39f180af"}}))
     assert containerd == ("default", "coco-pod", "de7c6a0c-79c0-44dc-a099-69bb39f180af",
                           "coco-container")
-    crio = parse_oci_annotations(json.dumps({"annotations": {
+    crio = kp.parse_oci_annotations(json.dumps({"annotations": {
         "io.kubernetes.pod.namespace": "batch", "io.kubernetes.pod.name": "etl-7f9c",
         "io.kubernetes.pod.uid": "2ca4a155-3599-498d-bb9d-4446693fa3ea",
         "io.kubernetes.container.name": "POD"}}))
     assert crio == ("batch", "etl-7f9c", "2ca4a155-3599-498d-bb9d-4446693fa3ea", "")
-    assert parse_oci_annotations('{"process": {}}') is None
+    assert kp.parse_oci_annotations('{"process": {}}') is None
     with pytest.raises(ParseError):
-        parse_oci_annotations("{")
+        kp.parse_oci_annotations("{")
 
 
 # ---- a node's tree: pools by namespace and QoS, in the exporter and in a bundle ------------
