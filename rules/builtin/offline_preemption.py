@@ -10,7 +10,8 @@ CPU manager gave the online pods exclusive CPUs (and the offline pods ran on the
 
 from __future__ import annotations
 
-from fleetscope.collectors.parsers.process import parse_pid_stat
+from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
+from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import program_name
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
@@ -92,14 +93,22 @@ def _kubelet_cpus(ctx, finding, antagonists) -> None:
             finding.subjects["pods"].append(ref)
     if state is not None:
         guarded = frozenset().union(*(exclusive_cpus(state, p) for p in online.values()))
-        intruders = sorted({cpu for _, cpu in antagonists if cpu in guarded})
+        # Exclusive only if the offline work cannot run there: its affinity (the cpuset the
+        # kubelet gives shared-pool containers) must leave those CPUs out.
+        intruders: set[int] = set()
+        for process, cpu in antagonists:
+            status = ctx.read(ctx.last, f"proc/{process.pid}/status", parse_status) or {}
+            allowed = parse_cpulist(status.get("Cpus_allowed_list", "")) or [cpu]
+            intruders.update(guarded.intersection([*allowed, cpu]))
         with_cpus = sum(1 for p in online.values() if exclusive_cpus(state, p))
         finding.evidence.append({
             "signal": "online containers with exclusive CPUs (kubelet CPU manager)",
             "value": with_cpus, "threshold": len(online), "unit": "containers"})
-        if guarded:
-            notes.append(f"offline work ran on their exclusive CPUs {cpulist(intruders)}"
-                         if intruders else "offline work stayed off their exclusive CPUs")
+        if guarded and intruders:
+            notes.append(f"offline work runs on their exclusive CPUs {cpulist(intruders)} "
+                         "(its CPU affinity includes them: not confined to the shared pool)")
+        elif guarded:
+            notes.append("offline work stays off their exclusive CPUs")
     finding.extra_summary = "; ".join(filter(None, [finding.extra_summary, *notes]))
 
 
