@@ -373,3 +373,42 @@ def test_findings_name_the_pods_of_their_pids_and_cgroups(tmp_path):
     assert "pods" in SUBJECT_KINDS
     assert finding.to_json()["subjects"]["pods"] == ["batch/etl-7f9c/etl",
                                                      "tenant-42/report-5c"]
+
+
+def test_the_kubernetes_collector_reports_the_kubelets_decisions_per_pool(tmp_path):
+    root = kube_tree(tmp_path)
+    config = parse_config({"pools": POD_POOLS}, ())
+    got = collect(Exporter(str(root), config), 1000.0)
+    assert got["fleetscope_kubernetes_pods"] == 3
+    assert got['fleetscope_kubernetes_cpu_manager_policy_info{policy="static"}'] == 1
+    assert got["fleetscope_kubernetes_exclusive_cpus"] == 1
+    assert got['fleetscope_pool_exclusive_cpus{class="online",pool="online"}'] == 1
+    assert got['fleetscope_pool_exclusive_cpus{class="offline",pool="batch"}'] == 0
+    source = 'fleetscope_scrape_source_available{{collector="kubernetes",source="{}"}}'
+    assert got[source.format("pod_logs")] == 1 == got[source.format("cpu_manager_state")]
+    assert got[source.format("memory_manager_state")] == 0  # this node's kubelet has none
+    assert got['fleetscope_scrape_collector_success{collector="kubernetes"}'] == 1
+
+
+def test_missing_kubelet_files_say_which_mount_is_needed(tmp_path, caplog):
+    root = kube_tree(tmp_path)
+    shutil.rmtree(root / "var")
+    got = collect(Exporter(str(root), parse_config({"pools": POD_POOLS})), 1000.0)
+    source = 'fleetscope_scrape_source_available{{collector="kubernetes",source="{}"}}'
+    assert got[source.format("pod_logs")] == 0 == got[source.format("cpu_manager_state")]
+    assert got['fleetscope_scrape_collector_success{collector="kubernetes"}'] == 1
+    said = caplog.text
+    for path in ("/var/log/pods", "/var/lib/kubelet/cpu_manager_state"):
+        assert f"mount the node's {path} read-only" in said, path
+    # the pools still match by QoS class without the names
+    assert got['fleetscope_pool_processes{class="online",pool="online"}'] == 1
+
+
+def test_a_node_without_kubernetes_runs_no_kubernetes_collector(tmp_path):
+    root = kube_tree(tmp_path)
+    plain = parse_config({"pools": [{"name": "etl", "class": "offline",
+                                     "match": {"cmdline": "etl"}}]})
+    got = collect(Exporter(str(root), plain), 1000.0)
+    assert not [k for k in got if "kubernetes" in k or "exclusive" in k]
+    configured = parse_config({"kubernetes": {"pod_logs": "/var/log/pods"}})
+    assert "kubernetes" in [c.name for c in Exporter(str(root), configured).collectors]
