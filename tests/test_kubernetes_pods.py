@@ -412,3 +412,16 @@ def test_a_node_without_kubernetes_runs_no_kubernetes_collector(tmp_path):
     assert not [k for k in got if "kubernetes" in k or "exclusive" in k]
     configured = parse_config({"kubernetes": {"pod_logs": "/var/log/pods"}})
     assert "kubernetes" in [c.name for c in Exporter(str(root), configured).collectors]
+
+
+def test_the_example_config_makes_guaranteed_pods_online_and_besteffort_offline(tmp_path):
+    from fleetscope.core.config import load_config
+
+    config = load_config(str(Path(__file__).resolve().parent.parent / "examples" /
+                              "kubernetes-pools.yaml"))
+    root = kube_tree(tmp_path)
+    members = {p.pid: p.pool for p in pool_processes(Scrape((str(root),)), config.pools)}
+    assert (members[100].name, members[100].workload_class) == ("online-guaranteed", "online")
+    assert (members[200].name, members[200].workload_class) == ("offline-besteffort",
+                                                                "offline")
+    assert 300 not in members and 400 not in members  # Burstable outside cs-*, and sshd
