@@ -276,3 +276,26 @@ def describe_cpus(state: CpuManagerState | None, why: str, pod: Pod) -> str:
                 "their own cores)")
     return ("no exclusive CPUs (static CPU manager; not a Guaranteed pod with an integer CPU "
             "request)")
+
+
+def describe_memory(state: MemoryManagerState | None, pod: Pod) -> str:
+    """`memory on NUMA node 0 (memory manager)`, or "" when the memory manager placed none."""
+    nodes = memory_nodes(state, pod)
+    if not nodes:
+        return ""
+    return f"memory on NUMA node {cpulist(nodes)} (memory manager)"
+
+
+def pod_notes(ctx, pids, memory: bool = False, most: int = 3) -> list[str]:
+    """`pod ns/name (QoS): exclusive CPUs 2-3 (static CPU manager)[, memory on ...]` for the
+    pods of `pids` (an Enricher `ctx`), at most `most` pods."""
+    found = list(dict.fromkeys(p for p in (ctx.pod(pid) for pid in pids) if p is not None))
+    if not found:
+        return []
+    state, why = ctx.cpu_manager()
+    memory_state = ctx.memory_manager()[0] if memory else None
+    notes = []
+    for pod in found[:most]:
+        parts = [describe_cpus(state, why, pod), describe_memory(memory_state, pod)]
+        notes.append(f"{pod.title}: {', '.join(filter(None, parts))}")
+    return notes

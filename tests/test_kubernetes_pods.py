@@ -425,3 +425,28 @@ def test_the_example_config_makes_guaranteed_pods_online_and_besteffort_offline(
     assert (members[200].name, members[200].workload_class) == ("offline-besteffort",
                                                                 "offline")
     assert 300 not in members and 400 not in members  # Burstable outside cs-*, and sshd
+
+
+def test_pod_notes_say_what_the_kubelet_gave_each_pod(tmp_path):
+    from diagnose.enrich import Enricher
+
+    root = kube_tree(tmp_path)
+    write(root / "var/lib/kubelet/memory_manager_state", json.dumps({
+        "policyName": "Static", "machineState": {},
+        "entries": {ONLINE_UID: {"agent": [{"numaAffinity": [0], "type": "memory",
+                                            "size": 1 << 30}]}}, "checksum": 7}))
+    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    assert pods_module.pod_notes(ctx, [100, 200, 400], memory=True) == [
+        "pod chat/agent-7d9f-x2 (Guaranteed): exclusive CPUs 1 (static CPU manager), memory "
+        "on NUMA node 0 (memory manager)",
+        "pod batch/etl-7f9c (BestEffort): no exclusive CPUs (static CPU manager; not a "
+        "Guaranteed pod with an integer CPU request)"]
+    assert ctx.describe(200).startswith("pod batch/etl-7f9c (BestEffort), pid 200 (")
+    (root / "var/lib/kubelet/cpu_manager_state").write_text(
+        '{"policyName":"none","defaultCpuSet":"","checksum":1}')
+    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    assert "no exclusive CPUs (CPU manager policy none" in pods_module.pod_notes(ctx, [100])[0]
+    (root / "var/lib/kubelet/cpu_manager_state").unlink()
+    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    assert "exclusive CPUs unknown: /var/lib/kubelet/cpu_manager_state not available" in \
+        pods_module.pod_notes(ctx, [100])[0]
