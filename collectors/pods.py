@@ -71,7 +71,7 @@ class Pod(NamedTuple):
 
 
 class PodIndex(NamedTuple):
-    pods: dict[str, tuple[str, str, tuple[str, ...]]]  # uid -> namespace, pod, containers
+    pods: dict[str, tuple[str, str, str]]  # uid -> namespace, pod, its directory's name
     containers: dict[str, tuple[str, str, str]]  # container ID -> namespace, pod, container
 
 
@@ -85,13 +85,8 @@ def _read_index(scrape: Scrape, paths: KubernetesPaths) -> PodIndex:
     pods = {}
     for entry in scrape.listdir(paths.relative(paths.pod_logs)):
         found = parse_pod_log_dir(entry)
-        if found is None:
-            continue
-        try:
-            names = scrape.listdir(f"{paths.relative(paths.pod_logs)}/{entry}")
-        except NotAvailable:
-            names = []
-        pods[found.uid] = (found.namespace, found.pod, tuple(names))
+        if found is not None:
+            pods[found.uid] = (found.namespace, found.pod, entry)
     containers = {}
     try:
         links = scrape.listdir(paths.relative(paths.container_logs))
@@ -140,6 +135,14 @@ def _runtime_names(scrape: Scrape, paths: KubernetesPaths, container_id: str
     return found
 
 
+def _pod_containers(scrape: Scrape, paths: KubernetesPaths, entry: str) -> list[str]:
+    relative = f"{paths.relative(paths.pod_logs)}/{entry}"
+    try:
+        return scrape.memo(f"pod_containers:{relative}", lambda: scrape.listdir(relative))
+    except NotAvailable:
+        return []
+
+
 def name_pod(scrape: Scrape, paths: KubernetesPaths, found: PodCgroup) -> Pod:
     """The pod of a cgroup, its names added where the node has them."""
     try:
@@ -147,13 +150,16 @@ def name_pod(scrape: Scrape, paths: KubernetesPaths, found: PodCgroup) -> Pod:
     except (NotAvailable, ParseError):
         index = PodIndex({}, {})
     namespace = name = container = None
-    if found.uid in index.pods:
-        namespace, name, containers = index.pods[found.uid]
-        if len(containers) == 1 and found.container_id:
-            container = containers[0]  # a pod of one container: no need to ask further
-    if found.container_id and found.container_id in index.containers:
+    if found.container_id in index.containers:  # the log link names all three
         namespace, name, container = index.containers[found.container_id]
-    elif found.container_id and (container is None or name is None):
+        return Pod(found.qos, found.uid, found.container_id, namespace, name, container)
+    if found.uid in index.pods:
+        namespace, name, entry = index.pods[found.uid]
+        if found.container_id:
+            containers = _pod_containers(scrape, paths, entry)
+            if len(containers) == 1:  # a pod of one container: no need to ask further
+                container = containers[0]
+    if found.container_id and (container is None or name is None):
         names = _runtime_names(scrape, paths, found.container_id)
         if names is not None:
             namespace, name = names.namespace, names.pod
@@ -169,7 +175,7 @@ def pod_of(scrape: Scrape, paths: KubernetesPaths, cgroup_text: str) -> Pod | No
 
 # -- diagnoses: the pods a finding names, and what the kubelet decided for them ----------
 
-MAX_PODS = 10  # pods a finding names  # pods a finding names
+MAX_PODS = 10  # pods a finding names
 
 
 def cpulist(cpus) -> str:

@@ -67,9 +67,7 @@ class PoolProcess(NamedTuple):
     pod: Pod | None = None  # only looked up when a pool matches by Kubernetes terms
 
 
-def _pod_matches(pool: Pool, pod: Pod | None) -> bool:
-    if not pool.by_pod or pod is None:
-        return False
+def _pod_matches(pool: Pool, pod: Pod) -> bool:
     return ((pool.qos is None or pool.qos == pod.qos)
             and glob_match(pool.namespace_glob, pod.namespace)
             and glob_match(pool.pod_glob, pod.name)
@@ -86,17 +84,18 @@ class PoolMatcher:
                 pool,
                 re.compile(fnmatch.translate(pool.cgroup_glob)) if pool.cgroup_glob else None,
                 re.compile(pool.cmdline_regex) if pool.cmdline_regex else None,
+                pool.by_pod,
             )
             for pool in pools
         ]
 
     def match(self, cmdline: str, cgroup: str, pod: Pod | None = None) -> Pool | None:
-        for pool, cgroup_pattern, cmdline_pattern in self._rules:
+        for pool, cgroup_pattern, cmdline_pattern, by_pod in self._rules:
             if cgroup_pattern is not None and cgroup and cgroup_pattern.match(cgroup):
                 return pool
             if cmdline_pattern is not None and cmdline and cmdline_pattern.search(cmdline):
                 return pool
-            if _pod_matches(pool, pod):
+            if by_pod and pod is not None and _pod_matches(pool, pod):
                 return pool
         return None
 
