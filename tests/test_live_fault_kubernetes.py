@@ -1,15 +1,16 @@
 """Live: offline-preemption on a node laid out as the kubelet lays it out, diagnosed by pod.
 
 The kubelet's cgroups are made for real on this machine: the cgroupfs driver's
-`kubepods/pod<uid>/<container id>` (a Guaranteed pod) and `kubepods/besteffort/pod<uid>/<id>`
-on the cgroup v1 cpu controller, or the systemd driver's `kubepods.slice/kubepods-pod<uid>
-.slice/cri-containerd-<id>.scope` and `kubepods-besteffort.slice/...` on the v2 hierarchy.
+`kubepods/pod<uid>/<container id>` (a Guaranteed pod) and `kubepods/burstable/pod<uid>/<id>`
+on the cgroup v1 cpu controller (with the kubelet's cpu.shares), or the systemd driver's
+`kubepods.slice/kubepods-pod<uid>.slice/cri-containerd-<id>.scope` and
+`kubepods-burstable.slice/...` on the v2 hierarchy.
 An online "pod" (a latency worker, on the CPU the static CPU manager gave its container: a
-checkpoint under the test's root says so) and an offline "pod" (two CPU hogs whose affinity
-includes that CPU) run in them, with the pod log directories and a containerd task spec
-beside them. `fleetscope diagnose` must name both pods by namespace/name in the
-offline-preemption finding and say that the online pod had exclusive CPUs and that the
-offline work can run on them.
+checkpoint under the test's root says so) and an offline Burstable "pod" (CPU hogs, a request
+of 2 CPUs and no limit, their affinity including that CPU) run in them, with the pod log
+directories and a containerd task spec beside them. `fleetscope diagnose` must name both pods
+by namespace/name in the offline-preemption finding and say that the online pod had
+exclusive CPUs and that the offline work can run on them.
 
 Names are unique per run (pod UIDs, container IDs, namespaces); every process is killed by
 pid and every cgroup the test made is removed, `kubepods` itself only when the test made it.
@@ -36,6 +37,8 @@ pytestmark = pytest.mark.live
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup/unified")
+# Enough for the offline pod to take its share of a machine other work keeps busy.
+OFFLINE_WORKERS = 3
 
 
 class Cgroups:
@@ -67,11 +70,21 @@ class Cgroups:
                     time.sleep(0.1)
 
 
-def _layout(driver: str, cgroups: Cgroups, qos: str, uid: str, container_id: str) -> Path:
+def _layout(driver: str, cgroups: Cgroups, qos: str, uid: str, container_id: str,
+            cpus: int) -> Path:
+    """The container's cgroup; on v1 with the cpu.shares the kubelet writes for a pod
+    requesting `cpus` CPUs (pkg/kubelet/cm: MilliCPUToShares, the node's allocatable CPUs
+    for kubepods), where this test made the level."""
     if driver == "cgroupfs-v1":
         base = V1_CPU / "kubepods"
         pod = base / (f"pod{uid}" if qos == "guaranteed" else f"{qos}/pod{uid}")
-        return cgroups.make(pod / container_id)
+        container = cgroups.make(pod / container_id)
+        shares = {base: 1024 * len(os.sched_getaffinity(0)), pod.parent: 1024 * cpus,
+                  pod: 1024 * cpus}
+        for level, value in shares.items():
+            if level in cgroups.made:
+                (level / "cpu.shares").write_text(str(value))
+        return container
     base = V2 / "kubepods.slice"
     slice_uid = uid.replace("-", "_")
     pod = (base / f"kubepods-pod{slice_uid}.slice" if qos == "guaranteed" else
@@ -127,7 +140,7 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
         "pools": [{"name": "chat-online", "class": "online",
                    "match": {"namespace": online["namespace"], "qos": "guaranteed"}},
                   {"name": "batch", "class": "offline",
-                   "match": {"namespace": batch["namespace"], "qos": "besteffort"}}],
+                   "match": {"namespace": batch["namespace"], "qos": "burstable"}}],
         "kubernetes": {"pod_logs": f"{root}/var/log/pods",
                        "container_logs": f"{root}/var/log/containers",
                        "kubelet_root": f"{root}/var/lib/kubelet",
@@ -138,13 +151,13 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
     cgroups = Cgroups()
     children: list[subprocess.Popen] = []
     try:
-        on_cgroup = _layout(driver, cgroups, "guaranteed", online["uid"], online["id"])
-        off_cgroup = _layout(driver, cgroups, "besteffort", batch["uid"], batch["id"])
-        # The online worker on the CPU the checkpoint gives it; the offline pod's two
-        # workers free to run anywhere, that CPU included (no cpuset confines them to the
-        # shared pool): the fault this test shows.
+        on_cgroup = _layout(driver, cgroups, "guaranteed", online["uid"], online["id"], 1)
+        off_cgroup = _layout(driver, cgroups, "burstable", batch["uid"], batch["id"], 2)
+        # The online worker on the CPU the checkpoint gives it; the offline pod (requests 2
+        # CPUs, no limit) runs OFFLINE_WORKERS workers free to run anywhere, that CPU
+        # included (no cpuset confines them to the shared pool): the fault this test shows.
         children.append(_start_in(on_cgroup, tmp_path / "online.py", LIFETIME_S, PINNED))
-        for _ in range(2):
+        for _ in range(OFFLINE_WORKERS):
             children.append(_start_in(off_cgroup, tmp_path / "hog.py", LIFETIME_S))
         time.sleep(2)
         assert all(child.poll() is None for child in children)
@@ -153,6 +166,13 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
                                  "--config", str(config)], capture_output=True, text=True,
                                 timeout=300)
         wall = time.monotonic() - began
+        # The same fault recorded: the bundle keeps the pods' names for its own diagnosis.
+        bundle = tmp_path / "bundle"
+        recorded = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
+                                   "--seconds", "12", "--interval", "1", "-o", str(bundle),
+                                   "--config", str(config)], capture_output=True, text=True,
+                                  timeout=300)
+        assert recorded.returncode == 0, recorded.stderr
     finally:
         for child in children:
             with contextlib.suppress(ProcessLookupError):
@@ -173,9 +193,47 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
     batch_ref = f"{batch['namespace']}/{batch['pod']}/{batch['container']}"
     assert batch_ref in finding["subjects"]["pods"] and online_ref in finding["subjects"]["pods"]
     summary = finding["summary"]
-    assert f"pod {batch['namespace']}/{batch['pod']} (BestEffort)" in summary
+    assert f"pod {batch['namespace']}/{batch['pod']} (Burstable)" in summary
     assert (f"online pod {online['namespace']}/{online['pod']} (Guaranteed): exclusive CPUs "
             f"{PINNED} (static CPU manager)") in summary
     assert f"offline work runs on their exclusive CPUs {PINNED} (its CPU affinity" in summary
     kubelet = [e for e in finding["evidence"] if "kubelet CPU manager" in e["signal"]]
     assert kubelet and kubelet[0]["value"] == 1 == kubelet[0]["threshold"]
+
+    # The bundle, diagnosed elsewhere: the pods are named from what it recorded, and the
+    # console's findings page lists them.
+    replay = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--json",
+                             "--bundle", str(bundle)], capture_output=True, text=True,
+                            timeout=300)
+    assert replay.returncode in (0, 1, 2), replay.stderr
+    replayed = json.loads(replay.stdout)["findings"]
+    named = {pod for f in replayed for pod in f["subjects"]["pods"]}
+    assert {online_ref, batch_ref} <= named, [(f["rule"], f["summary"]) for f in replayed]
+    preemption = [f for f in replayed if f["rule"] == "offline-preemption"]
+    if preemption:  # 12 s of samples: the rule needs its rate windows to hold
+        assert f"pod {batch['namespace']}/{batch['pod']} (Burstable)" in \
+            preemption[0]["summary"]
+        _console_names_pods(bundle, "offline-preemption", online_ref)
+
+
+def _console_names_pods(bundle: Path, rule: str, pod: str) -> None:
+    try:
+        from streamlit.testing.v1 import AppTest
+    except ImportError:
+        return  # a node-only install has no console
+    from fleetscope.dashboard import data
+
+    os.environ[data.SOURCE_ENV] = f"bundle:{bundle}"
+    try:
+        app = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "dashboard" /
+                                    "app.py"), default_timeout=180)
+        app.run()
+        app.switch_page("views/findings.py")
+        app.run()
+        rules = app.selectbox(key="findings_rule").options
+        app.selectbox(key="findings_rule").select_index(rules.index(rule)).run()
+        assert not app.exception, [e.message for e in app.exception]
+        text = "\n".join(str(m.value) for m in app.markdown)
+        assert "**Pods:** " in text and f"`{pod}`" in text
+    finally:
+        os.environ.pop(data.SOURCE_ENV, None)
