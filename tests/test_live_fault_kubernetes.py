@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetscope.rules.builtin.offline_preemption import OFFLINE_CPU
 from tests.test_live_accuracy import HOG, LIFETIME_S, ONLINE_WORKER, PINNED, _record
 
 pytestmark = pytest.mark.live
@@ -103,6 +104,16 @@ def _start_in(cgroup: Path, script: Path, *args) -> subprocess.Popen:
                             preexec_fn=enter)
 
 
+def _ticks(children: list[subprocess.Popen]) -> int:
+    """CPU ticks the children used so far (utime + stime of /proc/<pid>/stat)."""
+    total = 0
+    for child in children:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
 def _write(path: Path, text: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -162,10 +173,12 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
         time.sleep(2)
         assert all(child.poll() is None for child in children)
         began = time.monotonic()
+        offline_ticks = _ticks(children[1:])
         result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--json",
                                  "--config", str(config)], capture_output=True, text=True,
                                 timeout=300)
         wall = time.monotonic() - began
+        offline_cpus = (_ticks(children[1:]) - offline_ticks) / os.sysconf("SC_CLK_TCK") / wall
         # The same fault recorded: the bundle keeps the pods' names for its own diagnosis.
         bundle = tmp_path / "bundle"
         recorded = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
@@ -187,6 +200,13 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
              "primary": document["findings"][0]["rule"] if document["findings"] else None,
              "correct": bool(findings), "wall_seconds": round(wall, 2),
              "findings": [(f["rule"], f["severity"]) for f in document["findings"]]})
+    if not findings and offline_cpus < OFFLINE_CPU:
+        # Other work on this machine left the offline pod less CPU than the rule's threshold:
+        # the fault was not produced, so no verdict either way.
+        _record({"scenario": f"kubernetes-{driver}", "expected": "offline-preemption",
+                 "skipped": f"offline pod got {offline_cpus:.2f} CPUs"})
+        pytest.skip(f"the offline pod got {offline_cpus:.2f} CPUs beside other programs "
+                    f"(the fault needs {OFFLINE_CPU})")
     assert findings, [(f["rule"], f["summary"]) for f in document["findings"]]
     finding = findings[0]
     online_ref = f"{online['namespace']}/{online['pod']}/{online['container']}"
