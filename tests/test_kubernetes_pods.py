@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import strategies as st
 
 from fleetscope.bundle.read import open_bundle
 from fleetscope.bundle.record import record
@@ -21,6 +22,7 @@ from fleetscope.collectors.processes import pool_processes
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
 from tests.conftest import samples
+from tests.fuzzing import parser_fuzz_tests
 from tests.test_pools import collect, write, write_process
 
 # ---- real samples of each layout ---------------------------------------------------------
@@ -450,3 +452,20 @@ def test_pod_notes_say_what_the_kubelet_gave_each_pod(tmp_path):
     ctx = Enricher(pod_config(), (str(root),), (str(root),))
     assert "exclusive CPUs unknown: /var/lib/kubelet/cpu_manager_state not available" in \
         pods_module.pod_notes(ctx, [100])[0]
+
+
+FUZZED = {
+    "pod_cgroup": (kp.parse_pod_cgroup, CGROUP_SAMPLES[3][1]),
+    "cpu_manager_state": (kp.parse_cpu_manager_state,
+                          '{"policyName":"static","defaultCpuSet":"0-7,16-55","entries":'
+                          '{"b0e4cb0d-47b0-4ed3-b707-4baf7eb0875a":{"nf":"8-15,56-63"}},'
+                          '"checksum":2824956018}'),
+    "memory_manager_state": (kp.parse_memory_manager_state,
+                             '{"policyName":"Static","entries":{"u":{"c":[{"numaAffinity":'
+                             '[0],"type":"memory","size":1}]}},"checksum":1}'),
+    "oci_annotations": (kp.parse_oci_annotations,
+                        '{"annotations":{"io.kubernetes.pod.namespace":"batch",'
+                        '"io.kubernetes.pod.name":"etl","io.kubernetes.container.name":"c"}}'),
+}
+test_parsers_fuzzed, test_real_samples_cut_and_corrupted = parser_fuzz_tests(
+    FUZZED, st.sampled_from([s for _, s in FUZZED.values()]), examples=100)

@@ -211,7 +211,7 @@ def parse_oci_annotations(text: str) -> RuntimeNames | None:
     """
     try:
         spec = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ParseError("config.json: not JSON") from None
     annotations = spec.get("annotations") if isinstance(spec, dict) else None
     if not isinstance(annotations, dict):
@@ -237,7 +237,7 @@ class CpuManagerState(NamedTuple):
 def _checkpoint(text: str, what: str) -> dict:
     try:
         document = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ParseError(f"{what}: not JSON") from None
     if not isinstance(document, dict) or not isinstance(document.get("policyName"), str):
         raise ParseError(f"{what}: no policyName (not a kubelet checkpoint)")
@@ -308,6 +308,7 @@ def parse_memory_manager_state(text: str) -> MemoryManagerState:
             found: set[int] = set()
             for block in blocks if isinstance(blocks, list) else []:
                 affinity = block.get("numaAffinity") if isinstance(block, dict) else None
-                found.update(n for n in affinity or [] if isinstance(n, int))
+                if isinstance(affinity, list):
+                    found.update(n for n in affinity if isinstance(n, int))
             nodes.setdefault(str(uid).lower(), {})[str(name)] = frozenset(found)
     return MemoryManagerState(document["policyName"], nodes)
