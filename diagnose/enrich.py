@@ -149,6 +149,12 @@ class Enricher:
     def memory_manager(self):
         return pods.memory_manager(self.last, self.config)
 
+    def who(self, pid: int) -> str:
+        """`pid 123`, or `pod batch/etl-7f9c (BestEffort) pid 123` in a pod: how a summary
+        names a process."""
+        pod = self.pod(pid)
+        return f"{pod.title} pid {pid}" if pod is not None else f"pid {pid}"
+
     def describe(self, pid: int) -> str:
         """`pid 123 (fs_worker.py, pinned to CPU 1)`: the program, and its affinity when it is
         narrower than the node; `pod batch/etl-7f9c (BestEffort), pid 123 (...)` in a pod."""

@@ -469,3 +469,12 @@ FUZZED = {
 }
 test_parsers_fuzzed, test_real_samples_cut_and_corrupted = parser_fuzz_tests(
     FUZZED, st.sampled_from([s for _, s in FUZZED.values()]), examples=100)
+
+
+def test_summaries_name_a_process_by_its_pod(tmp_path):
+    from diagnose.enrich import Enricher
+
+    root = kube_tree(tmp_path)
+    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    assert ctx.who(200) == "pod batch/etl-7f9c (BestEffort) pid 200"
+    assert ctx.who(400) == "pid 400"  # sshd: in no pod, named as before
