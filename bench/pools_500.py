@@ -14,6 +14,12 @@ it adds `--threaded` Python processes of `--threads` sleeping threads each to th
 and measures again.
 
     python bench/pools_500.py [--processes 500] [--scrapes 20] [--threaded 10 --threads 100]
+    python bench/pools_500.py --pods [--processes 500]
+
+`--pods` puts each child in a pod of its own instead, laid out as the kubelet lays pods out on
+a cgroup v1 node (cpu controller: kubepods/[burstable|besteffort/]pod<uid>/<container id>),
+with each pod's log directory and log link under a temporary root, and pools matched by QoS
+class and namespace (needs root; every cgroup it makes is removed at the end).
 
 The children exit by themselves after 120 s and are killed when the bench ends. Prints the
 medians; exit 0 whatever they are (benchmarks report, tests assert behaviour).
@@ -22,11 +28,16 @@ medians; exit 0 whatever they are (benchmarks report, tests assert behaviour).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import secrets
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -48,6 +59,79 @@ def start_children(count: int) -> list[subprocess.Popen]:
         marker = f"fleetscope-bench-{POOLS[i % len(POOLS)]}"
         children.append(subprocess.Popen([marker, str(LIFETIME_SECONDS)], executable=sleep))
     return children
+
+
+KUBEPODS = Path("/sys/fs/cgroup/cpu/kubepods")
+QOS = ("guaranteed", "burstable", "besteffort")
+
+
+def start_pods(count: int, root: Path, made: list[Path]) -> list[subprocess.Popen]:
+    """`count` sleeping children, each the one container of its own pod (a third per QoS
+    class, namespaces bench-0 .. bench-9), with the pod's log directory and link under root."""
+    sleep = shutil.which("sleep")
+    children = []
+    for i in range(count):
+        qos, namespace = QOS[i % 3], f"bench-{i % 10}"
+        uid, container_id = str(uuid.uuid4()), secrets.token_hex(32)
+        pod, container = f"agent-{i}", "etl" if i % 2 else "agent"
+        parent = KUBEPODS if qos == "guaranteed" else KUBEPODS / qos
+        cgroup = parent / f"pod{uid}" / container_id
+        for directory in (KUBEPODS, parent, cgroup.parent, cgroup):
+            if not directory.exists():
+                directory.mkdir()
+                made.append(directory)
+        (root / f"var/log/pods/{namespace}_{pod}_{uid}/{container}").mkdir(parents=True)
+        (root / f"var/log/containers/{pod}_{namespace}_{container}-{container_id}.log").touch()
+        procs = str(cgroup / "cgroup.procs")
+
+        def enter(procs=procs) -> None:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+        children.append(subprocess.Popen(["fleetscope-bench-pod", str(LIFETIME_SECONDS)],
+                                         executable=sleep, preexec_fn=enter))
+    return children
+
+
+def pod_config(root: Path):
+    return parse_config({
+        "pools": [
+            {"name": "online", "class": "online", "match": {"qos": "guaranteed"}},
+            {"name": "cs", "class": "online",
+             "match": {"namespace": "bench-[1-4]", "qos": "burstable"}},
+            {"name": "batch", "class": "offline", "match": {"qos": "besteffort"}},
+            {"name": "analytics", "class": "offline",
+             "match": {"namespace": "bench-9", "container": "etl*"}}],
+        "kubernetes": {"pod_logs": f"{root}/var/log/pods",
+                       "container_logs": f"{root}/var/log/containers"}})
+
+
+def bench_pods(args) -> None:
+    if os.geteuid() != 0 or not (KUBEPODS.parent / "cgroup.procs").exists():
+        sys.exit(f"--pods needs root and the cgroup v1 cpu controller at {KUBEPODS.parent}")
+    made: list[Path] = []
+    children: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="fleetscope-bench-pods-") as tmp:
+        root = Path(tmp)
+        (root / "var/log/containers").mkdir(parents=True)
+        try:
+            children = start_pods(args.processes, root, made)
+            time.sleep(1.0)
+            times, matched, _ = measure(pod_config(root), args.scrapes)
+            print(f"pods: {args.processes}, pool processes matched: {matched:.0f}")
+            report(times)
+        finally:
+            for child in children:
+                child.kill()
+            for child in children:
+                child.wait()
+            for directory in reversed(made):
+                for _ in range(50):  # a killed task leaves its cgroup a moment later
+                    with contextlib.suppress(FileNotFoundError):
+                        try:
+                            directory.rmdir()
+                            break
+                        except OSError:
+                            time.sleep(0.1)
 
 
 THREADED = """
@@ -111,7 +195,12 @@ def main() -> None:
     parser.add_argument("--threaded", type=int, default=10,
                         help="multi-threaded processes added for the second measure (0: none)")
     parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--pods", action="store_true",
+                        help="each child a pod of its own, pools by QoS class and namespace")
     args = parser.parse_args()
+    if args.pods:
+        bench_pods(args)
+        return
     pools = [
         {"name": name, "class": name.rsplit("-", 1)[1],
          "match": {"cmdline": f"^fleetscope-bench-{name} "}}

@@ -69,6 +69,13 @@ class Collector:
     def __init__(self, config: Any):
         self.config = config
 
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        """Whether the exporter runs this collector when the config names no `collectors`:
+        one that only applies to some nodes (Kubernetes) says no where the config does not
+        ask for it, and costs such a node nothing."""
+        return True
+
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         raise NotImplementedError
 

@@ -2,9 +2,11 @@
 
 A process belongs to the first pool whose `match` it satisfies: `cgroup`, a glob on its
 cgroup path from /proc/<pid>/cgroup (`0::/kubepods.slice/online/agent-chat-7d9f`), or
-`cmdline`, a regex searched in its NUL-separated argv joined by spaces. Kernel threads (empty
-cmdline) match no cmdline pattern, and no cgroup glob either. Shared by the pools, numa and
-irq collectors, which export per pool, never per pid.
+`cmdline`, a regex searched in its NUL-separated argv joined by spaces, or the Kubernetes
+terms `namespace`, `pod`, `container` (globs) and `qos` together, on the pod the kubelet's
+cgroup layout places it in (collectors/pods.py: read only when a pool names such a term).
+Kernel threads (empty cmdline) match no cmdline pattern, and no cgroup glob either. Shared by
+the pools, numa and irq collectors, which export per pool, never per pid.
 
 A process may exit between the directory listing and the reads: it is skipped silently.
 """
@@ -18,10 +20,13 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from fleetscope.core.config import Pool
+from fleetscope.core.kubernetes_config import KubernetesPaths, glob_match
 
 from .base import NotAvailable, Scrape
 from .parsers import ParseError
+from .parsers.kubepods import PodCgroup, parse_pod_cgroup
 from .parsers.process import parse_cgroup, parse_cmdline, status_values
+from .pods import Pod, name_pod
 from .tasks import read_proc
 
 INTERPRETERS = re.compile(r"(python[0-9.]*|pypy[0-9.]*|node|java|ruby|perl|php|bash|sh|dash|"
@@ -59,26 +64,38 @@ class PoolProcess(NamedTuple):
     pool: Pool
     cmdline: str
     cgroup: str  # "" when no pool matches by cgroup (the file is then not read)
+    pod: Pod | None = None  # only looked up when a pool matches by Kubernetes terms
+
+
+def _pod_matches(pool: Pool, pod: Pod) -> bool:
+    return ((pool.qos is None or pool.qos == pod.qos)
+            and glob_match(pool.namespace_glob, pod.namespace)
+            and glob_match(pool.pod_glob, pod.name)
+            and glob_match(pool.container_glob, pod.container))
 
 
 class PoolMatcher:
     def __init__(self, pools: tuple[Pool, ...]):
         self.pools = pools
-        self.needs_cgroup = any(p.cgroup_glob for p in pools)
+        self.needs_pod = any(p.by_pod for p in pools)
+        self.needs_cgroup = any(p.cgroup_glob for p in pools) or self.needs_pod
         self._rules = [
             (
                 pool,
                 re.compile(fnmatch.translate(pool.cgroup_glob)) if pool.cgroup_glob else None,
                 re.compile(pool.cmdline_regex) if pool.cmdline_regex else None,
+                pool.by_pod,
             )
             for pool in pools
         ]
 
-    def match(self, cmdline: str, cgroup: str) -> Pool | None:
-        for pool, cgroup_pattern, cmdline_pattern in self._rules:
+    def match(self, cmdline: str, cgroup: str, pod: Pod | None = None) -> Pool | None:
+        for pool, cgroup_pattern, cmdline_pattern, by_pod in self._rules:
             if cgroup_pattern is not None and cgroup and cgroup_pattern.match(cgroup):
                 return pool
             if cmdline_pattern is not None and cmdline and cmdline_pattern.search(cmdline):
+                return pool
+            if by_pod and pod is not None and _pod_matches(pool, pod):
                 return pool
         return None
 
@@ -99,15 +116,15 @@ class _CgroupCache:
     was a third of the scan. Only live hosts use it: a recorded sample is read as it is."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[tuple[str, ...], str], tuple[str, str, float]] = {}
+        self.entries: dict[tuple[tuple[str, ...], str], tuple[str, object, float]] = {}
 
-    def get(self, key, cmdline: str, now: float) -> str | None:
+    def get(self, key, cmdline: str, now: float):
         entry = self.entries.get(key)
         if entry is None or entry[0] != cmdline or not 0 <= now - entry[2] < CGROUP_REREAD_S:
             return None
         return entry[1]
 
-    def put(self, key, cmdline: str, cgroup: str, now: float) -> None:
+    def put(self, key, cmdline: str, cgroup, now: float) -> None:
         self.entries[key] = (cmdline, cgroup, now)
 
     def keep(self, roots: tuple[str, ...], names: set[str]) -> None:
@@ -119,10 +136,17 @@ class _CgroupCache:
 _CGROUPS = _CgroupCache()
 
 
+def _read_cgroup(scrape: Scrape, name: str, needs_pod: bool) -> tuple[str, PodCgroup | None]:
+    text = read_proc(scrape, f"proc/{name}/cgroup", True)
+    return parse_cgroup(text), parse_pod_cgroup(text) if needs_pod else None
+
+
 def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     if not pools:
         return []
     matcher = matcher_for(pools)
+    # Where the pod names are: the config's `kubernetes:` paths, carried by its pod pools.
+    kubernetes = next((p.kubernetes for p in pools if p.kubernetes), None) or KubernetesPaths()
     cache = _CGROUPS if scrape.evidence.live and matcher.needs_cgroup else None
     found: list[PoolProcess] = []
     names = sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int)
@@ -131,21 +155,21 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
             cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline", True))
             # Kernel threads and zombies (empty cmdline) are no workload: their cgroup is not
             # read (a 128-core node has a thousand per-CPU kernel threads).
-            cgroup = ""
+            cgroup, in_pod = "", None
             if matcher.needs_cgroup and cmdline:
                 key = (scrape.roots, name)
                 cached = cache.get(key, cmdline, scrape.time) if cache else None
                 if cached is None:
-                    cgroup = parse_cgroup(read_proc(scrape, f"proc/{name}/cgroup", True))
+                    cached = _read_cgroup(scrape, name, matcher.needs_pod)
                     if cache:
-                        cache.put(key, cmdline, cgroup, scrape.time)
-                else:
-                    cgroup = cached
+                        cache.put(key, cmdline, cached, scrape.time)
+                cgroup, in_pod = cached
         except (NotAvailable, ParseError):
             continue  # exited while we looked, or a zombie
-        pool = matcher.match(cmdline, cgroup)
+        pod = name_pod(scrape, kubernetes, in_pod) if in_pod is not None else None
+        pool = matcher.match(cmdline, cgroup, pod)
         if pool is not None:
-            found.append(PoolProcess(int(name), pool, cmdline, cgroup))
+            found.append(PoolProcess(int(name), pool, cmdline, cgroup, pod))
     if cache:
         cache.keep(scrape.roots, set(names))
     return found

@@ -37,7 +37,8 @@ MISSING_HINTS = (
     ("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),
 )
 MAX_ALSO = 3  # label sets named in a merged finding's summary
-SUBJECT_KINDS = ("pids", "cgroups", "cpus", "numa_nodes", "interfaces", "devices", "binaries")
+SUBJECT_KINDS = ("pids", "cgroups", "cpus", "numa_nodes", "interfaces", "devices", "binaries",
+                 "pods")
 
 
 @dataclass

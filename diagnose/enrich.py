@@ -17,6 +17,7 @@ import json
 import logging
 import os
 
+from fleetscope.collectors import pods
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
@@ -65,6 +66,7 @@ class Enricher:
             return
         try:
             enrich(self, finding)
+            pods.add_pod_subjects((self.last, self.first), self.config, finding)
         except Exception:  # enrichment is a bonus: never lose the finding over it
             log.debug("enrichment of %s failed", finding.rule.id, exc_info=True)
 
@@ -134,9 +136,33 @@ class Enricher:
                 for pid, (ticks, cpu) in after.items() if pid != os.getpid()]
         return sorted((u for u in used if u[0] > 0), reverse=True)
 
+    # -- Kubernetes (diagnose/pods.py) ---------------------------------------------------
+    def pod(self, pid: int):
+        """The pod a process runs in (collectors/pods.py Pod), or None."""
+        return pods.process_pod(self.last, self.config, pid) or pods.process_pod(
+            self.first, self.config, pid)
+
+    def cpu_manager(self):
+        """(the kubelet's CPU manager checkpoint, "") or (None, why not)."""
+        return pods.cpu_manager(self.last, self.config)
+
+    def memory_manager(self):
+        return pods.memory_manager(self.last, self.config)
+
+    def who(self, pid: int) -> str:
+        """`pid 123`, or `pod batch/etl-7f9c (BestEffort) pid 123` in a pod: how a summary
+        names a process."""
+        pod = self.pod(pid)
+        return f"{pod.title} pid {pid}" if pod is not None else f"pid {pid}"
+
     def describe(self, pid: int) -> str:
         """`pid 123 (fs_worker.py, pinned to CPU 1)`: the program, and its affinity when it is
-        narrower than the node."""
+        narrower than the node; `pod batch/etl-7f9c (BestEffort), pid 123 (...)` in a pod."""
+        pod = self.pod(pid)
+        described = self._describe(pid)
+        return f"{pod.title}, {described}" if pod is not None else described
+
+    def _describe(self, pid: int) -> str:
         program = program_name(_read(self.last, f"proc/{pid}/cmdline", lambda t: t) or "")
         status = _read(self.last, f"proc/{pid}/status", parse_status) or {}
         allowed = status.get("Cpus_allowed_list", "")

@@ -92,7 +92,8 @@ def _finding(rule_id: str) -> dict:
                           "summary": "s", "cause": "c", "action": "a",
                           "runbook": f"runbooks/{rule_id}.md", "evidence": [],
                           "subjects": {k: [] for k in ("pids", "cgroups", "cpus", "numa_nodes",
-                                                       "interfaces", "devices", "binaries")}}],
+                                                       "interfaces", "devices", "binaries",
+                                                       "pods")}}],
             "not_evaluated": []}
 
 

@@ -209,6 +209,13 @@ def test_daemonset_runs_the_exporter_on_every_node_in_container_mode():
         assert mount["readOnly"] is True
         assert volumes[mount["name"]]["hostPath"]["path"] == host_path
     assert all(m.get("readOnly") for m in main["volumeMounts"])
+    # what names the pods: every path the config's kubernetes block reads is mounted
+    kubernetes = load_config(str(DEPLOY / "config.yaml")).kubernetes
+    for host_path in (kubernetes.pod_logs, kubernetes.container_logs, kubernetes.kubelet_root,
+                      *kubernetes.runtime_state):
+        mount = mounts[f"/host{host_path}"]
+        assert mount["readOnly"] is True, host_path
+        assert volumes[mount["name"]]["hostPath"]["path"] == host_path
     probe = main["readinessProbe"]["httpGet"]
     assert probe["path"] == "/metrics"
     port = next(p for p in main["ports"] if p["name"] == probe["port"])

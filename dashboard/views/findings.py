@@ -55,6 +55,8 @@ st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})"
 st.markdown(f"**Likely cause:** {finding['cause']}")
 st.markdown(f"**Action:** {finding['action']}")
 subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
+if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
+    st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
 if subjects:
     st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                            for k, v in subjects.items()))

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from fleetscope.bundle.commands import CommandOutputs
 from fleetscope.bundle.files import MAX_FILE_BYTES, copy_file, copy_globs
+from fleetscope.bundle.kubernetes import capture_pods
 from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.processes import pool_processes
@@ -154,6 +155,7 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
     for path in cgroups:
         for file_name in CGROUP_FILES:
             copy_file(root, f"sys/fs/cgroup{path}/{file_name}", destination)
+    capture_pods(root, destination, config, chosen, redactor or Redactor(config.redact))
     _capture_threads(root, destination, scrape, pool_members)
 
 

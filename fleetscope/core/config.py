@@ -18,6 +18,7 @@ before anything walks or serialises it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import os
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
 
 
 class ConfigError(ValueError):
@@ -43,6 +46,16 @@ class Pool:
     workload_class: str  # "online" or "offline"
     cgroup_glob: str | None = None
     cmdline_regex: str | None = None
+    # Kubernetes terms, all of them holding at once (fleetscope/core/kubernetes_config.py)
+    namespace_glob: str | None = None
+    pod_glob: str | None = None
+    container_glob: str | None = None
+    qos: str | None = None  # guaranteed | burstable | besteffort
+    kubernetes: KubernetesPaths | None = None  # where a pod pool's names are read
+
+    @property
+    def by_pod(self) -> bool:
+        return any((self.namespace_glob, self.pod_glob, self.container_glob, self.qos))
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,7 @@ class Config:
     # BLPOP/XREADGROUP there is idle, not blocked in an external call.
     work_queue_peers: tuple[str, ...] = ()
     redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.bundle.redact)
+    kubernetes: KubernetesPaths = KubernetesPaths()  # where the node's pod evidence is
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 
@@ -98,6 +112,7 @@ _KNOWN_KEYS = {
     "blocked_call_seconds",
     "work_queue_peers",
     "redact",
+    "kubernetes",
 }
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
@@ -184,12 +199,14 @@ def _pool(index: int, raw: Any) -> Pool:
         raise ConfigError(f"{where}.name must be a non-empty string")
     if workload_class not in ("online", "offline"):
         raise ConfigError(f"{where}.class must be 'online' or 'offline', got {workload_class!r}")
-    if not isinstance(match, dict) or not (set(match) & {"cgroup", "cmdline"}):
-        raise ConfigError(f"{where}.match needs a 'cgroup' glob or a 'cmdline' regex")
-    unknown = set(match) - {"cgroup", "cmdline"}
+    unknown = set(match) - MATCH_KEYS if isinstance(match, dict) else set()
     if unknown:
         raise ConfigError(f"{where}.match has unknown keys: "
-                          f"{', '.join(sorted(map(str, unknown)))}")
+                          f"{', '.join(sorted(map(str, unknown)))} "
+                          f"(known: {', '.join(sorted(MATCH_KEYS))})")
+    if not isinstance(match, dict) or not (set(match) & MATCH_KEYS):
+        raise ConfigError(f"{where}.match needs a 'cgroup' glob, a 'cmdline' regex or "
+                          "Kubernetes terms (namespace, pod, container, qos)")
     for key in ("cgroup", "cmdline"):
         if key in match and not isinstance(match[key], str):
             raise ConfigError(f"{where}.match.{key} must be a string")
@@ -198,7 +215,8 @@ def _pool(index: int, raw: Any) -> Pool:
             re.compile(match["cmdline"])
         except re.error as err:
             raise ConfigError(f"{where}.match.cmdline is not a valid regex: {err}") from None
-    return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"))
+    return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"),
+                **pod_terms(where, match))
 
 
 def _with_near_key(key: str, known) -> str:
@@ -276,6 +294,8 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
             )
         collectors = tuple(collectors)
     check_bounded(raw)  # after the key checks: an unknown key is the clearer message
+    paths = kubernetes_paths(raw.get("kubernetes"))
+    pools = tuple(dataclasses.replace(p, kubernetes=paths) if p.by_pod else p for p in pools)
     return Config(
         per_core=per_core,
         busy_interval_min_seconds=_number(raw, "busy_interval_min_seconds", 5.0, 0.0, 3600.0),
@@ -296,6 +316,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         blocked_call_seconds=_number(raw, "blocked_call_seconds", 30.0, 0.0, 86400.0),
         work_queue_peers=_work_queue_peers(raw),
         redact=tuple(redact),
+        kubernetes=paths,
         raw=raw,
     )
 

@@ -47,7 +47,7 @@ def enrich(ctx, finding) -> None:
     finding.subjects["pids"] = [pid for _, pid in young[:MAX_SUBJECTS]]
     if young:
         finding.extra_summary = "started in the last 5 minutes: " + ", ".join(
-            f"pid {pid} ({units.duration(age)} ago)" for age, pid in young[:3])
+            f"{ctx.who(pid)} ({units.duration(age)} ago)" for age, pid in young[:3])
 
 
 def scenario(k):

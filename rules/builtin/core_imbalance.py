@@ -8,6 +8,8 @@ saturated CPUs and the processes on them, pinned there (affinity) or not.
 
 from __future__ import annotations
 
+from fleetscope.collectors.pods import pod_notes
+
 from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import PSI_CPU, SATURATED_CORE, SATURATED_CORES, busy_ratio, busy_ratio_over_window
@@ -48,6 +50,10 @@ def enrich(ctx, finding) -> None:
         finding.extra_summary += " - the busy tasks are pinned: fix their affinity"
     elif described:
         finding.extra_summary += " - the busy tasks are not all pinned"
+    # On Kubernetes: the CPUs the kubelet gave the busy pods (its CPU manager checkpoint).
+    notes = pod_notes(ctx, [pid for _, pid in on_hot[:3]])
+    if notes:
+        finding.extra_summary += "; " + "; ".join(notes)
 
 
 def scenario(k):

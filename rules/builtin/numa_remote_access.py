@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fleetscope.collectors.parsers.process import parse_numa_maps, parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
+from fleetscope.collectors.pods import pod_notes
 from fleetscope.collectors.shared import numa_node_cpus
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
@@ -46,6 +47,10 @@ def enrich(ctx, finding) -> None:
     remote_by_pid.sort(reverse=True)
     finding.subjects["pids"] = [pid for _, pid in remote_by_pid[:MAX_SUBJECTS]]
     finding.subjects["numa_nodes"] = sorted(remote_nodes)
+    # On Kubernetes: each pod's exclusive CPUs and the NUMA nodes the memory manager chose.
+    notes = pod_notes(ctx, finding.subjects["pids"], memory=True)
+    if notes:
+        finding.extra_summary = "; ".join(filter(None, [finding.extra_summary, *notes]))
 
 
 def scenario(k):

@@ -4,12 +4,14 @@ online agents on the same node.
 Condition: the online pool's run-queue delay per process above 50 ms a second while the
 offline pools use more than a quarter CPU, or while steal is high on most cores.
 Enrichment: the antagonists, the offline processes that used the most CPU, with their
-cgroups and CPUs.
+cgroups and CPUs; on Kubernetes, their pods and the online pods, and whether the kubelet's
+CPU manager gave the online pods exclusive CPUs (and the offline pods ran on them).
 """
 
 from __future__ import annotations
 
-from fleetscope.collectors.parsers.process import parse_pid_stat
+from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
+from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import program_name
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
@@ -54,13 +56,60 @@ def enrich(ctx, finding) -> None:
         if cpu not in finding.subjects["cpus"]:
             finding.subjects["cpus"].append(cpu)
     if usage and usage[0][0] > 0:
-        finding.extra_summary = f"antagonists: {antagonist_names(usage[:2])}"
+        finding.extra_summary = f"antagonists: {antagonist_names(usage[:2], ctx.pod)}"
+    _kubelet_cpus(ctx, finding, [(process, cpu) for used, process, cpu in usage[:MAX_SUBJECTS]
+                                 if used > 0])
 
 
-def antagonist_names(usage) -> str:
-    """The antagonists by program and pid: never their arguments, where secrets live (an
-    agent started with --api-key=... must not print it in a ticket)."""
-    return ", ".join(f"{program_name(p.cmdline) or p.pid} (pid {p.pid})" for _, p, _ in usage)
+def antagonist_names(usage, pod_of=lambda pid: None) -> str:
+    """The antagonists by pod (`pod batch/etl-7f9c (BestEffort)`), else by program and pid:
+    never their arguments, where secrets live (an agent started with --api-key=... must not
+    print it in a ticket)."""
+    names = []
+    for _, p, _ in usage:
+        pod = pod_of(p.pid)
+        names.append(pod.title if pod is not None else
+                     f"{program_name(p.cmdline) or p.pid} (pid {p.pid})")
+    return ", ".join(dict.fromkeys(names))
+
+
+def _kubelet_cpus(ctx, finding, antagonists) -> None:
+    """On a Kubernetes node: the online pods, whether the kubelet gave them exclusive CPUs,
+    and whether the offline pods ran on those CPUs (diagnose/pods.py)."""
+    from fleetscope.collectors.pods import cpulist, describe_cpus, exclusive_cpus
+
+    online = {}
+    for process in ctx.pool_members(ctx.last, finding.labels.get("pool"), "online"):
+        pod = ctx.pod(process.pid)
+        if pod is not None:
+            online.setdefault(pod.ref, pod)
+    if not online:
+        return
+    state, why = ctx.cpu_manager()
+    notes = [f"online {pod.title}: {describe_cpus(state, why, pod)}"
+             for pod in list(online.values())[:3]]
+    for ref in online:
+        if ref not in finding.subjects["pods"] and "/" in ref:
+            finding.subjects["pods"].append(ref)
+    if state is not None:
+        guarded = frozenset().union(*(exclusive_cpus(state, p) for p in online.values()))
+        # Exclusive only if the offline work cannot run there: its affinity (the cpuset the
+        # kubelet gives shared-pool containers) must leave those CPUs out.
+        intruders: set[int] = set()
+        for process, cpu in antagonists:
+            status = ctx.read(ctx.last, f"proc/{process.pid}/status", parse_status) or {}
+            allowed = parse_cpulist(status.get("Cpus_allowed_list", "")) or [cpu]
+            intruders.update(guarded.intersection([*allowed, cpu]))
+        with_cpus = sum(1 for p in online.values() if exclusive_cpus(state, p))
+        finding.evidence.append({
+            "signal": "online containers with exclusive CPUs (kubelet CPU manager)",
+            "value": with_cpus, "threshold": len(online), "unit": "containers"})
+        if guarded and intruders:
+            notes.append(f"offline work runs on their exclusive CPUs {cpulist(intruders)} "
+                         "(its CPU affinity includes them: not confined to the shared pool)")
+        elif guarded:
+            notes.append("offline work stays off their exclusive CPUs")
+    finding.extra_summary = "; ".join(filter(None, [finding.extra_summary, *notes]))
 
 
 def scenario(k):

@@ -42,7 +42,7 @@ def enrich(ctx, finding) -> None:
     finding.subjects["pids"] = [pid for _, pid in top]
     if top:
         finding.extra_summary = "most threads: " + ", ".join(
-            f"pid {pid} ({n})" for n, pid in top[:3])
+            f"{ctx.who(pid)} ({n})" for n, pid in top[:3])
 
 
 def scenario(k):

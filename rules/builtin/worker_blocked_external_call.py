@@ -69,7 +69,7 @@ def enrich(ctx, finding) -> None:
             parts = [stack.blocking_call.split("  [")[0]] + stack.frames[:1]
             frame = " in ".join(part for part in parts if part)
         peer = wait.peer or "an unconnected TCP socket"
-        text = (f"pid {wait.pid} thread {wait.tid} in {wait.call}() on {peer} "
+        text = (f"{ctx.who(wait.pid)} thread {wait.tid} in {wait.call}() on {peer} "
                 f"for {units.duration(seconds)}" + (f" at {frame}" if frame else ""))
         described.append(text)
         finding.evidence.append({
