@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import ParseError, parse_int
+from .cgroup import parse_hierarchies
 
 
 class ProcStat(NamedTuple):
@@ -107,16 +108,10 @@ def parse_cgroup(text: str) -> str:
     '/batch'
     """
     v1_cpu = None
-    for line in text.splitlines():
-        if not line:
-            continue
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            raise ParseError(f"/proc/<pid>/cgroup: malformed line {line[:40]!r}")
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
+    for hierarchy, controllers, path in parse_hierarchies(text):
+        if hierarchy == "0" and not controllers:
             return path
-        if "cpu" in controllers.split(","):
+        if "cpu" in controllers:
             v1_cpu = path
     if v1_cpu is None:
         raise ParseError("/proc/<pid>/cgroup: no v2 or cpu controller line")
