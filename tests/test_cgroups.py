@@ -24,7 +24,8 @@ from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.cgroups import cgroup_mounts, locate, parse_mountinfo_cgroups
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.cgroup import parse_hierarchies, parse_pids
-from fleetscope.rules.builtin.pid_exhaustion import fork_rejections
+from fleetscope.collectors.parsers.pids_log import fork_rejections
+from fleetscope.core.exposition import render
 from tests.test_pools import LIMITS_REAL, STAT_REAL, STATUS_REAL, collect, pools_exporter
 
 THIS_MACHINE_MOUNTINFO = """\
@@ -230,3 +231,22 @@ def test_fork_rejected_lines_as_the_kernel_and_the_tools_print_them():
         ("/user.slice/user-1000.slice/session-1.scope", None),
         ("/fs-hcgroup-pids-1", 5667.545996),
     ]
+
+
+def test_fork_rejected_lines_become_per_cgroup_counts_and_times(tmp_path):
+    from fleetscope.core.config import parse_config
+    from fleetscope.exporter import Exporter
+    from tests.conftest import samples
+
+    _write(tmp_path / "proc/stat", "cpu  1 0 1 100 0 0 0 0 0 0\nbtime 1764880000\n")
+    _write(tmp_path / "dmesg.txt",
+           "[  100.250000] cgroup: fork rejected by pids controller in /kubepods/pod-a\n"
+           "[  812.500000] cgroup: fork rejected by pids controller in /kubepods/pod-b\n"
+           "[  900.000000] cgroup: fork rejected by pids controller in /kubepods/pod-a\n")
+    config = parse_config({"collectors": ["fork_limits"]}, ("fork_limits",))
+    got = samples(render(Exporter(str(tmp_path), config).collect(now=1764881000.0)))
+    assert got['fleetscope_pids_fork_rejected_total{cgroup="/kubepods/pod-a"}'] == 2
+    assert got['fleetscope_pids_fork_rejected_last_timestamp_seconds'
+               '{cgroup="/kubepods/pod-a"}'] == 1764880900.0
+    assert got['fleetscope_pids_fork_rejected_last_timestamp_seconds'
+               '{cgroup="/kubepods/pod-b"}'] == 1764880812.5

@@ -213,7 +213,8 @@ def test_cgroup_fault_diagnosed_live(scenario, tmp_path):
     assert primary == scenario.expect, summary
     assert not false_alarms, (false_alarms, summary)
     if scenario.expect is None:
-        assert document["status"] == "ok" and code == 0, summary
+        if not busy_machine:  # a saturated machine is rightly not "ok"
+            assert document["status"] == "ok" and code == 0, summary
         return
     finding = judged[0]
     # The finding names the pool and the test's own cgroup (its path as the process sees it).

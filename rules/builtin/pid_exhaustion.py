@@ -8,20 +8,21 @@ bound of it). Evidence beside: the node's threads against kernel.threads-max and
 kernel.pid_max (every thread takes a pid). Enrichment: the cgroup, its limit and count, and
 the kernel's `cgroup: fork rejected by pids controller in <path>` line (kernel/cgroup/
 pids.c pids_event(), printed once per cgroup, at its first refusal), inside the look-back
-or earlier.
+or earlier. That line alone (a cgroup no pool names) is a warning inside the look-back and
+information after it, as SIGILLs are for isa-mismatch.
 """
 
 from __future__ import annotations
 
-import re
 import time
 
 from fleetscope.collectors.cgroups import process_cgroups
 from fleetscope.collectors.parsers.cgroup import parse_pids
+from fleetscope.collectors.parsers.pids_log import fork_rejections
 from fleetscope.core import units
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
-from ..promql import Max, Min, Rate, Selector, Sum
+from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..promql import Max, Min, Rate, Recent, Selector, Sum, Time
 from ..signals import POOL
 
 RANK = 2.5  # beside fd-exhaustion, the other per-process limit
@@ -35,40 +36,14 @@ _PIDS_SHARE = Max(Selector("fleetscope_pool_cgroup_pids_usage_ratio"), by=POOL)
 _NPROC_SHARE = (Max(Selector("fleetscope_pool_threads"), by=POOL)
                 / Min(Selector("fleetscope_pool_nproc_limit"), by=POOL))
 _NODE_THREADS = Max(Selector("fleetscope_threads"), by=NODE)
+# The kernel's line for a cgroup no pool names (or a node without pools): an event, bounded
+# in time as SIGILLs are (isa-mismatch): a warning inside the look-back, information after.
+_FORK_LOG_AGE = Time() - Max(
+    Selector("fleetscope_pids_fork_rejected_last_timestamp_seconds"), by=(*NODE, "cgroup"))
 
 
 def _node_share(sysctl: str):
     return _NODE_THREADS / Min(Selector("fleetscope_sysctl", {"name": sysctl}), by=NODE)
-
-
-# "[ 5667.545996] cgroup: fork rejected by pids controller in /user.slice/session-6.scope"
-# (dmesg), or the same message in a /dev/kmsg record or a journal line.
-_FORK_REJECTED = re.compile(
-    r"(?:\[\s*(?P<seconds>[0-9]{1,12}\.[0-9]{1,9})\]\s*)?(?:.*;)?"
-    r"cgroup: fork rejected by pids controller in (?P<path>/\S{0,4096})")
-_KMSG_TIME = re.compile(r"[0-9]{1,3},[0-9]{1,20},(?P<usec>[0-9]{1,20}),")
-
-
-def fork_rejections(text: str) -> list[tuple[str, float | None]]:
-    """(cgroup path, seconds since boot or None) of each fork-rejected line of a kernel log.
-
-    >>> fork_rejections("[13964.753718] cgroup: fork rejected by pids controller in "
-    ...                 "/user.slice/user-1000.slice/session-7.scope\\n")
-    [('/user.slice/user-1000.slice/session-7.scope', 13964.753718)]
-    """
-    found = []
-    for line in text.splitlines():
-        if "fork rejected by pids controller" not in line:
-            continue
-        match = _FORK_REJECTED.search(line)
-        if not match:
-            continue
-        seconds = float(match.group("seconds")) if match.group("seconds") else None
-        kmsg = _KMSG_TIME.match(line)
-        if seconds is None and kmsg:
-            seconds = int(kmsg.group("usec")) / 1e6
-        found.append((match.group("path"), seconds))
-    return found
 
 
 def _boot_time(ctx) -> float | None:
@@ -153,6 +128,12 @@ RULE = Rule(
            "-u / LimitNPROC=, kernel.pid_max) with 2-3x headroom over real concurrency",
     summary="pool {pool}: new threads and processes refused at a task limit",
     condition=(_REFUSED > 0) | (_PIDS_SHARE > TASKS_SHARE) | (_NPROC_SHARE > TASKS_SHARE),
+    tiers=(Tier("warning", Recent(_FORK_LOG_AGE, FORK_LOG_LOOKBACK),
+                "the pids controller refused forks in cgroup {cgroup}, {value:duration} "
+                "before the window's end (kernel log)"),
+           Tier("info", _FORK_LOG_AGE >= 0,
+                "earlier refused forks in cgroup {cgroup}, the last {value:duration} before "
+                "the window's end (kernel log)")),
     evidence=(
         Evidence("forks refused by the pool's pids.max in the window (pids.events max)",
                  _REFUSED, 0, "forks"),
@@ -168,6 +149,8 @@ RULE = Rule(
                  TASKS_SHARE, "ratio"),
         Evidence("node threads over kernel.pid_max", _node_share("kernel.pid_max"),
                  TASKS_SHARE, "ratio"),
+        Evidence("seconds since the kernel logged a refused fork", _FORK_LOG_AGE,
+                 FORK_LOG_LOOKBACK, "s", pick="min"),
     ),
     confidence=0.9,
     for_seconds=0,  # refused forks are failures now, not a trend to wait for
