@@ -29,46 +29,50 @@ from .parsers.pids_log import fork_rejections
 MAX_CGROUPS = 20
 
 
+class _LiveLog:
+    """/dev/kmsg under a root, opened at first use and reopened when the root changes or a
+    read fails."""
+
+    def __init__(self) -> None:
+        self.kmsg: _Kmsg | None = None
+
+    def read_new(self, path: str) -> str:
+        if self.kmsg is not None and self.kmsg.path != path:
+            self.close()
+        try:
+            if self.kmsg is None:
+                self.kmsg = _Kmsg(path)
+            return self.kmsg.read_new()
+        except OSError as err:
+            self.close()
+            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+
+    def close(self) -> None:
+        if self.kmsg is not None:
+            self.kmsg.close()
+            self.kmsg = None
+
+    __del__ = close
+
+
 class ForkLimitsCollector(Collector):
     name = "fork_limits"
 
     def __init__(self, config):
         super().__init__(config)
         self._lock = threading.Lock()
-        self._kmsg: _Kmsg | None = None
+        self._log = _LiveLog()
         self._counts: dict[str, int] = {}  # live: lines since the start, per cgroup
         self._last: dict[str, float] = {}
 
     def close(self) -> None:
         with self._lock:
-            if self._kmsg is not None:
-                self._kmsg.close()
-                self._kmsg = None
-
-    def __del__(self):
-        kmsg = getattr(self, "_kmsg", None)
-        if kmsg is not None:
-            kmsg.close()
-
-    def _live_text(self, scrape: Scrape) -> str:
-        path = scrape.path(KMSG)
-        if self._kmsg is not None and self._kmsg.path != path:
-            self._kmsg.close()
-            self._kmsg = None
-        try:
-            if self._kmsg is None:
-                self._kmsg = _Kmsg(path)
-            return self._kmsg.read_new()
-        except OSError as err:
-            if self._kmsg is not None:
-                self._kmsg.close()
-                self._kmsg = None
-            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+            self._log.close()
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with self._lock:
             try:
-                text, source = self._live_text(scrape), KMSG
+                text, source = self._log.read_new(scrape.path(KMSG)), KMSG
                 counts, last = self._counts, self._last
             except NotAvailable as kmsg_error:
                 try:
