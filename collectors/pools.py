@@ -86,7 +86,7 @@ from .parsers.process import (
     status_int,
 )
 from .parsers.procfs import parse_pressure
-from .processes import pool_processes, process_status
+from .processes import CGROUP_REREAD_S, pool_processes, process_status
 from .shared import proc_stat
 from .tasks import (
     SLEEPING,
@@ -355,6 +355,9 @@ class PoolsCollector(Collector):
         self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
         self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
         self._pid_hits = MonotonicSums(True)
+        # (pid, starttime) -> (its /proc/<pid>/cgroup lines, when read): live hosts only
+        self._hierarchies: dict[Hashable, tuple[list, float]] = {}
+        self._hierarchies_next: dict[Hashable, tuple[list, float]] = {}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
@@ -443,9 +446,10 @@ class PoolsCollector(Collector):
                     worst = acc.worst_fd
                     if worst is None or (ratio, fds) > (worst[0], worst[1]):
                         acc.worst_fd = (ratio, fds, limit)
-            self._locate_cgroups(scrape, process, acc, t_cgroup)
+            self._locate_cgroups(scrape, process, key, acc, t_cgroup)
         self._parked, self._parked_next = self._parked_next, {}
         self._tasks, self._tasks_next = self._tasks_next, {}
+        self._hierarchies, self._hierarchies_next = self._hierarchies_next, {}
         waited = self._waits.observe(waits, scrape.time)
         for thread, seconds in waited.items():
             acc = state[wait_pool[thread]]
@@ -511,12 +515,17 @@ class PoolsCollector(Collector):
         families.extend(self._cgroups(scrape, state, pool_labels, now))
         return families
 
-    @staticmethod
-    def _locate_cgroups(scrape: Scrape, process, acc: _PoolState, tally: SourceTally) -> None:
+    def _locate_cgroups(self, scrape: Scrape, process, key: tuple, acc: _PoolState,
+                        tally: SourceTally) -> None:
         """The process's cpu (and v1 cpuacct) and pids directories, v1 or v2."""
         mounts = cgroup_mounts(scrape)
+        cached = self._hierarchies.get(key) if scrape.evidence.live else None
         if process.cgroup and not mounts.v1:  # v2 only: the matcher's path is the one
             hierarchies = [("0", (), process.cgroup)]
+        elif cached is not None and 0 <= scrape.time - cached[1] < CGROUP_REREAD_S:
+            hierarchies = cached[0]  # a live process's cgroups, read not long ago
+            self._hierarchies_next[key] = cached
+            tally.ok += 1
         else:
             try:
                 hierarchies = parse_hierarchies(
@@ -525,6 +534,7 @@ class PoolsCollector(Collector):
             except (NotAvailable, ParseError) as err:
                 tally.fail(err)
                 return
+            self._hierarchies_next[key] = (hierarchies, scrape.time)
         cpu = locate(mounts, hierarchies, "cpu")
         if cpu is not None and _usable_cgroup(cpu.path) and cpu.directory not in acc.cgroups:
             cpuacct = locate(mounts, hierarchies, "cpuacct") if cpu.version == 1 else None

@@ -250,3 +250,17 @@ def test_fork_rejected_lines_become_per_cgroup_counts_and_times(tmp_path):
                '{cgroup="/kubepods/pod-a"}'] == 1764880900.0
     assert got['fleetscope_pids_fork_rejected_last_timestamp_seconds'
                '{cgroup="/kubepods/pod-b"}'] == 1764880812.5
+
+
+def test_a_pool_matched_by_cgroup_on_a_hybrid_host_uses_the_v1_path():
+    """This machine's own /proc/<pid>/cgroup: the v2 line is the root ("0::/", the unified
+    hierarchy holds no controller), the workload's cgroup is in the v1 lines."""
+    from fleetscope.collectors.parsers.process import parse_cgroup
+
+    assert parse_cgroup(THIS_MACHINE_CGROUP) == "/fs-hcgroup-manual-5364"
+    assert parse_cgroup("1:cpu:/batch\n0::/system.slice/agent.service\n") == \
+        "/system.slice/agent.service"  # a v2 path of its own is the process's cgroup
+    assert parse_cgroup("0::/\n") == "/"
+    # the live pid-exhaustion worker: in a pids cgroup only, cpu at the root
+    assert parse_cgroup("9:name=systemd:/user.slice\n8:pids:/fs-hcgroup-pids-1\n1:cpu:/\n"
+                        "0::/\n") == "/fs-hcgroup-pids-1"
