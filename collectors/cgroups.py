@@ -100,6 +100,11 @@ def parse_mountinfo_cgroups(text: str) -> Mounts:
 
 def _listed_mounts(scrape: Scrape) -> Mounts:
     """Without mountinfo: the conventional layout found by listing sys/fs/cgroup."""
+    try:  # a v2 root has its own files: no listing needed
+        scrape.read_text(f"{CGROUP_DIR}/cgroup.controllers")
+        return Mounts({}, Mount(CGROUP_DIR, "/"))
+    except NotAvailable:
+        pass
     try:
         names = set(scrape.listdir(CGROUP_DIR))
     except NotAvailable:
@@ -116,16 +121,28 @@ def _listed_mounts(scrape: Scrape) -> Mounts:
     return Mounts(v1, unified or Mount(CGROUP_DIR, "/"))
 
 
+# A live host's cgroup mounts are read again after this long (mountinfo is generated on
+# every read, and a Kubernetes node's has hundreds of lines; cgroup mounts do not move).
+MOUNTS_REREAD_S = 60.0
+_LIVE_MOUNTS: dict[tuple[str, ...], tuple[float, Mounts]] = {}
+
+
 def cgroup_mounts(scrape: Scrape) -> Mounts:
-    """The cgroup mounts seen by the reader, once per scrape."""
+    """The cgroup mounts seen by the reader, once per scrape (live: once a minute)."""
     def read() -> Mounts:
+        live = scrape.evidence.live
+        cached = _LIVE_MOUNTS.get(scrape.roots) if live else None
+        if cached is not None and 0 <= scrape.time - cached[0] < MOUNTS_REREAD_S:
+            return cached[1]
         try:
             mounts = parse_mountinfo_cgroups(scrape.read_text(MOUNTINFO))
-            if mounts.v1 or mounts.v2:
-                return mounts
         except NotAvailable:
-            pass
-        return _listed_mounts(scrape)
+            mounts = Mounts({}, None)
+        if not (mounts.v1 or mounts.v2):
+            mounts = _listed_mounts(scrape)
+        if live:
+            _LIVE_MOUNTS[scrape.roots] = (scrape.time, mounts)
+        return mounts
     return scrape.memo("cgroup_mounts", read)
 
 

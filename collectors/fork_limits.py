@@ -82,11 +82,14 @@ class ForkLimitsCollector(Collector):
                         False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
                     return
                 counts, last = {}, {}  # the whole log each time: counted afresh
-            try:
-                boot = boot_time(scrape.read_text("proc/stat"))
-            except (NotAvailable, ParseError):
-                boot = None
-            for path, seconds in fork_rejections(text):
+            rejected = fork_rejections(text) if "fork rejected" in text else []
+            boot = None
+            if rejected:
+                try:
+                    boot = boot_time(scrape.read_text("proc/stat"))
+                except (NotAvailable, ParseError):
+                    pass
+            for path, seconds in rejected:
                 counts[path] = counts.get(path, 0) + 1
                 if boot is not None and seconds is not None:
                     last[path] = max(last.get(path, 0.0), boot + seconds)

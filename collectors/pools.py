@@ -179,23 +179,30 @@ def open_fds(scrape: Scrape, pid: int) -> int:
     return parse_int(scrape.read_text(f"proc/{pid}/fd_count").strip(), f"/proc/{pid}/fd_count")
 
 
+NOFILE, NPROC = "Max open files", "Max processes"
+
+
 def nofile_soft_limit(text: str) -> int | None:
     """The soft RLIMIT_NOFILE from /proc/<pid>/limits text (None: unlimited)."""
-    return soft_limit(text, "Max open files")
+    limits = soft_limits(text, (NOFILE,))
+    if NOFILE not in limits:
+        raise ParseError(f"/proc/<pid>/limits: no well-formed {NOFILE!r} row")
+    return limits[NOFILE]
 
 
-def soft_limit(text: str, row: str) -> int | None:
-    """One soft limit from /proc/<pid>/limits text (None: unlimited); only the header and
-    that row go through the parser."""
-    start = text.find(f"\n{row}")
-    if start < 0:
-        raise ParseError(f"/proc/<pid>/limits: no {row!r} row")
-    end = text.find("\n", start + 1)
-    header = text[: text.find("\n")]
-    limits = parse_limits(header + text[start: end if end >= 0 else len(text)])
-    if row not in limits:
-        raise ParseError(f"/proc/<pid>/limits: malformed {row!r} row")
-    return limits[row][0]
+def soft_limits(text: str, rows: tuple[str, ...]) -> dict[str, int | None]:
+    """The soft limits of `rows` found in /proc/<pid>/limits text (None: unlimited); only
+    the header and those rows go through the parser, in one call."""
+    kept = [text[: text.find("\n")]]
+    for row in rows:
+        start = text.find(f"\n{row}")
+        if start >= 0:
+            end = text.find("\n", start + 1)
+            kept.append(text[start + 1: end if end >= 0 else len(text)])
+    if len(kept) == 1:
+        return {}
+    limits = parse_limits("\n".join(kept))
+    return {row: limits[row][0] for row in rows if row in limits}
 
 
 class MonotonicSums:
@@ -355,9 +362,9 @@ class PoolsCollector(Collector):
         self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
         self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
         self._pid_hits = MonotonicSums(True)
-        # (pid, starttime) -> (its /proc/<pid>/cgroup lines, when read): live hosts only
-        self._hierarchies: dict[Hashable, tuple[list, float]] = {}
-        self._hierarchies_next: dict[Hashable, tuple[list, float]] = {}
+        # (pid, starttime) -> (when read, its cpu and pids locations): live hosts only
+        self._located: dict[Hashable, tuple] = {}
+        self._located_next: dict[Hashable, tuple] = {}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
@@ -422,14 +429,17 @@ class PoolsCollector(Collector):
                 self._threads(scrape, pid, key, pool, acc, voluntary, nonvoluntary,
                               thread_delay, waits, wait_pool, t_task, t_syscall)
             try:
-                limits_text = read_proc(scrape, f"{base}/limits", True)
-                limit = nofile_soft_limit(limits_text)
+                limits = soft_limits(read_proc(scrape, f"{base}/limits", True),
+                                     (NOFILE, NPROC))
+                if NOFILE not in limits:
+                    raise ParseError(f"/proc/{pid}/limits: no well-formed {NOFILE!r} row")
             except (NotAvailable, ParseError) as err:
                 t_limits.fail(err)
             else:
                 t_limits.ok += 1
-                with contextlib.suppress(ParseError):  # a kernel without the row: no verdict
-                    nproc = soft_limit(limits_text, "Max processes")
+                limit = limits[NOFILE]
+                if NPROC in limits:
+                    nproc = limits[NPROC]
                     nproc_bound = float("inf") if nproc is None else float(nproc)
                     if acc.nproc_min is None or nproc_bound < acc.nproc_min:
                         acc.nproc_min = nproc_bound
@@ -449,7 +459,7 @@ class PoolsCollector(Collector):
             self._locate_cgroups(scrape, process, key, acc, t_cgroup)
         self._parked, self._parked_next = self._parked_next, {}
         self._tasks, self._tasks_next = self._tasks_next, {}
-        self._hierarchies, self._hierarchies_next = self._hierarchies_next, {}
+        self._located, self._located_next = self._located_next, {}
         waited = self._waits.observe(waits, scrape.time)
         for thread, seconds in waited.items():
             acc = state[wait_pool[thread]]
@@ -517,30 +527,40 @@ class PoolsCollector(Collector):
 
     def _locate_cgroups(self, scrape: Scrape, process, key: tuple, acc: _PoolState,
                         tally: SourceTally) -> None:
-        """The process's cpu (and v1 cpuacct) and pids directories, v1 or v2."""
-        mounts = cgroup_mounts(scrape)
-        cached = self._hierarchies.get(key) if scrape.evidence.live else None
-        if process.cgroup and not mounts.v1:  # v2 only: the matcher's path is the one
-            hierarchies = [("0", (), process.cgroup)]
-        elif cached is not None and 0 <= scrape.time - cached[1] < CGROUP_REREAD_S:
-            hierarchies = cached[0]  # a live process's cgroups, read not long ago
-            self._hierarchies_next[key] = cached
+        """The process's cpu (and v1 cpuacct) and pids directories, v1 or v2; on a live
+        host kept for CGROUP_REREAD_S, as the matcher keeps its cgroup path."""
+        live = scrape.evidence.live
+        cached = self._located.get(key) if live else None
+        if cached is not None and 0 <= scrape.time - cached[0] < CGROUP_REREAD_S:
             tally.ok += 1
+            _, cpu, pids = cached
         else:
-            try:
-                hierarchies = parse_hierarchies(
-                    read_proc(scrape, f"proc/{process.pid}/cgroup", True))
-                tally.ok += 1
-            except (NotAvailable, ParseError) as err:
-                tally.fail(err)
-                return
-            self._hierarchies_next[key] = (hierarchies, scrape.time)
-        cpu = locate(mounts, hierarchies, "cpu")
-        if cpu is not None and _usable_cgroup(cpu.path) and cpu.directory not in acc.cgroups:
-            cpuacct = locate(mounts, hierarchies, "cpuacct") if cpu.version == 1 else None
-            acc.cgroups[cpu.directory] = (cpu, cpuacct.directory if cpuacct else None)
-        pids = locate(mounts, hierarchies, "pids")
-        if pids is not None and _usable_cgroup(pids.path):
+            mounts = cgroup_mounts(scrape)
+            if process.cgroup and not mounts.v1:  # v2 only: the matcher's path is the one
+                hierarchies = [("0", (), process.cgroup)]
+            else:
+                try:
+                    hierarchies = parse_hierarchies(
+                        read_proc(scrape, f"proc/{process.pid}/cgroup", True))
+                    tally.ok += 1
+                except (NotAvailable, ParseError) as err:
+                    tally.fail(err)
+                    return
+            cpu = locate(mounts, hierarchies, "cpu")
+            if cpu is not None and _usable_cgroup(cpu.path):
+                cpuacct = locate(mounts, hierarchies, "cpuacct") if cpu.version == 1 else None
+                cpu = (cpu, cpuacct.directory if cpuacct else None)
+            else:
+                cpu = None
+            pids = locate(mounts, hierarchies, "pids")
+            if pids is not None and not _usable_cgroup(pids.path):
+                pids = None
+            cached = (scrape.time, cpu, pids)
+        if live:
+            self._located_next[key] = cached
+        if cpu is not None:
+            acc.cgroups.setdefault(cpu[0].directory, cpu)
+        if pids is not None:
             acc.pids_cgroups.setdefault(pids.directory, pids)
 
     def _wait(self, scrape: Scrape, pid: int, tid: int, key: Hashable, runtime: int | None,
