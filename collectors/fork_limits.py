@@ -72,6 +72,8 @@ class ForkLimitsCollector(Collector):
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with self._lock:
             try:
+                if not scrape.evidence.live:  # a recorded sample has no ring to read
+                    raise NotAvailable(f"/{KMSG}: not recorded")
                 text, source = self._log.read_new(scrape.path(KMSG)), KMSG
                 counts, last = self._counts, self._last
             except NotAvailable as kmsg_error:

@@ -760,12 +760,12 @@ class PoolsCollector(Collector):
     @staticmethod
     def _read_pids(scrape: Scrape, directory: str, tally: SourceTally) -> PidsReading | None:
         try:
+            current = scrape.read_text(f"{directory}/pids.current")  # absent: no controller
             try:
                 events = scrape.read_text(f"{directory}/pids.events")
             except NotAvailable:
                 events = None  # kernels before 4.6 (and some bundles) have no pids.events
-            reading = parse_pids(scrape.read_text(f"{directory}/pids.current"),
-                                 scrape.read_text(f"{directory}/pids.max"), events,
+            reading = parse_pids(current, scrape.read_text(f"{directory}/pids.max"), events,
                                  f"{directory}/pids")
         except (NotAvailable, ParseError) as err:
             tally.fail(err)
