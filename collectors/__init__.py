@@ -7,6 +7,7 @@ from .agent import AgentCollector
 from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
+from .fork_limits import ForkLimitsCollector
 from .irq import IrqCollector
 from .kubernetes import KubernetesCollector
 from .nic import NicCollector
@@ -29,6 +30,7 @@ COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
 COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
 COLLECTORS[PerfCollector.name] = PerfCollector
 COLLECTORS[KubernetesCollector.name] = KubernetesCollector
+COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

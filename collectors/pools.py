@@ -11,10 +11,17 @@ Inputs, per process of a pool (collectors/processes.py decides membership):
     proc/<pid>/fd_count    57   (bundles) or the entries of proc/<pid>/fd (a live host)
     proc/<pid>/cgroup      0::/kubepods.slice/online/agent-chat
     proc/<pid>/task/<tid>/{status,schedstat,syscall}, fd links, net/tcp: collectors/tasks.py
-and per pool, the cgroup v2 directories its processes live in:
-    sys/fs/cgroup/<path>/cpu.stat       usage_usec 97113019 / nr_periods 123456 / ...
-    sys/fs/cgroup/<path>/cpu.max        200000 100000
-    sys/fs/cgroup/<path>/cpu.pressure   some avg10=1.65 avg60=0.50 avg300=0.33 total=4410972
+and per pool, the cgroup directories its processes live in, v1 or v2 alike (collectors/
+cgroups.py finds them from /proc/<pid>/cgroup and the mounts; each read once a scrape):
+    v2 sys/fs/cgroup/<path>/cpu.stat       usage_usec 97113019 / nr_periods 123456 / ...
+       sys/fs/cgroup/<path>/cpu.max        200000 100000
+       sys/fs/cgroup/<path>/cpu.pressure   some avg10=1.65 avg60=0.50 avg300=0.33 total=4410972
+    v1 sys/fs/cgroup/cpu,cpuacct/<path>/cpu.stat  nr_periods 137 / nr_throttled 135 /
+                                                  throttled_time 8400000000 (ns)
+       .../cpu.cfs_quota_us 10000, .../cpu.cfs_period_us 100000, cpuacct.usage (ns)
+       (v1 has no cpu.pressure)
+    pids.current / pids.max / pids.events (`max 161`), in the v1 pids hierarchy or the v2
+    directory; and RLIMIT_NPROC ("Max processes") from proc/<pid>/limits.
 and the CPU topology (sys/devices/system/cpu/cpu*/topology/) for threads per physical core.
 
 Per thread or per process? /proc/<pid>/stat CPU time covers the whole thread group
@@ -53,6 +60,7 @@ These totals restart when the exporter restarts, which Prometheus handles as any
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Hashable, Iterator
@@ -61,17 +69,24 @@ from typing import NamedTuple
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
+from .cgroups import Location, cgroup_mounts, locate, parse_hierarchies
 from .parsers import ParseError, parse_int
-from .parsers.cgroup import parse_cpu_max, parse_cpu_stat
+from .parsers.cgroup import (
+    PidsReading,
+    parse_cfs_quota,
+    parse_cpu_max,
+    parse_cpu_stat,
+    parse_pids,
+    v1_cpu_stat,
+)
 from .parsers.process import (
-    parse_cgroup,
     parse_limits,
     parse_pid_schedstat,
     parse_pid_stat,
     status_int,
 )
 from .parsers.procfs import parse_pressure
-from .processes import pool_processes, process_status
+from .processes import CGROUP_REREAD_S, pool_processes, process_status
 from .shared import proc_stat
 from .tasks import (
     SLEEPING,
@@ -89,8 +104,8 @@ CGROUP_DIR = "sys/fs/cgroup"
 GONE_TTL_SECONDS = 600.0
 GONE_MAX = 65536
 CGROUP_HINT = (
-    "the pool's processes are not in cgroup v2 directories visible under /sys/fs/cgroup "
-    "(cgroup v1 host, or the exporter runs in its own cgroup namespace)"
+    "the pool's processes are in no cgroup directory visible under /sys/fs/cgroup (the "
+    "exporter runs in its own cgroup namespace, or the cpu controller is not enabled)"
 )
 
 
@@ -164,18 +179,30 @@ def open_fds(scrape: Scrape, pid: int) -> int:
     return parse_int(scrape.read_text(f"proc/{pid}/fd_count").strip(), f"/proc/{pid}/fd_count")
 
 
+NOFILE, NPROC = "Max open files", "Max processes"
+
+
 def nofile_soft_limit(text: str) -> int | None:
-    """The soft RLIMIT_NOFILE from /proc/<pid>/limits text (None: unlimited); only the header
-    and the "Max open files" row go through the parser."""
-    start = text.find("\nMax open files")
-    if start < 0:
-        raise ParseError("/proc/<pid>/limits: no 'Max open files' row")
-    end = text.find("\n", start + 1)
-    header = text[: text.find("\n")]
-    limits = parse_limits(header + text[start: end if end >= 0 else len(text)])
-    if "Max open files" not in limits:
-        raise ParseError("/proc/<pid>/limits: malformed 'Max open files' row")
-    return limits["Max open files"][0]
+    """The soft RLIMIT_NOFILE from /proc/<pid>/limits text (None: unlimited)."""
+    limits = soft_limits(text, (NOFILE,))
+    if NOFILE not in limits:
+        raise ParseError(f"/proc/<pid>/limits: no well-formed {NOFILE!r} row")
+    return limits[NOFILE]
+
+
+def soft_limits(text: str, rows: tuple[str, ...]) -> dict[str, int | None]:
+    """The soft limits of `rows` found in /proc/<pid>/limits text (None: unlimited); only
+    the header and those rows go through the parser, in one call."""
+    kept = [text[: text.find("\n")]]
+    for row in rows:
+        start = text.find(f"\n{row}")
+        if start >= 0:
+            end = text.find("\n", start + 1)
+            kept.append(text[start + 1: end if end >= 0 else len(text)])
+    if len(kept) == 1:
+        return {}
+    limits = parse_limits("\n".join(kept))
+    return {row: limits[row][0] for row in rows if row in limits}
 
 
 class MonotonicSums:
@@ -256,7 +283,8 @@ class SourceTally:
 
 class _PoolState:
     __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups", "threads_read",
-                 "task_budget", "runnable", "network_waits", "longest_wait", "blocked")
+                 "task_budget", "runnable", "network_waits", "longest_wait", "blocked",
+                 "pids_cgroups", "nproc_min")
 
     def __init__(self) -> None:
         self.processes = 0
@@ -269,7 +297,10 @@ class _PoolState:
         self.blocked = 0
         self.worst_fd: tuple[float, int, int | None] | None = None  # ratio, fds, limit
         self.nofile_min: float | None = None
-        self.cgroups: set[str] = set()
+        self.nproc_min: float | None = None
+        # cpu directory -> (its location, the v1 cpuacct directory or None)
+        self.cgroups: dict[str, tuple[Location, str | None]] = {}
+        self.pids_cgroups: dict[str, Location] = {}
 
 
 class _CgroupReading(NamedTuple):
@@ -330,6 +361,10 @@ class PoolsCollector(Collector):
         self._tasks_next: dict[Hashable, object] = {}
         self._cgroup = {key: MonotonicSums(True) for key, _, _ in CGROUP_COUNTERS}
         self._stall = {kind: MonotonicSums(True) for kind in ("some", "full")}
+        self._pid_hits = MonotonicSums(True)
+        # (pid, starttime) -> (when read, its cpu and pids locations): live hosts only
+        self._located: dict[Hashable, tuple] = {}
+        self._located_next: dict[Hashable, tuple] = {}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
@@ -394,11 +429,20 @@ class PoolsCollector(Collector):
                 self._threads(scrape, pid, key, pool, acc, voluntary, nonvoluntary,
                               thread_delay, waits, wait_pool, t_task, t_syscall)
             try:
-                limit = nofile_soft_limit(read_proc(scrape, f"{base}/limits", True))
+                limits = soft_limits(read_proc(scrape, f"{base}/limits", True),
+                                     (NOFILE, NPROC))
+                if NOFILE not in limits:
+                    raise ParseError(f"/proc/{pid}/limits: no well-formed {NOFILE!r} row")
             except (NotAvailable, ParseError) as err:
                 t_limits.fail(err)
             else:
                 t_limits.ok += 1
+                limit = limits[NOFILE]
+                if NPROC in limits:
+                    nproc = limits[NPROC]
+                    nproc_bound = float("inf") if nproc is None else float(nproc)
+                    if acc.nproc_min is None or nproc_bound < acc.nproc_min:
+                        acc.nproc_min = nproc_bound
                 bound = float("inf") if limit is None else float(limit)
                 if acc.nofile_min is None or bound < acc.nofile_min:
                     acc.nofile_min = bound
@@ -412,17 +456,10 @@ class PoolsCollector(Collector):
                     worst = acc.worst_fd
                     if worst is None or (ratio, fds) > (worst[0], worst[1]):
                         acc.worst_fd = (ratio, fds, limit)
-            cgroup = process.cgroup
-            if not cgroup:
-                try:
-                    cgroup = parse_cgroup(read_proc(scrape, f"{base}/cgroup", True))
-                    t_cgroup.ok += 1
-                except (NotAvailable, ParseError) as err:
-                    t_cgroup.fail(err)
-            if _usable_cgroup(cgroup):
-                acc.cgroups.add(cgroup)
+            self._locate_cgroups(scrape, process, key, acc, t_cgroup)
         self._parked, self._parked_next = self._parked_next, {}
         self._tasks, self._tasks_next = self._tasks_next, {}
+        self._located, self._located_next = self._located_next, {}
         waited = self._waits.observe(waits, scrape.time)
         for thread, seconds in waited.items():
             acc = state[wait_pool[thread]]
@@ -487,6 +524,44 @@ class PoolsCollector(Collector):
                 family.add(value, base.plus(kind=kind) if kind else base)
         families.extend(self._cgroups(scrape, state, pool_labels, now))
         return families
+
+    def _locate_cgroups(self, scrape: Scrape, process, key: tuple, acc: _PoolState,
+                        tally: SourceTally) -> None:
+        """The process's cpu (and v1 cpuacct) and pids directories, v1 or v2; on a live
+        host kept for CGROUP_REREAD_S, as the matcher keeps its cgroup path."""
+        live = scrape.evidence.live
+        cached = self._located.get(key) if live else None
+        if cached is not None and 0 <= scrape.time - cached[0] < CGROUP_REREAD_S:
+            tally.ok += 1
+            _, cpu, pids = cached
+        else:
+            mounts = cgroup_mounts(scrape)
+            if process.cgroup and not mounts.v1:  # v2 only: the matcher's path is the one
+                hierarchies = [("0", (), process.cgroup)]
+            else:
+                try:
+                    hierarchies = parse_hierarchies(
+                        read_proc(scrape, f"proc/{process.pid}/cgroup", True))
+                    tally.ok += 1
+                except (NotAvailable, ParseError) as err:
+                    tally.fail(err)
+                    return
+            cpu = locate(mounts, hierarchies, "cpu")
+            if cpu is not None and _usable_cgroup(cpu.path):
+                cpuacct = locate(mounts, hierarchies, "cpuacct") if cpu.version == 1 else None
+                cpu = (cpu, cpuacct.directory if cpuacct else None)
+            else:
+                cpu = None
+            pids = locate(mounts, hierarchies, "pids")
+            if pids is not None and not _usable_cgroup(pids.path):
+                pids = None
+            cached = (scrape.time, cpu, pids)
+        if live:
+            self._located_next[key] = cached
+        if cpu is not None:
+            acc.cgroups.setdefault(cpu[0].directory, cpu)
+        if pids is not None:
+            acc.pids_cgroups.setdefault(pids.directory, pids)
 
     def _wait(self, scrape: Scrape, pid: int, tid: int, key: Hashable, runtime: int | None,
               pool: str, waits: dict, wait_pool: dict, tally: SourceTally) -> None:
@@ -641,30 +716,62 @@ class PoolsCollector(Collector):
         self._cores = (key, cores) if key is not None else None
         return cores
 
-    def _read_cgroup(self, scrape: Scrape, path: str, tallies: dict) -> _CgroupReading:
-        directory = f"{CGROUP_DIR}{path}"
+    @staticmethod
+    def _read_cgroup(scrape: Scrape, where: tuple[Location, str | None],
+                     tallies: dict) -> _CgroupReading:
+        location, cpuacct = where
+        directory = location.directory
         stat = quota = None
         stall: dict[str, int] = {}
         try:
             stat = parse_cpu_stat(scrape.read_text(f"{directory}/cpu.stat"),
                                   f"{directory}/cpu.stat")
+            if location.version == 1:
+                usage = None
+                if cpuacct is not None:
+                    with contextlib.suppress(NotAvailable, ParseError):
+                        usage = parse_int(scrape.read_text(f"{cpuacct}/cpuacct.usage").strip(),
+                                          f"{cpuacct}/cpuacct.usage")
+                stat = v1_cpu_stat(stat, usage)
             tallies["cpu.stat"].ok += 1
         except (NotAvailable, ParseError) as err:
             tallies["cpu.stat"].fail(err)
         try:
-            quota = parse_cpu_max(scrape.read_text(f"{directory}/cpu.max"),
-                                  f"{directory}/cpu.max").cpus
+            if location.version == 1:
+                quota = parse_cfs_quota(scrape.read_text(f"{directory}/cpu.cfs_quota_us"),
+                                        scrape.read_text(f"{directory}/cpu.cfs_period_us"),
+                                        f"{directory}/cpu.cfs_quota_us").cpus
+            else:
+                quota = parse_cpu_max(scrape.read_text(f"{directory}/cpu.max"),
+                                      f"{directory}/cpu.max").cpus
             tallies["cpu.max"].ok += 1
         except (NotAvailable, ParseError) as err:
             tallies["cpu.max"].fail(err)
-        try:
-            lines = parse_pressure(scrape.read_text(f"{directory}/cpu.pressure"),
-                                   f"{directory}/cpu.pressure")
-            stall = {kind: line.total_us for kind, line in lines.items()}
-            tallies["cpu.pressure"].ok += 1
-        except (NotAvailable, ParseError) as err:
-            tallies["cpu.pressure"].fail(err)
+        if location.version == 2:  # v1 has no per-cgroup pressure
+            try:
+                lines = parse_pressure(scrape.read_text(f"{directory}/cpu.pressure"),
+                                       f"{directory}/cpu.pressure")
+                stall = {kind: line.total_us for kind, line in lines.items()}
+                tallies["cpu.pressure"].ok += 1
+            except (NotAvailable, ParseError) as err:
+                tallies["cpu.pressure"].fail(err)
         return _CgroupReading(stat, quota, stall)
+
+    @staticmethod
+    def _read_pids(scrape: Scrape, directory: str, tally: SourceTally) -> PidsReading | None:
+        try:
+            current = scrape.read_text(f"{directory}/pids.current")  # absent: no controller
+            try:
+                events = scrape.read_text(f"{directory}/pids.events")
+            except NotAvailable:
+                events = None  # kernels before 4.6 (and some bundles) have no pids.events
+            reading = parse_pids(current, scrape.read_text(f"{directory}/pids.max"), events,
+                                 f"{directory}/pids")
+        except (NotAvailable, ParseError) as err:
+            tally.fail(err)
+            return None
+        tally.ok += 1
+        return reading
 
     def _cgroups(self, scrape: Scrape, state: dict, pool_labels: dict, now: float):
         tallies = {name: SourceTally() for name in ("cpu.stat", "cpu.max", "cpu.pressure")}
@@ -674,7 +781,7 @@ class PoolsCollector(Collector):
             per_pool[name] = _top_cgroups(acc.cgroups)
             for path in per_pool[name]:
                 if path not in readings:
-                    readings[path] = self._read_cgroup(scrape, path, tallies)
+                    readings[path] = self._read_cgroup(scrape, acc.cgroups[path], tallies)
         for file_name, tally in tallies.items():
             hint = CGROUP_HINT if file_name == "cpu.stat" else (
                 "cpu.max and cpu.pressure need the cpu controller enabled in the parent's "
@@ -682,12 +789,14 @@ class PoolsCollector(Collector):
             tally.report(scrape, self.name, f"{CGROUP_DIR}/<path>/{file_name}", hint)
 
         count = gauge("fleetscope_pool_cgroups",
-                      "cgroup v2 directories the pool's processes live in (outermost only) "
-                      "whose files the pool_cgroup metrics sum.")
+                      "cgroup directories of the cpu controller (v1 or v2) the pool's "
+                      "processes live in (outermost only) whose files the pool_cgroup "
+                      "metrics sum.")
         quota = gauge(
             "fleetscope_pool_cgroup_cpu_quota_cpus",
-            "CPU limit of the pool's cgroups in CPUs (cpu.max quota / period, summed over its "
-            "cgroups); +Inf when one of them has no limit ('max').",
+            "CPU limit of the pool's cgroups in CPUs (cpu.max quota / period; v1 "
+            "cpu.cfs_quota_us / cpu.cfs_period_us), summed over its cgroups; +Inf when one of "
+            "them has no limit ('max', -1).",
         )
         families: list[Family] = [count, quota]
         counter_input: dict[str, dict] = {key: {} for key, _, _ in CGROUP_COUNTERS}
@@ -713,11 +822,65 @@ class PoolsCollector(Collector):
         stalled = counter(
             "fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total",
             "Seconds in which some (stall=full: all) runnable tasks of the pool's cgroups "
-            "waited for a CPU (cpu.pressure, PSI): every thread, not only main threads.",
+            "waited for a CPU (cpu.pressure, PSI; v2 only): every thread, not only main "
+            "threads.",
         )
         for kind in ("some", "full"):
             totals = self._stall[kind].update(stall_input[kind], now)
             for name, total in totals.items():
                 stalled.add(total / 1e6, pool_labels[name].plus(stall=kind))
         families.append(stalled)
+        families.extend(self._pids(scrape, state, pool_labels, now))
         return [f for f in families if f.samples]
+
+    def _pids(self, scrape: Scrape, state: dict, pool_labels: dict, now: float):
+        """Per pool: the cgroup closest to its pids.max (the fork that fails is refused by
+        the first limit it meets), the forks refused at a limit (pids.events max), and the
+        lowest RLIMIT_NPROC of its processes."""
+        tally = SourceTally()
+        readings: dict[str, PidsReading | None] = {}
+        ratio = gauge("fleetscope_pool_cgroup_pids_usage_ratio",
+                      "Highest pids.current / pids.max among the pool's cgroups (tasks: "
+                      "processes and threads; 0 when none has a limit of its own); fork() "
+                      "and pthread_create() fail with EAGAIN at 1.")
+        current = gauge("fleetscope_pool_cgroup_pids_current",
+                        "Tasks (processes and threads) in the pool's cgroup with the highest "
+                        "pids usage ratio (pids.current).")
+        limit = gauge("fleetscope_pool_cgroup_pids_limit",
+                      "pids.max of that cgroup (+Inf: 'max', no limit of its own).")
+        hits_input: dict[Hashable, tuple[str, int]] = {}
+        nproc = gauge("fleetscope_pool_nproc_limit",
+                      "Lowest RLIMIT_NPROC soft limit among the pool's processes "
+                      "(/proc/<pid>/limits Max processes: tasks of the same user); +Inf when "
+                      "unlimited.")
+        for name, acc in state.items():
+            if acc.nproc_min is not None:
+                bound = acc.nproc_min
+                nproc.add(int(bound) if bound != float("inf") else bound, pool_labels[name])
+            worst = None
+            for directory in _top_cgroups(acc.pids_cgroups):
+                if directory not in readings:
+                    readings[directory] = self._read_pids(scrape, directory, tally)
+                reading = readings[directory]
+                if reading is None:
+                    continue
+                if reading.limit_hits is not None:
+                    hits_input[(name, directory)] = (name, reading.limit_hits)
+                share = reading.current / max(reading.limit, 1) if reading.limit is not None \
+                    else 0.0
+                if worst is None or (share, reading.current) > worst[:2]:
+                    worst = (share, reading.current, reading.limit)
+            if worst is not None:
+                ratio.add(round(worst[0], 6), pool_labels[name])
+                current.add(worst[1], pool_labels[name])
+                limit.add(float("inf") if worst[2] is None else worst[2], pool_labels[name])
+        tally.report(scrape, self.name, f"{CGROUP_DIR}/<path>/pids.current",
+                     "the pids controller is not mounted (v1) or not enabled in the parent's "
+                     "cgroup.subtree_control (v2)")
+        hits = counter("fleetscope_pool_cgroup_pids_limit_hits_total",
+                       "Forks and thread creations refused by a pids.max, from the pool's "
+                       "cgroups' pids.events max (v1 counts them in the cgroup of the task "
+                       "that tried; v2 in the cgroup whose limit refused, and its parents).")
+        for name, total in self._pid_hits.update(hits_input, now).items():
+            hits.add(total, pool_labels[name])
+        return [ratio, current, limit, hits, nproc]

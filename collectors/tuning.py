@@ -9,6 +9,7 @@ kernel/sysctl.c proc_dointvec and friends):
     proc/sys/net/core/rmem_max         212992 largest socket receive buffer (bytes)
     proc/sys/net/core/wmem_max         212992 largest socket send buffer (bytes)
     proc/sys/kernel/threads-max        127868 threads the kernel allows in all
+    proc/sys/kernel/pid_max            4194304 highest pid + 1: every thread takes one
     proc/sys/vm/max_map_count          65530  memory mappings per process
 
 Each is optional: one missing (a kernel without IPv4, a read-only /proc/sys) costs that value
@@ -35,6 +36,7 @@ SYSCTLS = (
     "net.core.rmem_max",
     "net.core.wmem_max",
     "kernel.threads-max",
+    "kernel.pid_max",
     "vm.max_map_count",
 )
 

@@ -607,6 +607,39 @@ class Fleet:
                 yield "fleetscope_pool_fd_usage_open_fds", labels(), np.floor(open_fds), rows
             if want("fleetscope_pool_fd_usage_limit_fds"):
                 yield "fleetscope_pool_fd_usage_limit_fds", labels(), limit + 0 * t, rows
+            # cpu-throttling: the pool's own quota (1 CPU a process) stops it in ~90 % of
+            # its 100 ms periods; otherwise a few throttled periods at most.
+            throttling = a("cpu-throttling")
+            if want("fleetscope_pool_cgroup_cpu_periods_total"):
+                periods = 10.0 + 0 * t + np.zeros((len(rows), 1))
+                yield ("fleetscope_pool_cgroup_cpu_periods_total", labels(),
+                       counter(periods, periods[:, -1] * uptime[rows]), rows)
+            for metric, fault_rate, quiet_rate in (
+                    ("fleetscope_pool_cgroup_cpu_throttled_periods_total", 9.1, 0.05),
+                    ("fleetscope_pool_cgroup_cpu_throttled_seconds_total", 0.6, 0.001)):
+                if want(metric):
+                    rate = np.where(throttling, fault_rate, quiet_rate) + 0 * t
+                    yield metric, labels(), counter(rate, rate[:, -1] * uptime[rows]), rows
+            if want("fleetscope_pool_cgroup_cpu_quota_cpus"):
+                yield ("fleetscope_pool_cgroup_cpu_quota_cpus", labels(),
+                       np.where(throttling, procs[:, None] * 0.4, np.inf) + 0 * t, rows)
+            # pid-exhaustion: a thread leak fills the pool's pids.max; forks refused since.
+            leak = a("pid-exhaustion")
+            pids_limit = np.where(leak, 256.0, 4096.0) + 0 * t
+            pids_now = np.where(leak, 256.0, np.minimum(threads_now + procs[:, None], 4000.0))
+            if want("fleetscope_pool_cgroup_pids_usage_ratio"):
+                yield ("fleetscope_pool_cgroup_pids_usage_ratio", labels(),
+                       pids_now / pids_limit, rows)
+            if want("fleetscope_pool_cgroup_pids_current"):
+                yield "fleetscope_pool_cgroup_pids_current", labels(), pids_now, rows
+            if want("fleetscope_pool_cgroup_pids_limit"):
+                yield "fleetscope_pool_cgroup_pids_limit", labels(), pids_limit, rows
+            if want("fleetscope_pool_cgroup_pids_limit_hits_total"):
+                refused = np.where(leak, 0.5, 0.0) + 0 * t
+                yield ("fleetscope_pool_cgroup_pids_limit_hits_total", labels(),
+                       counter(refused, refused[:, -1] * 3600), rows)
+            if want("fleetscope_pool_nproc_limit"):
+                yield "fleetscope_pool_nproc_limit", labels(), 65535.0 + 0 * t, rows
             remote = np.where(a("numa-remote-access"), 0.48 + 0.15 * _uniform(seed, 42, r_ii),
                               0.02 + 0.06 * _uniform(seed, 43, r_ii, tk))
             if want("fleetscope_pool_numa_remote_memory_ratio"):

@@ -248,11 +248,14 @@ def write_topology(root: Path, cores: list[tuple[int, int, int]]) -> None:
         write(topology / "core_id", f"{core}\n")
 
 
-def write_cgroup(root: Path, path: str, stat: str, cpu_max: str, pressure: str) -> None:
+def write_cgroup(root: Path, path: str, stat: str, cpu_max: str, pressure: str,
+                 pids: tuple[str, str, str] = ("3\n", "max\n", "max 0\n")) -> None:
     directory = root / "sys/fs/cgroup" / path.lstrip("/")
     write(directory / "cpu.stat", stat)
     write(directory / "cpu.max", cpu_max)
     write(directory / "cpu.pressure", pressure)
+    for name, text in zip(("pids.current", "pids.max", "pids.events"), pids, strict=True):
+        write(directory / name, text)
 
 
 POOLS = [{"name": "chat-online", "class": "online", "match": {"cgroup": "*/online/*"}},
@@ -284,7 +287,8 @@ def pool_tree(tmp_path: Path) -> Path:
                   utime=5, nofile=1024, fds=1020)
     write_cgroup(root, "/k8s/online/chat", CPU_STAT_V2_LIMITED, "200000 100000\n",
                  "some avg10=1.00 avg60=0.50 avg300=0.20 total=3000000\n"
-                 "full avg10=0.50 avg60=0.20 avg300=0.10 total=1000000\n")
+                 "full avg10=0.50 avg60=0.20 avg300=0.10 total=1000000\n",
+                 ("38\n", "40\n", "max 161\n"))
     write_cgroup(root, "/k8s/online/chat/sub", CPU_STAT_V2_LIMITED, "100000 100000\n",
                  CPU_PRESSURE_REAL)
     write_cgroup(root, "/k8s/offline/etl", CPU_STAT_V2_LIMITED.replace("8123456789",
@@ -337,6 +341,14 @@ def test_pool_metrics_on_a_fixture_tree(tmp_path):
              '{{class="online",pool="chat-online",stall="{}"}}')
     assert got[stall.format("some")] == 3.0
     assert got[stall.format("full")] == 1.0
+    # pids: the pool's outermost cgroup, against its own pids.max
+    def pids_of(pool: str) -> dict[str, float]:
+        return {key.split("{")[0].removeprefix("fleetscope_pool_cgroup_pids_"): value
+                for key, value in got.items() if "_pids_" in key and pool in key}
+    assert pids_of(CHAT) == {"usage_ratio": 0.95, "current": 38, "limit": 40,
+                             "limit_hits_total": 161}
+    assert pids_of(BATCH) == {"usage_ratio": 0, "current": 3, "limit": math.inf,
+                              "limit_hits_total": 0}
     sources = {k: v for k, v in got.items() if k.startswith("fleetscope_scrape_source")}
     assert sources and all(v == 1 for v in sources.values()), sources
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import ParseError, parse_int
+from .cgroup import parse_hierarchies
 
 
 class ProcStat(NamedTuple):
@@ -100,27 +101,33 @@ def parse_pid_schedstat(text: str) -> tuple[int, int, int]:
 
 def parse_cgroup(text: str) -> str:
     """The process's cgroup path: the v2 line (`0::/path`), else v1's cpu controller path.
+    A hybrid host's v2 line at the root ("0::/": controllers all in v1) says nothing of
+    where the process is: its v1 cpu path is taken then, or, at the root too, its first
+    other v1 cgroup below the root.
 
     >>> parse_cgroup("0::/kubepods.slice/online/agent-chat\\n")
     '/kubepods.slice/online/agent-chat'
-    >>> parse_cgroup("12:cpu,cpuacct:/batch\\n1:name=systemd:/init.scope\\n")
+    >>> parse_cgroup("12:cpu,cpuacct:/batch\\n1:name=systemd:/init.scope\\n0::/\\n")
     '/batch'
     """
-    v1_cpu = None
-    for line in text.splitlines():
-        if not line:
-            continue
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            raise ParseError(f"/proc/<pid>/cgroup: malformed line {line[:40]!r}")
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            return path
-        if "cpu" in controllers.split(","):
+    v1_cpu = v2 = None
+    v1_other = []  # other v1 hierarchies: controllers first, then named ones (name=systemd)
+    for hierarchy, controllers, path in parse_hierarchies(text):
+        if hierarchy == "0" and not controllers:
+            v2 = path
+        elif "cpu" in controllers:
             v1_cpu = path
-    if v1_cpu is None:
+        elif path != "/":
+            v1_other.append((controllers[0].startswith("name="), path))
+    if v2 is not None and v2 != "/":
+        return v2
+    if v1_cpu is not None and v1_cpu != "/":
+        return v1_cpu
+    if v1_other:  # e.g. a worker placed in a pids cgroup only
+        return min(v1_other)[1]
+    if v1_cpu is None and v2 is None:
         raise ParseError("/proc/<pid>/cgroup: no v2 or cpu controller line")
-    return v1_cpu
+    return "/"
 
 
 def parse_cmdline(raw: str) -> str:

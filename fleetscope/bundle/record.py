@@ -34,7 +34,7 @@ from fleetscope.bundle.commands import CommandOutputs
 from fleetscope.bundle.files import MAX_FILE_BYTES, copy_file, copy_globs
 from fleetscope.bundle.kubernetes import capture_pods
 from fleetscope.bundle.redact import Redactor
-from fleetscope.collectors.base import Scrape
+from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.source import EvidenceSource, evidence_source
 from fleetscope.core.bundle_format import (
@@ -61,14 +61,21 @@ SAMPLE_GLOBS = (
     "proc/irq/*/smp_affinity_list",
     "proc/sys/net/core/somaxconn", "proc/sys/net/ipv4/tcp_tw_reuse",
     "proc/sys/net/core/rmem_max", "proc/sys/net/core/wmem_max",
-    "proc/sys/kernel/threads-max", "proc/sys/vm/max_map_count",
+    "proc/sys/kernel/threads-max", "proc/sys/kernel/pid_max", "proc/sys/vm/max_map_count",
     "sys/devices/system/node/node*/numastat",
     "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
     "sys/fs/cgroup/cgroup.controllers",
 )
 # Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
-CGROUP_FILES = ("cpu.stat", "cpu.pressure", "cpu.max")
+# What the pools collector reads per cgroup directory, v2 and v1 (collectors/cgroups.py).
+CGROUP_FILES = {
+    ("cpu", 2): ("cpu.stat", "cpu.pressure", "cpu.max"),
+    ("cpu", 1): ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"),
+    ("cpuacct", 1): ("cpuacct.usage",),
+    ("pids", 1): ("pids.current", "pids.max", "pids.events"),
+    ("pids", 2): ("pids.current", "pids.max", "pids.events"),
+}
 MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in meta.json
 
 
@@ -122,7 +129,6 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
     scrape = Scrape(source or (root,), now)
     pool_members = pool_processes(scrape, config.pools)
     members = {p.pid for p in pool_members}
-    cgroups = {p.cgroup for p in pool_members if p.cgroup}
     usage = []
     for name in os.listdir(os.path.join(root, "proc")):
         if name.isdigit() and int(name) not in members:
@@ -152,11 +158,50 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
                 out.write(f"{fd_count}\n")
         if pid in members:
             copy_file(root, f"{base}/numa_maps", destination)
-    for path in cgroups:
-        for file_name in CGROUP_FILES:
-            copy_file(root, f"sys/fs/cgroup{path}/{file_name}", destination)
+    for directory, file_names in _cgroup_files(scrape, pool_members).items():
+        for file_name in file_names:
+            copy_file(root, f"{directory}/{file_name}", destination)
     capture_pods(root, destination, config, chosen, redactor or Redactor(config.redact))
     _capture_threads(root, destination, scrape, pool_members)
+
+
+def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
+    """The cgroup directories of the pool members' cpu, cpuacct and pids controllers, v1 or
+    v2, with the files read there; the bundle keeps them at the same paths."""
+    from fleetscope.collectors.cgroups import cgroup_mounts, locate, parse_hierarchies
+    from fleetscope.collectors.parsers import ParseError
+
+    mounts = cgroup_mounts(scrape)
+    wanted: dict[str, tuple[str, ...]] = {}
+    for process in pool_members:
+        try:
+            hierarchies = parse_hierarchies(scrape.read_text(f"proc/{process.pid}/cgroup"))
+        except (NotAvailable, ParseError):
+            continue
+        for controller in ("cpu", "cpuacct", "pids"):
+            where = locate(mounts, hierarchies, controller)
+            if where is None or where.path == "/" or (controller, where.version) not in \
+                    CGROUP_FILES:
+                continue
+            wanted[where.directory] = wanted.get(where.directory, ()) + CGROUP_FILES[
+                (controller, where.version)]
+    return {directory: tuple(dict.fromkeys(names)) for directory, names in wanted.items()}
+
+
+def capture_cgroup_mounts(root: str, static_dir: str) -> None:
+    """static/proc/self/mountinfo: the recorder's cgroup mounts only (where each hierarchy
+    is, collectors/cgroups.py), so a bundle finds its v1 and v2 files as the node did."""
+    from fleetscope.collectors.cgroups import MOUNTINFO
+
+    try:
+        with open(os.path.join(root, MOUNTINFO), encoding="utf-8", errors="replace") as source:
+            lines = [line for line in source if " - cgroup" in line]
+    except OSError:
+        return
+    target = os.path.join(static_dir, MOUNTINFO)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w") as out:
+        out.writelines(lines)
 
 
 TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
@@ -342,6 +387,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
     try:
         static = os.path.join(bundle_dir, STATIC)
         copy_globs(root, STATIC_GLOBS, static)
+        capture_cgroup_mounts(root, static)
         count = max(1, int(seconds / interval) + 1)
         samples = []
         start = time.monotonic()

@@ -62,6 +62,8 @@ READ_LIMITS = {
     "limits": 64 * KIB, "cmdline": 4 * MIB, "fd_count": 4 * KIB, "cpulist": 64 * KIB,
     "numastat": 64 * KIB, "distance": 64 * KIB, "meminfo": 64 * KIB, "cpu.stat": 64 * KIB,
     "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
+    "cpu.cfs_quota_us": 4 * KIB, "cpu.cfs_period_us": 4 * KIB, "cpuacct.usage": 4 * KIB,
+    "pids.current": 4 * KIB, "pids.max": 4 * KIB, "pids.events": 4 * KIB,
 }
 MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
 

@@ -1,0 +1,126 @@
+"""Collector `fork_limits`: forks and thread creations the pids controller refused, from the
+kernel log (the evidence beside pids.events of the `pid-exhaustion` rule, and its only one
+for cgroups outside the configured pools).
+
+    [13964.753718] cgroup: fork rejected by pids controller in /user.slice/session-7.scope
+
+The kernel prints it once per cgroup, at its first refusal (parsers/pids_log.py), so the
+line dates the start of the trouble and names the cgroup; pids.events `max` (the pools
+collector) counts every refusal. Read like the SIGILL reports (collectors/cpu_features.py):
+live, /dev/kmsg opened once and read incrementally, from the start of the ring; a bundle or
+fixture tree, `dmesg.txt` at the root (a bundle keeps it in static/). Each line's time is the
+boot time (/proc/stat btime) plus its seconds since boot. At most MAX_CGROUPS cgroups keep
+their own series, the most recently refused; older ones fold into cgroup="other".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from fleetscope.core.exposition import Family, counter, gauge, labels
+
+from .base import Collector, NotAvailable, Scrape
+from .cpu_features import DMESG, KMSG, KMSG_HINT, _Kmsg
+from .parsers import ParseError
+from .parsers.kmsg import boot_time
+from .parsers.pids_log import fork_rejections
+
+MAX_CGROUPS = 20
+
+
+class _LiveLog:
+    """/dev/kmsg under a root, opened at first use and reopened when the root changes or a
+    read fails."""
+
+    def __init__(self) -> None:
+        self.kmsg: _Kmsg | None = None
+
+    def read_new(self, path: str) -> str:
+        if self.kmsg is not None and self.kmsg.path != path:
+            self.close()
+        try:
+            if self.kmsg is None:
+                self.kmsg = _Kmsg(path)
+            return self.kmsg.read_new()
+        except OSError as err:
+            self.close()
+            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+
+    def close(self) -> None:
+        if self.kmsg is not None:
+            self.kmsg.close()
+            self.kmsg = None
+
+    __del__ = close
+
+
+class ForkLimitsCollector(Collector):
+    name = "fork_limits"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._lock = threading.Lock()
+        self._log = _LiveLog()
+        self._counts: dict[str, int] = {}  # live: lines since the start, per cgroup
+        self._last: dict[str, float] = {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._log.close()
+
+    def collect(self, scrape: Scrape) -> Iterator[Family]:
+        with self._lock:
+            try:
+                if not scrape.evidence.live:  # a recorded sample has no ring to read
+                    raise NotAvailable(f"/{KMSG}: not recorded")
+                text, source = self._log.read_new(scrape.path(KMSG)), KMSG
+                counts, last = self._counts, self._last
+            except NotAvailable as kmsg_error:
+                try:
+                    text, source = scrape.read_text(DMESG), DMESG
+                except NotAvailable as dmesg_error:
+                    scrape.sources[(self.name, KMSG)] = (
+                        False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
+                    return
+                counts, last = {}, {}  # the whole log each time: counted afresh
+            rejected = fork_rejections(text) if "fork rejected" in text else []
+            boot = None
+            if rejected:
+                try:
+                    boot = boot_time(scrape.read_text("proc/stat"))
+                except (NotAvailable, ParseError):
+                    pass
+            for path, seconds in rejected:
+                counts[path] = counts.get(path, 0) + 1
+                if boot is not None and seconds is not None:
+                    last[path] = max(last.get(path, 0.0), boot + seconds)
+            _fold(counts, last)
+            counts, last = dict(counts), dict(last)
+        scrape.sources[(self.name, source)] = (True, "")
+        refused = counter("fleetscope_pids_fork_rejected_total",
+                          "'cgroup: fork rejected by pids controller in <cgroup>' kernel-log "
+                          "lines, per cgroup (printed once per cgroup, at its first refused "
+                          "fork; pids.events counts every refusal).")
+        for path in sorted(counts):
+            refused.add(counts[path], labels(cgroup=path))
+        latest = gauge("fleetscope_pids_fork_rejected_last_timestamp_seconds",
+                       "Unix time of the latest fork-rejected kernel-log line of each cgroup "
+                       "(boot time plus the log's seconds since boot).")
+        for path in sorted(last):
+            latest.add(round(last[path], 3), labels(cgroup=path))
+        yield refused
+        yield latest
+
+
+def _fold(counts: dict[str, int], last: dict[str, float]) -> None:
+    """Keep MAX_CGROUPS named series, the latest refused; the rest add into "other" (whose
+    counter then never falls)."""
+    named = [c for c in counts if c != "other"]
+    if len(named) <= MAX_CGROUPS:
+        return
+    named.sort(key=lambda c: last.get(c, 0.0), reverse=True)
+    for path in named[MAX_CGROUPS:]:
+        counts["other"] = counts.get("other", 0) + counts.pop(path)
+        if path in last:
+            last["other"] = max(last.get("other", 0.0), last.pop(path))
