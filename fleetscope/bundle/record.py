@@ -154,7 +154,18 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
     for path in cgroups:
         for file_name in CGROUP_FILES:
             copy_file(root, f"sys/fs/cgroup{path}/{file_name}", destination)
+    _capture_memory_cgroups(root, destination, scrape, pool_members)
     _capture_threads(root, destination, scrape, pool_members)
+
+
+def _capture_memory_cgroups(root: str, destination: str, scrape: Scrape, pool_members) -> None:
+    """The pool members' memory cgroup files (v1 and v2), at the paths the memory collector
+    reads them from (collectors/memory.py)."""
+    from fleetscope.collectors.memory import MEMCG_FILES, memory_cgroup_dirs
+
+    for directory in memory_cgroup_dirs(scrape, pool_members):
+        for file_name in MEMCG_FILES:
+            copy_file(root, f"{directory}/{file_name}", destination)
 
 
 TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
