@@ -36,7 +36,6 @@ from tests.test_live_accuracy import (
     Lab,
     Scenario,
     _diagnose,
-    _foreign_busy_cpus,
     _kernel_sigills,
     _record,
 )
@@ -50,6 +49,7 @@ MAX_RESTARTS = 60  # the supervisor gives up after this many kills, whatever hap
 # The worker itself (its cgroup is its first argument), not its supervisor, whose command
 # line names the worker's script too.
 LEAK_POOL = r"fs_acc_oom_leak\.py /"
+FOREIGN_CPU_RULES = {"cpu-saturation", "core-imbalance"}
 
 LEAK = """
 import os, sys, time
@@ -90,8 +90,7 @@ while time.time() < end:                   # read through it again and again: pa
 SCENARIOS = [
     # The kernel's memcg reclaim before each kill is the pressure the kill ends.
     Scenario("oom-kill", "oom-kill", explains={"memory-pressure"}),
-    # A quiet node but for the churn: its truth needs the CPUs otherwise free.
-    Scenario("memory-busy-healthy", None, needs_spare_cpu=True),
+    Scenario("memory-busy-healthy", None),
 ]
 
 
@@ -159,13 +158,6 @@ def _wait_kills(cgroup: Path, count: int, seconds: float = 60) -> int:
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_live_memory_diagnosis(scenario, tmp_path):
-    if scenario.needs_spare_cpu:
-        busy = _foreign_busy_cpus()
-        if busy > FOREIGN_CPU_LIMIT:
-            _record({"scenario": scenario.name, "expected": scenario.expect,
-                     "skipped": f"{busy:.1f} CPUs busy with other work"})
-            pytest.skip(f"{busy:.1f} CPUs already busy with other programs: this scenario "
-                        "needs them free")
     lab = Lab(tmp_path)
     tag = "kill" if scenario.expect else "churn"
     limit = LIMIT_BYTES if scenario.expect else 96 << 20
@@ -196,23 +188,18 @@ def test_live_memory_diagnosis(scenario, tmp_path):
     foreign_crashes = sorted({c.binary for c in _kernel_sigills()
                               if c.seconds is not None and c.seconds >= began
                               and not os.path.basename(c.binary).startswith("fs_acc")})
+    # And other programs filling the CPUs beside a memory scenario: a saturated or uneven
+    # node is then the truth of the machine, not of the scenario (nothing here burns CPU).
+    foreign_cpu = FOREIGN_CPU_RULES if foreign_load.cpus > FOREIGN_CPU_LIMIT else set()
     foreign = [f for f in findings if (f["rule"] == "oom-kill" and foreign_kills
                                        and scenario.expect != "oom-kill")
-               or (f["rule"] == "isa-mismatch" and foreign_crashes)]
+               or (f["rule"] == "isa-mismatch" and foreign_crashes) or f["rule"] in foreign_cpu]
     serious = [f for f in findings if f["severity"] in ("warning", "critical")
                and f not in foreign]
     primary = serious[0]["rule"] if serious else None
     allowed = {scenario.expect, *scenario.explains} - {None}
-    if foreign_load.cpus > FOREIGN_CPU_LIMIT:
-        allowed.add("cpu-saturation")
     false_alarms = sorted({f["rule"] for f in serious} - allowed)
     summary = [(f["rule"], f["severity"], f["summary"]) for f in findings]
-    if (primary != scenario.expect or false_alarms) and scenario.needs_spare_cpu \
-            and foreign_load.cpus > FOREIGN_CPU_LIMIT:
-        _record({"scenario": scenario.name, "expected": scenario.expect,
-                 "skipped": f"{foreign_load.cpus:.1f} CPUs busy with other work in the window"})
-        pytest.skip(f"{foreign_load.cpus:.1f} CPUs busy with other programs during the "
-                    f"window, this scenario needs them free (it found {summary})")
     _record({"scenario": scenario.name, "expected": scenario.expect, "primary": primary,
              "correct": primary == scenario.expect, "false_alarms": false_alarms,
              "wall_seconds": round(wall, 2), "status": document["status"],
@@ -225,7 +212,8 @@ def test_live_memory_diagnosis(scenario, tmp_path):
     assert not false_alarms, (false_alarms, summary)
     if scenario.expect is None:
         assert kills_in_cgroup == 0
-        assert document["status"] == "ok" and code == 0, summary
+        if not [f for f in findings if f in foreign and f["severity"] != "info"]:
+            assert document["status"] == "ok" and code == 0, summary
         return
     finding = serious[0]
     assert code == 2 and finding["severity"] == "critical"
