@@ -26,7 +26,6 @@ counting its kills.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections import Counter
@@ -35,7 +34,7 @@ from collections.abc import Iterator
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
-from .cpu_features import DMESG, KMSG, KMSG_HINT, _boot_time, _Kmsg, read_kmsg
+from .cpu_features import DMESG, KMSG, KMSG_HINT, _Kmsg, read_kmsg
 from .parsers import ParseError
 from .parsers.oom import (
     OomKill,
@@ -47,6 +46,7 @@ from .parsers.oom import (
 from .parsers.procfs import parse_pressure
 from .pools import GONE_TTL_SECONDS, MonotonicSums, _top_cgroups, _usable_cgroup
 from .processes import pool_processes
+from .shared import proc_stat
 from .tasks import read_proc
 
 CONSTRAINTS = ("global", "memcg")  # always exported; cpuset/mempolicy kills when they happen
@@ -54,9 +54,13 @@ V1_MOUNTS = ("sys/fs/cgroup/memory",)
 V2_MOUNTS = ("sys/fs/cgroup", "sys/fs/cgroup/unified")
 MOUNTS_REREAD_S = 60.0
 CGROUP_REREAD_S = 30.0  # a pool process's cgroup line is read again after this long
-_VMSTAT_KEYS = re.compile(r"^(oom_kill|pgscan_[a-z]+|pgsteal_[a-z]+|allocstall_[a-z0-9]+) "
-                          r"([0-9]{1,20})$", re.M | re.ASCII)
 RECLAIM_MODES = ("kswapd", "direct", "khugepaged", "proactive")
+# allocstall_<zone> since 4.10 (mm/vmstat.c vmstat_text); a kernel without a zone omits it
+_VMSTAT_KEYS = ("oom_kill", *(f"{kind}_{mode}" for kind in ("pgscan", "pgsteal")
+                              for mode in RECLAIM_MODES),
+                *(f"allocstall_{zone}" for zone in ("dma", "dma32", "normal", "movable",
+                                                    "device")))
+_MODE_LABELS = tuple((mode, labels(mode=mode)) for mode in RECLAIM_MODES)
 MEMCG_FILES = ("memory.oom_control", "memory.failcnt", "memory.limit_in_bytes",
                "memory.usage_in_bytes", "memory.events", "memory.current", "memory.max",
                "memory.pressure")
@@ -64,6 +68,15 @@ CGROUP_HINT = (
     "no pool process is in a memory cgroup below the root (v1 memory controller or cgroup2) "
     "visible under /sys/fs/cgroup"
 )
+
+
+def _boot_time(scrape: Scrape) -> float | None:
+    """/proc/stat btime, from the parse the cpu and pressure collectors share."""
+    try:
+        btime = proc_stat(scrape).scalars.get("btime")
+    except (NotAvailable, ParseError):
+        return None
+    return float(btime) if btime is not None else None
 
 
 def _mounts_from_mountinfo(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -209,13 +222,19 @@ class MemoryCollector(Collector):
     # -- /proc/vmstat -----------------------------------------------------------------------
 
     def _vmstat(self, scrape: Scrape) -> Iterator[Family]:
-        # Only the ~20 keys used, out of ~180: a scan for them, not a parse of every line.
-        text = scrape.read_text("proc/vmstat")
-        if "\0" in text:
-            raise ParseError("/proc/vmstat: NUL bytes")
-        values = {key: int(value) for key, value in _VMSTAT_KEYS.findall(text)}
-        if not values and text.strip() and " " not in text.split("\n", 1)[0]:
-            raise ParseError("/proc/vmstat: expected 'key value' lines")
+        # Only the keys used, found by name: the ~180 other lines are not parsed.
+        text = "\n" + scrape.read_text("proc/vmstat")
+        values: dict[str, int] = {}
+        for key in _VMSTAT_KEYS:
+            start = text.find(f"\n{key} ")
+            if start < 0:
+                continue
+            start += len(key) + 2
+            end = text.find("\n", start)
+            value = text[start:end if end >= 0 else len(text)]
+            if not (value.isdigit() and value.isascii()):
+                raise ParseError(f"/proc/vmstat: {key}: expected a count, got {value[:20]!r}")
+            values[key] = int(value)
         if "oom_kill" in values:  # 4.13+
             yield counter(
                 "fleetscope_vmstat_oom_kills_total",
@@ -228,11 +247,11 @@ class MemoryCollector(Collector):
         stolen = counter(
             "fleetscope_memory_reclaim_stolen_pages_total",
             "Pages reclaimed (/proc/vmstat pgsteal_<mode>).")
-        for mode in RECLAIM_MODES:
+        for mode, mode_labels in _MODE_LABELS:
             if f"pgscan_{mode}" in values:
-                scanned.add(values[f"pgscan_{mode}"], labels(mode=mode))
+                scanned.add(values[f"pgscan_{mode}"], mode_labels)
             if f"pgsteal_{mode}" in values:
-                stolen.add(values[f"pgsteal_{mode}"], labels(mode=mode))
+                stolen.add(values[f"pgsteal_{mode}"], mode_labels)
         if scanned.samples:
             yield scanned
         if stolen.samples:

@@ -126,7 +126,7 @@ V2_DIR = "sys/fs/cgroup/kubepods.slice/pod-a/tool"
 
 def _v2_node(root: Path, oom_kill: int, limit_hits: int, worker: bool = True) -> None:
     files = {
-        "proc/stat": "cpu  1 0 1 100 0 0 0 0 0 0\nbtime 1764662000\n",
+        "proc/stat": "cpu  1 0 1 100 0 0 0 0 0 0\ncpu0 1 0 1 100 0 0 0 0 0 0\nbtime 1764662000\n",
         "proc/vmstat": "nr_free_pages 100\nallocstall_normal 7\nallocstall_movable 2\n"
                        "pgscan_kswapd 500\npgscan_direct 40\npgsteal_kswapd 450\n"
                        "pgsteal_direct 30\noom_kill 5\n",
@@ -215,3 +215,20 @@ def test_a_node_without_kills_or_pools_in_cgroups(tmp_path):
     assert got['fleetscope_oom_kills_logged_total{constraint="memcg"}'] == 0
     assert not any(name.startswith("fleetscope_pool_memory") for name in got)
     assert scrape.sources[("memory", "sys/fs/cgroup/<memory cgroup>")][0] is False
+
+
+def test_mount_points_from_mountinfo():
+    """This machine's /proc/self/mountinfo lines (v1 controllers under /sys/fs/cgroup/<ctrl>,
+    the v2 hierarchy at /sys/fs/cgroup/unified), and a cgroup-namespaced subtree mount."""
+    from fleetscope.collectors.memory import _mounts_from_mountinfo
+
+    text = (
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        "52 40 0:32 /kubepods /host/memory rw - cgroup cgroup rw,memory\n")
+    assert _mounts_from_mountinfo(text) == (("sys/fs/cgroup/memory",),
+                                            ("sys/fs/cgroup/unified",))
+    joined = "36 31 0:33 / /sys/fs/cgroup/cpu,memory rw shared:9 - cgroup cgroup rw,cpu,memory\n"
+    assert _mounts_from_mountinfo(joined) == (("sys/fs/cgroup/cpu,memory",), ())
