@@ -38,6 +38,7 @@ from tests.test_live_accuracy import (
     _diagnose,
     _kernel_sigills,
     _record,
+    _wait_line,
 )
 from tests.test_prometheus_scrape import _free_port, _query
 
@@ -87,10 +88,31 @@ while time.time() < end:                   # read through it again and again: pa
     time.sleep(0.5)
 """
 
+THRASH = """
+import mmap, os, random, sys, time
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as procs:
+    procs.write(str(os.getpid()))
+path, end = sys.argv[2], time.time() + float(sys.argv[3])
+with open(path, "wb") as out:              # an index 2.5 times the cgroup's limit...
+    block = os.urandom(1 << 20)
+    for _ in range(int(sys.argv[4])):
+        out.write(block)
+print("ready", flush=True)
+with open(path, "rb") as data:
+    index = mmap.mmap(data.fileno(), 0, prot=mmap.PROT_READ)
+pages, rng, total = len(index) // 4096, random.Random(7), 0
+while time.time() < end:                   # ...looked up at random: every miss reclaims
+    for _ in range(2000):
+        total += index[rng.randrange(pages) * 4096]
+"""
+
 SCENARIOS = [
     # The kernel's memcg reclaim before each kill is the pressure the kill ends.
     Scenario("oom-kill", "oom-kill", explains={"memory-pressure"}),
     Scenario("memory-busy-healthy", None),
+    # A worker whose working set (a memory-mapped index) is larger than its cgroup's limit:
+    # its lookups stall in reclaim and refaults, nothing is killed.
+    Scenario("memory-pressure", "memory-pressure"),
 ]
 
 
@@ -159,15 +181,22 @@ def _wait_kills(cgroup: Path, count: int, seconds: float = 60) -> int:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_live_memory_diagnosis(scenario, tmp_path):
     lab = Lab(tmp_path)
-    tag = "kill" if scenario.expect else "churn"
-    limit = LIMIT_BYTES if scenario.expect else 96 << 20
+    tag = {"oom-kill": "kill", "memory-pressure": "thrash"}.get(scenario.name, "churn")
+    limit = 96 << 20 if tag == "churn" else LIMIT_BYTES
     began = time.clock_gettime(time.CLOCK_MONOTONIC)
     with memory_cgroup(tag, limit) as cgroup, ForeignLoad() as foreign_load:
         lab.script("fs_acc_noise.py", NOISE, tmp_path, LIFETIME_S)
         try:
-            if scenario.expect:
+            if tag == "kill":
                 _start_leaker(lab, cgroup)
                 _wait_kills(cgroup, 1)
+            elif tag == "thrash":
+                worker = lab.script("fs_acc_mem_thrash.py", THRASH, cgroup,
+                                    tmp_path / "index.dat", LIFETIME_S, 160,
+                                    stdout=subprocess.PIPE)
+                assert _wait_line(worker, 60) == "ready"
+                lab.pool("retrievers", "online", "fs_acc_mem_thrash")
+                time.sleep(3)
             else:
                 lab.script("fs_acc_cache_churn.py", CACHE_CHURN, cgroup, tmp_path / "churn.dat",
                            LIFETIME_S, 256)
@@ -210,10 +239,15 @@ def test_live_memory_diagnosis(scenario, tmp_path):
              "foreign_crashes": foreign_kills + foreign_crashes})
     assert primary == scenario.expect, summary
     assert not false_alarms, (false_alarms, summary)
-    if scenario.expect is None:
+    if scenario.expect != "oom-kill":
         assert kills_in_cgroup == 0
+    if scenario.expect is None:
         if not [f for f in findings if f in foreign and f["severity"] != "info"]:
             assert document["status"] == "ok" and code == 0, summary
+        return
+    if scenario.expect == "memory-pressure":
+        stalled = [e for e in serious[0]["evidence"] if e["signal"].startswith("share of time")]
+        assert stalled and stalled[0]["value"] > stalled[0]["threshold"], serious[0]
         return
     finding = serious[0]
     assert code == 2 and finding["severity"] == "critical"

@@ -25,6 +25,34 @@ _LIMIT_HITS = Sum(Rate(Selector("fleetscope_pool_memory_limit_hits_total"), WIND
 _HIGH = Sum(Rate(Selector("fleetscope_pool_memory_high_events_total"), WINDOW), by=NODE)
 
 
+def enrich(ctx, finding) -> None:
+    """The pools' memory cgroups near their limit (usage over limit of at least 0.9): where
+    the reclaim comes from when it is not node-wide."""
+    from fleetscope.collectors.memory import _read_memcg, read_mount_points
+    from fleetscope.collectors.parsers.oom import memory_cgroup_path
+
+    from .oom_kill import _size
+
+    v1_mounts, v2_mounts = read_mount_points(ctx.last)
+    seen, full = set(), []
+    for process in ctx.pool_members(ctx.last):
+        line = ctx.read(ctx.last, f"proc/{process.pid}/cgroup", memory_cgroup_path)
+        if line is None or line in seen or line[1] in ("", "/"):
+            continue
+        seen.add(line)
+        reading = _read_memcg(ctx.last, line[0], line[1],
+                              v1_mounts if line[0] == "v1" else v2_mounts)
+        if reading and reading["limit"] and reading["usage"] >= 0.9 * reading["limit"]:
+            full.append((reading["usage"] / reading["limit"], process.pool.name, line[1],
+                         reading))
+    full.sort(reverse=True)
+    finding.subjects["cgroups"] = [path for _, _, path, _ in full][:5]
+    if full:
+        ratio, pool, path, reading = full[0]
+        finding.extra_summary = (f"pool {pool}'s memory cgroup {path} at {ratio:.0%} of its "
+                                 f"{_size(reading['limit'] // 1024)} limit")
+
+
 def scenario(k):
     """The scenario bundle that proves the rule, built with the scenario kit `k`
     (tests/fixtures/make_scenarios.py)."""
@@ -69,6 +97,7 @@ RULE = Rule(
                  Max(Selector("fleetscope_pool_memory_usage_ratio"), by=NODE), 0.9, "ratio"),
     ),
     confidence=0.75,
+    enrich=enrich,
     views=(
         Panel("Share of time tasks stalled on memory (PSI some)", _PSI_MEMORY, "ratio",
               MEMORY_STALL),
@@ -79,5 +108,7 @@ RULE = Rule(
     ),
     fleet=FleetFault(("codegen",), 14, 30),
     proof=Proof(scenario, summary=r"tasks stalled on memory 2\d% of the time, with reclaim "
-                                  r"under them"),
+                                  r"under them; pool chat-online's memory cgroup \S+ at 9\d% "
+                                  r"of its 8 GiB limit",
+                subjects=("cgroups", None)),
 )
