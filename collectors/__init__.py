@@ -10,6 +10,7 @@ from .cpu_features import CpuFeaturesCollector
 from .fork_limits import ForkLimitsCollector
 from .irq import IrqCollector
 from .kubernetes import KubernetesCollector
+from .memory import MemoryCollector
 from .nic import NicCollector
 from .numa import NumaCollector
 from .perf import PerfCollector
@@ -31,6 +32,7 @@ COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector
 COLLECTORS[PerfCollector.name] = PerfCollector
 COLLECTORS[KubernetesCollector.name] = KubernetesCollector
 COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
+COLLECTORS[MemoryCollector.name] = MemoryCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

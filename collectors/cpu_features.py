@@ -93,6 +93,25 @@ class _Kmsg:
             self.fd = -1
 
 
+def read_kmsg(kmsg: _Kmsg | None, scrape: Scrape) -> tuple[_Kmsg | None, str]:
+    """(the open /dev/kmsg under the scrape's root, the records logged since its last read):
+    `kmsg` is reused while the root is the same, reopened after a read error."""
+    path = scrape.path(KMSG)
+    if kmsg is not None and kmsg.path != path:
+        kmsg.close()
+        kmsg = None
+    if kmsg is None:
+        try:
+            kmsg = _Kmsg(path)
+        except OSError as err:
+            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+    try:
+        return kmsg, kmsg.read_new()
+    except OSError as err:
+        kmsg.close()
+        raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+
+
 class CpuFeaturesCollector(Collector):
     name = "cpu_features"
 
@@ -228,21 +247,11 @@ class CpuFeaturesCollector(Collector):
 
     def _read_kmsg(self, scrape: Scrape, boot: float | None
                    ) -> tuple[dict[str, int], dict[str, float], int]:
-        path = scrape.path(KMSG)
-        if self._kmsg is not None and self._kmsg.path != path:
-            self._kmsg.close()
-            self._kmsg = None
-        if self._kmsg is None:
-            try:
-                self._kmsg = _Kmsg(path)
-            except OSError as err:
-                raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
         try:
-            text = self._kmsg.read_new()
-        except OSError as err:
-            self._kmsg.close()
-            self._kmsg = None
-            raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+            self._kmsg, text = read_kmsg(self._kmsg, scrape)
+        except NotAvailable:
+            self._kmsg = None  # closed by read_kmsg: reopened on the next scrape
+            raise
         scan = scan_kernel_log(text, f"/{KMSG}")
         self._suppressed += scan.suppressed
         self._position = _account(self._counts, self._last, self._seen, scan, boot,

@@ -512,7 +512,41 @@ class Fleet:
                 last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S
                                 - np.minimum(offset, since), np.nan)
                 yield "fleetscope_sigill_last_crash_timestamp_seconds", binaries, last, crashed
+        yield from self._memory_families(idx, t, s, want, counter, node_labels)
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
+
+    def _memory_families(self, idx, t, s, want, counter, node_labels):
+        """oom-kill: a leaking worker killed at its cgroup's limit about every two minutes;
+        memory-pressure: a cgroup at its limit, tasks stalled ~22 % of the time in reclaim."""
+        act = s["act"]
+        uptime = self.uptime_s[idx]
+        oom, pressure = act["oom-kill"], act["memory-pressure"]
+        kills = np.where(oom, 1 / 120, 0.0)
+        if want("fleetscope_vmstat_oom_kills_total"):
+            yield ("fleetscope_vmstat_oom_kills_total", node_labels(),
+                   counter(kills, 2 + kills[:, -1] * 3600), np.arange(len(idx)))
+        if want("fleetscope_oom_kills_logged_total"):
+            for constraint in ("global", "memcg"):
+                rate = kills if constraint == "memcg" else 0 * kills
+                yield ("fleetscope_oom_kills_logged_total", node_labels(constraint=constraint),
+                       counter(rate, rate[:, -1] * 3600), np.arange(len(idx)))
+        killed = np.flatnonzero(oom[:, -1])
+        if len(killed) and want("fleetscope_oom_kill_last_timestamp_seconds"):
+            since = s["since"]["oom-kill"][killed]
+            offset = 10 + 100 * _uniform(self.seed, 91, idx[killed])[:, None]
+            last = np.where(since >= 0, t[None, :] - np.minimum(offset, since), np.nan)
+            yield ("fleetscope_oom_kill_last_timestamp_seconds",
+                   [{"instance": self.instances[idx[r]], "constraint": "memcg"} for r in killed],
+                   last, killed)
+        stall = np.where(pressure, 0.22, 0.004)
+        stalls = np.where(pressure, 40.0, 0.0)
+        if want("fleetscope_pressure_stall_seconds_total"):
+            yield ("fleetscope_pressure_stall_seconds_total",
+                   node_labels(resource="memory", stall="some"),
+                   counter(stall, stall[:, -1] * uptime), np.arange(len(idx)))
+        if want("fleetscope_memory_allocation_stalls_total"):
+            yield ("fleetscope_memory_allocation_stalls_total", node_labels(),
+                   counter(stalls, stalls[:, -1] * 3600), np.arange(len(idx)))
 
     def _pool_families(self, idx, t, s, want, counter, node_labels):
         seed = self.seed

@@ -162,6 +162,7 @@ def _capture_processes(root: str, destination: str, config: Config, now: float,
         for file_name in file_names:
             copy_file(root, f"{directory}/{file_name}", destination)
     capture_pods(root, destination, config, chosen, redactor or Redactor(config.redact))
+    _capture_memory_cgroups(root, destination, scrape, pool_members)
     _capture_threads(root, destination, scrape, pool_members)
 
 
@@ -202,6 +203,16 @@ def capture_cgroup_mounts(root: str, static_dir: str) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "w") as out:
         out.writelines(lines)
+
+
+def _capture_memory_cgroups(root: str, destination: str, scrape: Scrape, pool_members) -> None:
+    """The pool members' memory cgroup files (v1 and v2), at the paths the memory collector
+    reads them from (collectors/memory.py)."""
+    from fleetscope.collectors.memory import MEMCG_FILES, memory_cgroup_dirs
+
+    for directory in memory_cgroup_dirs(scrape, pool_members):
+        for file_name in MEMCG_FILES:
+            copy_file(root, f"{directory}/{file_name}", destination)
 
 
 TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
