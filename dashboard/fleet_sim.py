@@ -576,6 +576,10 @@ class Fleet:
                 yield "fleetscope_pool_processes", labels(), procs[:, None] + 0 * t, rows
             if want("fleetscope_pool_threads"):
                 yield "fleetscope_pool_threads", labels(), threads_now.astype(float), rows
+            if want("fleetscope_pool_process_starts_total"):  # crash-loop: a restart each 20 s
+                rate = np.where(a("crash-loop"), 0.05, 0.0005) + 0 * t
+                yield ("fleetscope_pool_process_starts_total", labels(),
+                       counter(rate, np.floor(rate[:, -1] * uptime[rows] * 0.01)), rows)
             if want("fleetscope_pool_file_lock_waiters"):  # lock-contention: all but one wait
                 waiters = np.where(a("lock-contention"), np.maximum(procs - 1, 1)[:, None],
                                    0.0) + 0 * t

@@ -203,3 +203,33 @@ def test_a_brief_lock_collision_is_not_contention(tmp_path):
         shutil.copy(quiet, sample / "proc" / "locks")
     document = _diagnose_bundle(bundle)
     assert "lock-contention" not in {f["rule"] for f in document["findings"]}
+
+
+@pytest.mark.live
+def test_pool_processes_replaced_are_counted(tmp_path):
+    """Real processes of a pool replaced one by one (a supervisor restarting a worker): each
+    new pid and start time counts once; the first scrape counts none."""
+    import time
+
+    from fleetscope.collectors.pools import PoolsCollector
+    from fleetscope.collectors.source import evidence_source
+
+    name = f"fs_churn_{tmp_path.name[-12:]}"
+    script = tmp_path / f"{name}.py"
+    script.write_text("import time; time.sleep(1.2)\n")
+    config = parse_config({"pools": [{"name": "runners", "class": "online",
+                                      "match": {"cmdline": re.escape(name)}}]})
+    pools = PoolsCollector(config)
+    source = evidence_source("/", "live")
+    counts = []
+    for _ in range(4):
+        child = subprocess.Popen([sys.executable, str(script)])
+        try:
+            time.sleep(0.4)
+            parsed = samples(render(list(pools.collect(Scrape(source)))))
+            counts.append(parsed['fleetscope_pool_process_starts_total{class="online",'
+                                 'pool="runners"}'])
+        finally:
+            child.kill()
+            child.wait()
+    assert counts == [0, 1, 2, 3]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core import units
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0.5  # a cause, right after isa-mismatch
@@ -24,6 +24,10 @@ MAX_SUBJECTS = 5
 
 _CRASHES = Selector("fleetscope_fatal_trap_crashes_total")
 _AGE = Time() - Max(Selector("fleetscope_fatal_trap_last_crash_timestamp_seconds"), by=NODE)
+# Beside the kernel's word: pool processes replaced by new ones (a supervisor restarting a
+# worker that lives long enough to be seen). Not a condition: short-lived tool processes
+# churn the same way by design.
+_RESTARTS = Sum(Rate(Selector("fleetscope_pool_process_starts_total"), WINDOW), by=NODE) * 60
 
 
 @dataclass
@@ -163,6 +167,8 @@ RULE = Rule(
         Evidence("fatal traps (not SIGILL) in the kernel log",
                  Sum(Max(_CRASHES, by=(*NODE, "binary")), by=NODE), 0, "crashes"),
         Evidence("seconds since the last fatal trap", _AGE, CRASH_WINDOW, "s", pick="min"),
+        Evidence("pool processes replaced (new pid and start time) per minute", _RESTARTS, 0,
+                 "1/min"),
     ),
     confidence=0.85,
     for_seconds=0,  # an event: a crash in the window is the finding
@@ -172,6 +178,9 @@ RULE = Rule(
     views=(
         Panel("Fatal traps in the kernel log so far, per binary",
               Max(_CRASHES, by=(*NODE, "binary")), "crashes", narrow=False),
+        Panel("Pool processes replaced per minute, per pool",
+              Sum(Rate(Selector("fleetscope_pool_process_starts_total"), WINDOW),
+                  by=(*NODE, "pool")) * 60, "1/min", narrow=False),
         Panel("New fatal traps per minute, per binary",
               Max(Rate(_CRASHES, 60, increase=True), by=(*NODE, "binary")), "crashes", 0.0,
               narrow=False),
