@@ -145,10 +145,15 @@ class LockedWorkers:
         self.pids = {child.pid for child in self.children}
         lab.pool("chat-online", "online", re.escape(self.name))
 
-    def waits(self) -> list:
-        """(waiter, holder) pids of /proc/locks rows on our file (ground truth)."""
-        rows = parse_proc_locks(Path("/proc/locks").read_text())
-        return [(r.pid, r.holder) for r in rows if r.waiting and r.inode == self.inode]
+    def waits(self, reads: int = 20) -> list:
+        """(waiter, holder) pids of /proc/locks rows on our file (ground truth), over a few
+        reads: at the instant the holder lets go no one waits."""
+        found: set[tuple[int, int | None]] = set()
+        for _ in range(reads):
+            rows = parse_proc_locks(Path("/proc/locks").read_text())
+            found |= {(r.pid, r.holder) for r in rows if r.waiting and r.inode == self.inode}
+            time.sleep(0.05)
+        return sorted(found)
 
 
 def _produce(name: str, lab: Lab):
