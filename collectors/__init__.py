@@ -10,6 +10,7 @@ from .cpu_features import CpuFeaturesCollector
 from .fork_limits import ForkLimitsCollector
 from .irq import IrqCollector
 from .kubernetes import KubernetesCollector
+from .locks import LocksCollector
 from .memory import MemoryCollector
 from .nic import NicCollector
 from .numa import NumaCollector
@@ -33,6 +34,7 @@ COLLECTORS[PerfCollector.name] = PerfCollector
 COLLECTORS[KubernetesCollector.name] = KubernetesCollector
 COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
 COLLECTORS[MemoryCollector.name] = MemoryCollector
+COLLECTORS[LocksCollector.name] = LocksCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

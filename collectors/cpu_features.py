@@ -11,9 +11,10 @@ Sources, each optional on its own:
 
   Live: /dev/kmsg under the root, opened once (non-blocking), positioned at the start of the
   ring so crashes already logged count, then read record by record until EAGAIN on every
-  scrape. Reading it needs CAP_SYSLOG (root) when kernel.dmesg_restrict is 1. Without it (a
-  bundle, a fixture tree) `dmesg.txt` at the root is read instead; a bundle keeps it in
-  static/, found through the scrape's fallback root.
+  scrape (the one reader of the live kernel log: the other fatal traps it holds are exported
+  from here too, collectors/fatal_traps.py). Reading it needs CAP_SYSLOG (root) when
+  kernel.dmesg_restrict is 1. Without it (a bundle, a fixture tree) `dmesg.txt` at the root
+  is read instead; a bundle keeps it in static/, found through the scrape's fallback root.
 - /proc/sys/debug/exception-trace (show_unhandled_signals): when 0 the kernel logs no SIGILL
   and the crash counter cannot move.
 - /proc/stat `btime`: the kernel log's timestamps are seconds since boot; boot time plus them
@@ -38,9 +39,10 @@ from collections.abc import Iterator
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
+from .fatal_traps import fatal_trap_families
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
-from .parsers.kmsg import KernelLogScan, boot_time, scan_kernel_log, wall_clock
+from .parsers.kmsg import KernelLogScan, SigillCrash, boot_time, scan_kernel_log, wall_clock
 
 MAX_BINARIES = 50
 MAX_VARIANTS = 16  # distinct CPU variants exported; more than this is not a real machine
@@ -126,6 +128,11 @@ class CpuFeaturesCollector(Collector):
         self._position = 0  # crashes read so far from the live kernel log
         self._suppressed = 0
         self._dmesg: tuple[str, KernelLogScan] | None = None
+        # the same, for the other fatal traps (segfaults, ...; collectors/fatal_traps.py)
+        self._fault_counts: Counter[str] = Counter()
+        self._fault_last: dict[str, float] = {}
+        self._fault_seen: dict[str, int] = {}
+        self._fault_position = 0
 
     def close(self) -> None:
         with self._lock:
@@ -208,11 +215,11 @@ class CpuFeaturesCollector(Collector):
             with self._lock:
                 boot = _boot_time(scrape)
                 try:
-                    counts, last, suppressed = self._read_kmsg(scrape, boot)
+                    counts, last, suppressed, faults = self._read_kmsg(scrape, boot)
                 except NotAvailable as kmsg_error:
                     source = DMESG
                     try:
-                        counts, last, suppressed = self._read_dmesg(scrape, boot)
+                        counts, last, suppressed, faults = self._read_dmesg(scrape, boot)
                     except NotAvailable as dmesg_error:
                         scrape.sources[(self.name, KMSG)] = (
                             False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
@@ -239,14 +246,14 @@ class CpuFeaturesCollector(Collector):
         for binary in sorted(last):
             latest.add(round(last[binary], 3), labels(binary=binary))
         yield latest
+        yield from fatal_trap_families(*faults)
         yield counter(
             "fleetscope_sigill_reports_suppressed_total",
             "Unhandled-signal reports the kernel dropped by rate limit ('show_signal: N "
             "callbacks suppressed'); while it rises the crash counter undercounts.",
         ).add(suppressed)
 
-    def _read_kmsg(self, scrape: Scrape, boot: float | None
-                   ) -> tuple[dict[str, int], dict[str, float], int]:
+    def _read_kmsg(self, scrape: Scrape, boot: float | None) -> tuple:
         try:
             self._kmsg, text = read_kmsg(self._kmsg, scrape)
         except NotAvailable:
@@ -254,12 +261,15 @@ class CpuFeaturesCollector(Collector):
             raise
         scan = scan_kernel_log(text, f"/{KMSG}")
         self._suppressed += scan.suppressed
-        self._position = _account(self._counts, self._last, self._seen, scan, boot,
+        self._position = _account(self._counts, self._last, self._seen, scan.crashes, boot,
                                   self._position)
-        return dict(self._counts), dict(self._last), self._suppressed
+        self._fault_position = _account(self._fault_counts, self._fault_last,
+                                        self._fault_seen, scan.faults, boot,
+                                        self._fault_position)
+        return (dict(self._counts), dict(self._last), self._suppressed,
+                (dict(self._fault_counts), dict(self._fault_last)))
 
-    def _read_dmesg(self, scrape: Scrape, boot: float | None
-                    ) -> tuple[dict[str, int], dict[str, float], int]:
+    def _read_dmesg(self, scrape: Scrape, boot: float | None) -> tuple:
         text = scrape.read_text(DMESG)
         cached = self._dmesg
         if cached is None or cached[0] != text:
@@ -267,8 +277,11 @@ class CpuFeaturesCollector(Collector):
         scan = cached[1]
         counts: Counter[str] = Counter()
         last: dict[str, float] = {}
-        _account(counts, last, {}, scan, boot, 0)
-        return dict(counts), last, scan.suppressed
+        _account(counts, last, {}, scan.crashes, boot, 0)
+        fault_counts: Counter[str] = Counter()
+        fault_last: dict[str, float] = {}
+        _account(fault_counts, fault_last, {}, scan.faults, boot, 0)
+        return dict(counts), last, scan.suppressed, (dict(fault_counts), fault_last)
 
 
 def _boot_time(scrape: Scrape) -> float | None:
@@ -279,12 +292,12 @@ def _boot_time(scrape: Scrape) -> float | None:
 
 
 def _account(counts: Counter[str], last: dict[str, float], seen: dict[str, int],
-             scan: KernelLogScan, boot: float | None, position: int) -> int:
-    """Add the crashes of `scan` (in log order, numbered from `position`) to `counts` and
+             crashes: tuple[SigillCrash, ...], boot: float | None, position: int) -> int:
+    """Add `crashes` (one kind of a scan, in log order, numbered from `position`) to `counts` and
     `last`, keeping own series for the MAX_BINARIES most recently crashed binaries (ties: more
     crashes, then name); returns the next position."""
     new: Counter[str] = Counter()
-    for crash in scan.crashes:
+    for crash in crashes:
         new[crash.binary] += 1
         seen[crash.binary] = position
         position += 1
@@ -299,7 +312,7 @@ def _account(counts: Counter[str], last: dict[str, float], seen: dict[str, int],
         seen.pop(binary, None)
     for binary, count in new.items():
         counts[binary if binary in keep else "other"] += count
-    for crash in scan.crashes:
+    for crash in crashes:
         when = wall_clock(crash, boot)
         if when is None:
             continue

@@ -366,6 +366,10 @@ class PoolsCollector(Collector):
         self._located: dict[Hashable, tuple] = {}
         self._located_next: dict[Hashable, tuple] = {}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
+        # (pid, start time) of the processes seen in the last two scrapes, and per pool the
+        # processes that joined since the first: a pool whose pids keep changing restarts
+        self._members: tuple[set, set] | None = None
+        self._starts: dict[str, int] = {}
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         pools = self.config.pools
@@ -523,6 +527,7 @@ class PoolsCollector(Collector):
                 base = pool_labels[pool.name]
                 family.add(value, base.plus(kind=kind) if kind else base)
         families.extend(self._cgroups(scrape, state, pool_labels, now))
+        families.append(self._process_starts(cpu, pool_labels))
         return families
 
     def _locate_cgroups(self, scrape: Scrape, process, key: tuple, acc: _PoolState,
@@ -562,6 +567,22 @@ class PoolsCollector(Collector):
             acc.cgroups.setdefault(cpu[0].directory, cpu)
         if pids is not None:
             acc.pids_cgroups.setdefault(pids.directory, pids)
+
+    def _process_starts(self, members: dict, pool_labels: dict) -> Family:
+        if self._members is not None:
+            recent = self._members[0] | self._members[1]  # one missed listing is no restart
+            for key, (pool, _) in members.items():
+                if key not in recent:
+                    self._starts[pool] = self._starts.get(pool, 0) + 1
+        self._members = (self._members[1] if self._members else set(), set(members))
+        starts = counter(
+            "fleetscope_pool_process_starts_total",
+            "Processes that joined the pool (a pid and start time not seen in the previous two "
+            "scrapes) since the exporter's first scrape: a pool whose processes keep being "
+            "replaced is restarting.")
+        for pool, pool_label in pool_labels.items():
+            starts.add(self._starts.get(pool, 0), pool_label)
+        return starts
 
     def _wait(self, scrape: Scrape, pid: int, tid: int, key: Hashable, runtime: int | None,
               pool: str, waits: dict, wait_pool: dict, tally: SourceTally) -> None:

@@ -113,6 +113,7 @@ WORKLOAD_POOLS = (
 # Workload pools running on each node pool: slot 0 always, slot 1 on mixed nodes only.
 POOL_SLOTS = {"chat": (0, -1), "codegen": (1, -1), "batch": (2, -1), "mixed": (0, 2)}
 BAD_QUANT_MODEL = "qwen2.5-7b-instruct-q2_k"
+CRASHING_BINARY = "tool-runner"  # crash-loop: segfaults at start
 NEW_BINARY = "llama-server"  # built with -march=native on a Kunpeng 920B: SVE everywhere
 
 RDMA_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled",
@@ -512,6 +513,20 @@ class Fleet:
                 last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S
                                 - np.minimum(offset, since), np.nan)
                 yield "fleetscope_sigill_last_crash_timestamp_seconds", binaries, last, crashed
+        # Segfaults in the kernel log (crash-loop): a new tool-runner build dies at start,
+        # restarted by its supervisor every ~20 s.
+        looping = np.flatnonzero(act["crash-loop"][:, -1])
+        if len(looping):
+            since = s["since"]["crash-loop"][looping]
+            binaries = [{"instance": inst[r], "binary": CRASHING_BINARY} for r in looping]
+            if want("fleetscope_fatal_trap_crashes_total"):
+                values = np.where(since >= 0, np.floor(since / 20) + 1, np.nan)
+                yield "fleetscope_fatal_trap_crashes_total", binaries, values, looping
+            if want("fleetscope_fatal_trap_last_crash_timestamp_seconds"):
+                offset = 1 + 18 * _uniform(self.seed, 91, idx[looping])[:, None]
+                last = np.where(since >= 0, t[None, :] - np.minimum(offset, since), np.nan)
+                yield ("fleetscope_fatal_trap_last_crash_timestamp_seconds", binaries, last,
+                       looping)
         yield from self._memory_families(idx, t, s, want, counter, node_labels)
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
 
@@ -595,6 +610,14 @@ class Fleet:
                 yield "fleetscope_pool_processes", labels(), procs[:, None] + 0 * t, rows
             if want("fleetscope_pool_threads"):
                 yield "fleetscope_pool_threads", labels(), threads_now.astype(float), rows
+            if want("fleetscope_pool_process_starts_total"):  # crash-loop: a restart each 20 s
+                rate = np.where(a("crash-loop"), 0.05, 0.0005) + 0 * t
+                yield ("fleetscope_pool_process_starts_total", labels(),
+                       counter(rate, np.floor(rate[:, -1] * uptime[rows] * 0.01)), rows)
+            if want("fleetscope_pool_file_lock_waiters"):  # lock-contention: all but one wait
+                waiters = np.where(a("lock-contention"), np.maximum(procs - 1, 1)[:, None],
+                                   0.0) + 0 * t
+                yield "fleetscope_pool_file_lock_waiters", labels(), waiters, rows
             if want("fleetscope_pool_threads_per_core"):
                 yield ("fleetscope_pool_threads_per_core", labels(),
                        threads_now / physical[rows][:, None], rows)

@@ -371,6 +371,19 @@ def _kernel_sigills() -> tuple:
     return scan_kernel_log(result.stdout).crashes if result.returncode == 0 else ()
 
 
+def _fatal_traps_since(began: float) -> list:
+    """Fatal traps other than SIGILL in the kernel log since `began` (CLOCK_MONOTONIC)."""
+    from fleetscope.collectors.parsers.kmsg import scan_kernel_log
+
+    dmesg = shutil.which("dmesg")
+    result = subprocess.run([dmesg], capture_output=True, text=True, timeout=30) \
+        if dmesg else None
+    if result is None or result.returncode != 0:
+        return []
+    return [f for f in scan_kernel_log(result.stdout).faults
+            if f.seconds is not None and f.seconds >= began]
+
+
 class ForeignLoad:
     """CPUs other programs kept busy while a scenario ran: the machine's busy time less
     what this test and its children used. A fault whose truth needs the CPUs free (one
@@ -440,6 +453,9 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, ear
     foreign = [f for f in findings if f["rule"] == "isa-mismatch"
                and scenario.expect != "isa-mismatch"
                and set(f["subjects"]["binaries"]) <= earlier]
+    # The same for another program's segfaults (crash-loop): no scenario here makes any.
+    foreign += [f for f in findings if f["rule"] == "crash-loop" and _fatal_traps_since(
+        foreign_load.began - EVENT_LOOKBACK_SECONDS)]
     serious = [f for f in findings if f["severity"] in ("warning", "critical")
                and f not in foreign]
     primary = serious[0]["rule"] if serious else None

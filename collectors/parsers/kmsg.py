@@ -1,4 +1,6 @@
-"""Parser for the kernel log: SIGILL crashes (an instruction the CPU does not implement).
+"""Parser for the kernel log: SIGILL crashes (an instruction the CPU does not implement), and
+the other fatal traps a process dies of (segfaults, general protection faults, divide errors,
+breakpoints: what the crash-loop rule counts).
 
 Input is `dmesg` output or /dev/kmsg records, one per line, e.g. (x86, 6.18, and the same
 kind of line read from /dev/kmsg; each is one line in the log, wrapped here):
@@ -48,7 +50,31 @@ Both lines are rate limited (x86: the global printk_ratelimit(); arm64: its own 
 5 s) and printed only when debug.exception-trace is 1 and the process has no SIGILL handler.
 Dropped reports show up later as `show_signal: N callbacks suppressed` (x86: the global
 limit is shared, so N also counts other callers' messages) or
-`arm64_show_signal: N callbacks suppressed`. Segfaults and other traps are ignored.
+`arm64_show_signal: N callbacks suppressed`.
+
+Other fatal traps (`KernelLogScan.faults`, never SIGILL), as this machine's 6.18 kernel printed
+them for gcc-built programs (each one line):
+
+    [  503.338565] hcl_sf[9978]: segfault at 0 ip 000055b0cf3c7139 sp 00007ffef023eb80
+        error 6 in hcl_sf[1139,55b0cf3c7000+1000] likely on CPU 0 (core 0, socket 0)
+    [  503.399391] traps: hcl_de[9997] trap divide error ip:556b7486b146 sp:7ffecdf67b70
+        error:0 in hcl_de[1146,556b7486b000+1000]
+    [  503.434395] traps: hcl_i3[10006] trap int3 ip:561613cf212e ...
+    [  503.485504] traps: hcl_gp[10026] general protection fault ip:55c0b1f7012d ...
+
+- x86 page faults: arch/x86/mm/fault.c show_signal_msg(), `"%s%s[%d]: segfault at %lx ip %px
+  sp %px error %lx"`, print_vma_addr(" in ", ip), and since 6.2 " likely on CPU %d (core %d,
+  socket %d)"; the address after "at" is the data address that faulted (0: a NULL deref).
+- x86 traps: show_signal() as above with type "trap " and the trap's name ("divide error",
+  "int3", "stack segment", "bounds", "overflow", "alignment check", "segment not present",
+  ...), or "general protection fault" with no type (do_general_protection()).
+- arm64: arm64_show_signal() with the fault's name instead of "undefined instruction", e.g.
+  from public logs (Amlogic 4.19, Ubuntu 6.8):
+      [  119.156884@1] detect_demo[2510]: unhandled exception: DABT (lower EL), ESR 0x92000046,
+          level 2 translation fault in libnn_detect.so[7fbd4f0000+6000]
+      mte_test[2263]: unhandled exception: DABT (lower EL), ESR 0x0000000092000051,
+          synchronous tag check fault in mte_test[b847a9c80000+1000]
+All share printk's rate limit and debug.exception-trace with the SIGILL lines.
 """
 
 from __future__ import annotations
@@ -98,6 +124,22 @@ _CODE = re.compile(r"Code:(?: [0-9a-f]{8}){0,8} \((?P<word>[0-9a-f]{8})\)(?: [0-
 _PC = re.compile(r"pc : (?P<pc>[0-9a-f]{16})", re.ASCII)  # arm64 __show_regs, user task
 _VMA = re.compile(r"\[(?:(?P<offset>[0-9a-f]{1,16}),)?(?P<start>[0-9a-f]{1,16})\+"
                   r"(?P<size>[0-9a-f]{1,16})\]$", re.ASCII)
+_SEGFAULT = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: segfault at (?P<address>[0-9a-f]{1,16}) "
+    r"ip (?P<ip>[0-9a-f]{1,16}) sp [0-9a-f]{1,16} error (?P<error>[0-9a-f]{1,16})" + _WHERE,
+    re.ASCII,
+)
+_X86_TRAP = re.compile(
+    r"(?:traps: )?(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\] "
+    r"(?P<desc>trap [a-z0-9 ]{1,40}?|general protection fault) "
+    r"ip:(?P<ip>[0-9a-f]{1,16}) sp:[0-9a-f]{1,16} error:[0-9a-f]{1,16}" + _WHERE,
+    re.ASCII,
+)
+_ARM64_FAULT = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: unhandled exception: " + _ARM64_ESR
+    + r"(?P<desc>[^\n]{1,120}?)(?: in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?",
+    re.ASCII,
+)
 _SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
 
 MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
@@ -119,6 +161,7 @@ class SigillCrash:
     map_start: int | None = None  # start of the mapping holding ip
     map_size: int | None = None
     code_word: str = ""  # arm64 <= 4.18: the faulting instruction word from `Code:`
+    address: str = ""  # a segfault's faulting data address in hex ("segfault at <address>")
 
     @property
     def mapping_delta(self) -> int | None:
@@ -136,6 +179,7 @@ class KernelLogScan:
     crashes: tuple[SigillCrash, ...]
     suppressed: int  # reports the kernel's rate limit dropped ("callbacks suppressed")
     lines: int  # log lines or records read
+    faults: tuple[SigillCrash, ...] = ()  # fatal traps other than SIGILL, in log order
 
 
 def _message(line: str) -> tuple[str, float | None] | None:
@@ -189,6 +233,7 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
     if "\x00" in text:
         raise ParseError(f"{what}: NUL bytes (not kernel log text)")
     crashes: list[SigillCrash] = []
+    faults: list[SigillCrash] = []
     suppressed = 0
     lines = 0
     pending: tuple[re.Match, float | None] | None = None  # arm64 head waiting for its tail
@@ -224,6 +269,21 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
                                       tail.group("where"), "", head_seconds, tail.group("desc")))
                 last_crash = len(crashes) - 1
                 continue
+        if "]: segfault at " in message:
+            match = _SEGFAULT.fullmatch(message)
+            if match:
+                faults.append(replace(_crash(
+                    "x86", match.group("comm"), int(match.group("pid")), match.group("where"),
+                    match.group("ip"), seconds, f"segfault (error {match.group('error')})"),
+                    address=match.group("address")))
+            continue
+        if "trap " in message or "] general protection fault ip:" in message:
+            match = _X86_TRAP.fullmatch(message)
+            if match and match.group("desc") != "trap invalid opcode":
+                faults.append(_crash("x86", match.group("comm"), int(match.group("pid")),
+                                     match.group("where"), match.group("ip"), seconds,
+                                     match.group("desc").removeprefix("trap ")))
+                continue
         if "invalid opcode" in message:
             match = _X86.fullmatch(message)
             if match:
@@ -238,6 +298,11 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
                 crashes.append(_crash("arm64", match.group("comm"), int(match.group("pid")),
                                       match.group("where"), "", seconds, match.group("desc")))
                 last_crash = len(crashes) - 1
+                continue
+            fault = _ARM64_FAULT.fullmatch(message)
+            if fault:  # any other fault name: SIGSEGV, SIGBUS, SIGTRAP...
+                faults.append(_crash("arm64", fault.group("comm"), int(fault.group("pid")),
+                                     fault.group("where"), "", seconds, fault.group("desc")))
                 continue
             head = _ARM64_HEAD.fullmatch(message)
             if head:
@@ -257,7 +322,8 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
                 suppressed += int(match.group(1))
     # pid 0 is the idle task: an undefined instruction there is a kernel oops (old arm64
     # kernels printed the same line for kernel mode), not a process killed by SIGILL.
-    return KernelLogScan(tuple(c for c in crashes if c.pid), suppressed, lines)
+    return KernelLogScan(tuple(c for c in crashes if c.pid), suppressed, lines,
+                         tuple(f for f in faults if f.pid))
 
 
 def parse_sigill(text: str, what: str = "kernel log") -> list[SigillCrash]:

@@ -64,7 +64,7 @@ SAMPLE_GLOBS = (
     "proc/sys/kernel/threads-max", "proc/sys/kernel/pid_max", "proc/sys/vm/max_map_count",
     "sys/devices/system/node/node*/numastat",
     "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
-    "sys/fs/cgroup/cgroup.controllers",
+    "sys/fs/cgroup/cgroup.controllers", "proc/locks",
 )
 # Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")

@@ -1,0 +1,194 @@
+"""crash-loop: a binary keeps dying of a fatal trap (segfault, general protection fault,
+divide error, int3, an arm64 data abort ...) and its supervisor keeps restarting it.
+
+Condition: a fatal trap other than SIGILL (isa-mismatch keeps those) in the kernel log inside
+the look-back (Prometheus: the last 15 minutes; in-process: inside the window, as isa-mismatch
+reads SIGILLs); older crashes are an `info` tier. Enrichment: one finding per node naming each
+crashing binary, its pids, how many times it crashed, when last, and where (the faulting data
+address of a segfault, the instruction pointer and its file offset in the binary).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fleetscope.core import units
+
+from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..promql import Max, Rate, Recent, Selector, Sum, Time
+
+RANK = 0.5  # a cause, right after isa-mismatch
+CRASH_WINDOW = 900  # seconds: crashes this recent are the incident (in-process: the window)
+MAX_SUBJECTS = 5
+
+_CRASHES = Selector("fleetscope_fatal_trap_crashes_total")
+_AGE = Time() - Max(Selector("fleetscope_fatal_trap_last_crash_timestamp_seconds"), by=NODE)
+# Beside the kernel's word: pool processes replaced by new ones (a supervisor restarting a
+# worker that lives long enough to be seen). Not a condition: short-lived tool processes
+# churn the same way by design.
+_RESTARTS = Sum(Rate(Selector("fleetscope_pool_process_starts_total"), WINDOW), by=NODE) * 60
+
+
+@dataclass
+class _Crashed:
+    binary: str
+    pids: list[int] = field(default_factory=list)  # latest first
+    crashes: int = 0
+    last_time: float | None = None
+    last: object = None  # the latest crash record (parsers/kmsg.py)
+    times: list[float] = field(default_factory=list)  # wall-clock times of the crashes
+
+    def since(self, start: float) -> int:
+        return sum(when >= start for when in self.times)
+
+
+def _look_back_start(ctx, now: float) -> float:
+    """Where 'recent' begins: the window's first sample in-process (as Recent reads the
+    condition), else the 15-minute look-back."""
+    series = ctx.series
+    if series is not None and series.max_lookback_ms and series.window_start_ms is not None:
+        return series.window_start_ms / 1000 - 1.0
+    return now - CRASH_WINDOW
+
+
+def crashed_binaries(faults, boot: float | None) -> list[_Crashed]:
+    """Per binary: its crashes, pids and latest crash, most recently crashed first."""
+    from fleetscope.collectors.parsers.kmsg import wall_clock
+
+    by_binary: dict[str, _Crashed] = {}
+    for fault in faults:  # log order: later lines are later crashes
+        crashed = by_binary.setdefault(fault.binary, _Crashed(fault.binary))
+        crashed.crashes += 1
+        if fault.pid in crashed.pids:
+            crashed.pids.remove(fault.pid)
+        crashed.pids.insert(0, fault.pid)
+        crashed.last = fault
+        crashed.last_time = wall_clock(fault, boot)
+        if crashed.last_time is not None:
+            crashed.times.append(crashed.last_time)
+    return sorted(by_binary.values(), key=lambda c: (-(c.last_time or 0), -c.crashes, c.binary))
+
+
+def where(fault) -> str:
+    """'segfault at 0 ip 55b0cf3c7139 (file offset 0x1139)' for a person and `addr2line`."""
+    text = fault.description
+    if fault.address:
+        text = f"segfault at {fault.address}" + text.removeprefix("segfault")
+    if fault.ip:
+        text += f" ip {fault.ip.lstrip('0') or '0'}"
+    if fault.offset is not None:
+        text += f" (file offset {fault.offset:#x})"
+    elif fault.mapping_delta is not None:
+        text += f" ({fault.mapping_delta:#x} into the mapping)"
+    return text
+
+
+def enrich(ctx, finding) -> None:
+    """Every binary the kernel log saw die of a fatal trap: pids, count, last time and the
+    faulting address, crashes inside the look-back first."""
+    from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
+
+    text = ctx.kernel_log()
+    if text is None:
+        return
+    faults = scan_kernel_log(text).faults
+    if not faults:
+        return
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    now = ctx.now()
+    start = _look_back_start(ctx, now)
+    binaries = crashed_binaries(faults, boot)
+    recent = [c for c in binaries if c.last_time is not None and c.last_time >= start]
+    shown = (recent or binaries)[:MAX_SUBJECTS]
+    finding.subjects["binaries"] = [c.binary for c in shown]
+    finding.subjects["pids"] = [pid for c in shown for pid in c.pids[:4]][:MAX_SUBJECTS * 4]
+    for crashed in shown:
+        pids = ", ".join(str(p) for p in crashed.pids[:10])
+        finding.evidence.append({
+            "signal": f"fatal traps of {crashed.binary} (pids {pids}), the last: "
+                      f"{where(crashed.last)}",
+            "value": crashed.crashes, "threshold": 0, "unit": "crashes"})
+        if crashed.last_time is not None:
+            finding.evidence.append({
+                "signal": f"latest fatal trap of {crashed.binary} at {_utc(crashed.last_time)} "
+                          f"({'within' if crashed.last_time >= start else 'before'} the "
+                          "look-back)",
+                "value": round(crashed.last_time, 3), "threshold": round(start, 3),
+                "unit": "unix seconds"})
+    parts = []
+    for crashed in shown[:3]:
+        pids = ", ".join(str(p) for p in crashed.pids[:3])
+        ago = f", last {units.duration(max(0.0, now - crashed.last_time))} ago" \
+            if crashed.last_time is not None else ""
+        inside = crashed.since(start)
+        count = f"{inside} time{'s' if inside != 1 else ''} in the look-back" if inside \
+            else f"{crashed.crashes} time{'s' if crashed.crashes != 1 else ''}"
+        parts.append(f"{crashed.binary} crashed {count} (pid {pids}{ago}): "
+                     f"{where(crashed.last)}")
+    finding.extra_summary = "; ".join(parts)
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
+def scenario(k):
+    """The scenario bundle that proves the rule, built with the scenario kit `k`
+    (tests/fixtures/make_scenarios.py)."""
+    return k.x86_scenario(
+        "crash-loop", "agent-x86-09",
+        "a new build of the tool-runner dereferences a NULL config pointer as soon as it "
+        "starts; its supervisor restarts it every few seconds",
+        "five `tool-runner[pid]: segfault at 0 ip ... error 4 in tool-runner[...]` kernel "
+        "lines inside the window, each with a new pid",
+        uptime_days=3.1, procs=k.daemons(k.X86) + k.workers(k.X86, k.ONLINE_X86, 1.1),
+        background=k.background(k.X86, 0.3, 0.02), segfaults=5)
+
+
+RULE = Rule(
+    id="crash-loop",
+    severity="critical",
+    symptom="a worker keeps restarting; tasks fail or are retried elsewhere",
+    cause="a binary dies of a fatal trap (segfault, general protection fault, divide error, "
+          "int3, a data abort on arm64) as soon as it runs, and its supervisor restarts it",
+    action="roll back the build or config that started it; the faulting address and file "
+           "offset (addr2line -f -e BINARY OFFSET) name the function; keep a core dump "
+           "(systemd-coredump, ulimit -c) of one crash",
+    summary="fatal traps (segfault and the like) in the kernel log, the last {value:duration} "
+            "before the window's end",
+    # As isa-mismatch reads SIGILLs: crashes inside the look-back (Prometheus: 15 minutes;
+    # in-process: the window), one finding per node naming every crashing binary. Older
+    # crashes are only information: a node that once ran a bad build is not sick now.
+    condition=Recent(_AGE, CRASH_WINDOW),
+    tiers=(Tier("info", _AGE >= 0,
+                "earlier fatal traps, the last {value:duration} before the window's end"),),
+    evidence=(
+        Evidence("fatal traps (not SIGILL) in the kernel log",
+                 Sum(Max(_CRASHES, by=(*NODE, "binary")), by=NODE), 0, "crashes"),
+        Evidence("seconds since the last fatal trap", _AGE, CRASH_WINDOW, "s", pick="min"),
+        Evidence("pool processes replaced (new pid and start time) per minute", _RESTARTS, 0,
+                 "1/min"),
+    ),
+    confidence=0.85,
+    for_seconds=0,  # an event: a crash in the window is the finding
+    # The kernel log was read (the same reader exports the SIGILL families, always present).
+    present_if=("fleetscope_sigill_reports_suppressed_total",),
+    enrich=enrich,
+    views=(
+        Panel("Fatal traps in the kernel log so far, per binary",
+              Max(_CRASHES, by=(*NODE, "binary")), "crashes", narrow=False),
+        Panel("Pool processes replaced per minute, per pool",
+              Sum(Rate(Selector("fleetscope_pool_process_starts_total"), WINDOW),
+                  by=(*NODE, "pool")) * 60, "1/min", narrow=False),
+        Panel("New fatal traps per minute, per binary",
+              Max(Rate(_CRASHES, 60, increase=True), by=(*NODE, "binary")), "crashes", 0.0,
+              narrow=False),
+    ),
+    fleet=FleetFault(("chat",), 6, 12),
+    proof=Proof(scenario,
+                summary=r"fatal traps \(segfault and the like\) in the kernel log, the last "
+                        r"[\d.]+ (ms|s|min) before the window's end; tool-runner crashed 5 "
+                        r"times in the look-back \(pid .*\): segfault at 0 \(error 4\) ip",
+                subjects=("binaries", ["tool-runner"])),
+)
