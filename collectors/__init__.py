@@ -8,6 +8,7 @@ from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
 from .irq import IrqCollector
+from .listen import ListenCollector
 from .nic import NicCollector
 from .numa import NumaCollector
 from .perf import PerfCollector
@@ -27,6 +28,7 @@ COLLECTORS[AgentCollector.name] = AgentCollector
 COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
 COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
 COLLECTORS[PerfCollector.name] = PerfCollector
+COLLECTORS[ListenCollector.name] = ListenCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]
