@@ -6,11 +6,14 @@ bundle file's format, and the collector on recorded trees."""
 from __future__ import annotations
 
 import contextlib
+import doctest
 import os
 import socket
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.listen import (
@@ -21,6 +24,7 @@ from fleetscope.collectors.listen import (
     socket_owners,
 )
 from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.parsers import listen as listen_parsers
 from fleetscope.collectors.parsers.listen import (
     HEADER,
     Listener,
@@ -31,6 +35,8 @@ from fleetscope.collectors.parsers.listen import (
 )
 from fleetscope.collectors.source import LiveHost, RecordedSample
 from fleetscope.core.config import Config
+from tests.fuzzing import parser_fuzz_tests
+from tests.test_fuzz_parsers import procish
 
 
 @contextlib.contextmanager
@@ -152,3 +158,33 @@ def test_collector_reads_the_bundle_file_then_falls_back_to_proc_net_tcp(tmp_pat
     scrape = Scrape(RecordedSample(str(recorded)))
     assert list(ListenCollector(Config()).collect(scrape)) == []
     assert scrape.errors["listen"]
+
+
+# A real /proc/net/tcp of this machine: a listener with 3 queued (backlog 2), a connection.
+NET_TCP_LISTENING = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode\n"
+    "   0: 0100007F:D115 00000000:0000 0A 00000000:00000003 00:00000000 00000000     0"
+    "        0 16936 1 000000006b073d4d 100 0 0 10 0\n"
+    "   1: 0100007F:D115 0100007F:B5EB 01 00000000:00000000 00:00000000 00000000     0"
+    "        0 18791 1 0000000040ecf2bb 20 4 30 10 -1\n")
+LISTEN_PARSERS = {
+    "listeners_file": (parse_listeners_file, format_listeners_file(
+        [Listener("127.0.0.1:8080", 3, 2, 4711023, (5210,)), Listener("[::]:9105", 0, 4096, 88),
+         Listener("0.0.0.0:22", 0, None, 1068)])),
+    "listen_rows": (parse_listen_rows, NET_TCP_LISTENING),
+}
+test_fuzz_listen_garbage, test_fuzz_listen_cut_and_corrupted = parser_fuzz_tests(
+    LISTEN_PARSERS, procish)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=400))
+def test_fuzz_sock_diag_answers_raise_parse_error_only(data):
+    with contextlib.suppress(ParseError):
+        parse_listen_dump(data)
+
+
+def test_listen_parser_docstring_examples():
+    failures, tried = doctest.testmod(listen_parsers)
+    assert tried and not failures
