@@ -10,6 +10,7 @@ from .cpu_features import CpuFeaturesCollector
 from .fork_limits import ForkLimitsCollector
 from .irq import IrqCollector
 from .kubernetes import KubernetesCollector
+from .listen import ListenCollector
 from .locks import LocksCollector
 from .memory import MemoryCollector
 from .nic import NicCollector
@@ -35,6 +36,7 @@ COLLECTORS[KubernetesCollector.name] = KubernetesCollector
 COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
 COLLECTORS[MemoryCollector.name] = MemoryCollector
 COLLECTORS[LocksCollector.name] = LocksCollector
+COLLECTORS[ListenCollector.name] = ListenCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

@@ -497,6 +497,23 @@ class Fleet:
                            [{"instance": x, "interface": f, "direction": direction}
                             for x, f in zip(inst, iface, strict=True)],
                            counter(rate, rate[:, -1] * uptime), rows)
+        # Listen overflow: the gateway's listener (backlog 511) held full, handshakes dropped.
+        overflow = act["listen-overflow"]
+        for name in ("ListenOverflows", "ListenDrops"):
+            if want("fleetscope_tcp_stats_total"):
+                rate = np.where(overflow, 35 + 20 * _uniform(self.seed, 91, idx[:, None],
+                                                              t // STEP_S), 0.0)
+                yield ("fleetscope_tcp_stats_total",
+                       node_labels(group="TcpExt", counter=name),
+                       counter(rate, rate[:, -1] * uptime * 0.001), rows)
+        if want("fleetscope_tcp_listen_queue_connections"):
+            queue = np.where(overflow, 512.0, np.floor(3 * _uniform(self.seed, 92, idx[:, None],
+                                                                     t // STEP_S)))
+            yield ("fleetscope_tcp_listen_queue_connections",
+                   node_labels(listener="0.0.0.0:8443"), queue, rows)
+        if want("fleetscope_tcp_listen_backlog_connections"):
+            yield ("fleetscope_tcp_listen_backlog_connections",
+                   node_labels(listener="0.0.0.0:8443"), np.full((n, m), 511.0), rows)
         # SIGILL in the kernel log: only on nodes that ran the new binary.
         crashed = np.flatnonzero(act["isa-mismatch"][:, -1])
         if len(crashed):

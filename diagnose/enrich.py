@@ -172,6 +172,26 @@ class Enricher:
             pinned = f", pinned to CPU {allowed}"
         return f"pid {pid} ({program or '?'}{pinned})"
 
+    def full_listeners(self) -> list:
+        """The listening sockets whose accept queue is at its backlog (else the one with the
+        longest queue, where the backlog is not known), fullest first, with the pids holding
+        them: the live node's (sock_diag, fd links) or as the bundle recorded them."""
+        from fleetscope.collectors.listen import read_listeners, socket_owners
+        from fleetscope.collectors.source import LiveHost
+
+        scrape = Scrape(LiveHost(self.last.roots[0])) if self.live else self.last
+        try:
+            listeners = read_listeners(scrape)
+        except (NotAvailable, ParseError):
+            return []
+        full = [item for item in listeners if item.full] or sorted(
+            (item for item in listeners if item.queue), key=lambda item: -item.queue)[:1]
+        full.sort(key=lambda item: (-item.queue, item.address))
+        if self.live:
+            owners = socket_owners(scrape, {item.inode for item in full})
+            full = [item._replace(pids=tuple(owners.get(item.inode, ()))) for item in full]
+        return full
+
     def saturated_cpus(self) -> list[int]:
         """CPUs busier than the saturation ratio between the first and last /proc/stat."""
         before = self._stat_before or _read(self.first, "proc/stat", parse_proc_stat)

@@ -478,6 +478,8 @@ class _Binary(Expr):
     def promql(self) -> str:
         left = _operand(self.left, self.op, False)
         matching = f" on ({', '.join(self.on)})" if self.on is not None else ""
+        if getattr(self, "group_left", False):
+            matching += " group_left ()"  # the empty list: a `(` after it is the operand's
         return f"{left} {self.op}{matching} {_operand(self.right, self.op, True)}"
 
     def _key(self, labels: Labels) -> Labels:
@@ -523,6 +525,9 @@ class Arith(_Binary):
     left: Expr
     right: Expr
     on: tuple[str, ...] | None = None
+    # many-to-one: each left series (a pool's) with the one right series (its node's) of
+    # the same `on` labels, keeping the left labels, as _apply matches them
+    group_left: bool = False
 
     def evaluate(self, series, at_ms):
         return self._apply(series, at_ms, _ARITH[self.op], keep_name=False)

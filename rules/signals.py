@@ -27,6 +27,10 @@ def busy_ratio_over_window(stat: str) -> Expr:
 PSI_CPU = Sum(Rate(Selector("fleetscope_pressure_stall_seconds_total",
                             {"resource": "cpu", "stall": "some"}), WINDOW), by=NODE)
 SATURATED_CORES = Max(Selector("fleetscope_cpu_saturated_cores"), by=NODE)
+# procs_running counts the task reading /proc/stat (the exporter itself): one less is the
+# node's own work.
+RUNNABLE_TASKS = Max(Selector("fleetscope_procs_running"), by=NODE) - 1
+ONLINE_CPUS = Sum(Selector("fleetscope_cpu_numa_node_cpus"), by=NODE)
 
 
 def online_delay(by: tuple[str, ...] = POOL) -> Expr:

@@ -275,6 +275,26 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
             copy_file(root, f"proc/net/{name}", destination)
 
 
+def _capture_listeners(destination: str, source: EvidenceSource) -> None:
+    """cmd/tcp-listeners.txt: the live node's listening sockets with their backlogs
+    (sock_diag), and the owners of those whose accept queue is full (their fd links)."""
+    from fleetscope.collectors.listen import LISTENERS_FILE, dump_listeners, socket_owners
+    from fleetscope.collectors.parsers.listen import format_listeners_file
+
+    if not source.live:
+        return
+    try:
+        listeners = dump_listeners()
+    except OSError:
+        return
+    full = {item.inode for item in listeners if item.full}
+    owners = socket_owners(Scrape(source), full) if full else {}
+    listeners = [item._replace(pids=tuple(owners.get(item.inode, ()))) for item in listeners]
+    os.makedirs(os.path.join(destination, os.path.dirname(LISTENERS_FILE)), exist_ok=True)
+    with open(os.path.join(destination, LISTENERS_FILE), "w") as out:
+        out.write(format_listeners_file(listeners))
+
+
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
 
 
@@ -414,6 +434,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             if os.path.isdir(os.path.join(root, "proc")):
                 _capture_processes(root, sample_dir, config, now, redactor, commands.source)
             commands.sample(sample_dir, interval)
+            _capture_listeners(sample_dir, commands.source)
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
                 progress(index + 1, count)

@@ -2,7 +2,8 @@
 
 Condition: the spread of the window's mean core busy (busiest minus median) above 0.4, a
 saturated core, and tasks waiting on the most contended CPU's run queue (/proc/schedstat;
-PSI cpu some on a kernel without it). A symptom more often than a cause. Enrichment: the
+PSI cpu some on a kernel without it, where waiting while most cores idle is avoidable
+waiting, so less of it counts). A symptom more often than a cause. Enrichment: the
 saturated CPUs and the processes on them, pinned there (affinity) or not.
 """
 
@@ -18,6 +19,10 @@ RANK = 14
 CORE_IMBALANCE_SPREAD = 0.4  # busiest core minus the median core (window means)
 CORE_WAIT = 0.2  # s/s runnable tasks wait on the most contended CPU's run queue
 CORE_IMBALANCE_PSI = 0.2  # without per-CPU schedstat: tasks waited 20 % of the time
+# ... or 10 % of the time while the median core was under half busy: a task that waits
+# while most cores idle waits only because of where it may run (four saturated CPUs of 64)
+CORE_IMBALANCE_PSI_IDLE = 0.1
+MOSTLY_IDLE = 0.5  # the median core's busy share (window mean)
 MAX_SUBJECTS = 5
 
 _CORE_WAIT = Max(Selector("fleetscope_schedstat_core_waiting_ratio", {"stat": "max"}), by=NODE)
@@ -29,6 +34,9 @@ _CORE_WAIT = Max(Selector("fleetscope_schedstat_core_waiting_ratio", {"stat": "m
 # node out.
 _SPREAD = busy_ratio_over_window("max") - busy_ratio_over_window("p50")
 _UNEVEN = (_SPREAD > CORE_IMBALANCE_SPREAD).and_on(SATURATED_CORES >= 1, NODE)
+_PSI_WAITING = ((PSI_CPU > CORE_IMBALANCE_PSI)
+                | (PSI_CPU > CORE_IMBALANCE_PSI_IDLE)
+                .and_on(busy_ratio_over_window("p50") < MOSTLY_IDLE, NODE))
 
 
 def enrich(ctx, finding) -> None:
@@ -88,13 +96,14 @@ RULE = Rule(
     # Waiting is read per CPU from /proc/schedstat; a kernel without CONFIG_SCHEDSTATS
     # has only PSI (tasks waited somewhere on the node while its median core idled).
     condition=(_UNEVEN.and_on(_CORE_WAIT > CORE_WAIT, NODE)
-               | _UNEVEN.and_on(PSI_CPU > CORE_IMBALANCE_PSI, NODE)
+               | _UNEVEN.and_on(_PSI_WAITING, NODE)
                .unless(Max(Selector("fleetscope_schedstat_core_waiting_ratio"), by=NODE), NODE)),
     evidence=(
         Evidence("busiest core minus median core busy (window mean)", _SPREAD,
                  CORE_IMBALANCE_SPREAD, "ratio"),
         Evidence("run-queue wait on the most contended core", _CORE_WAIT, CORE_WAIT, "s/s"),
-        Evidence("CPU pressure (PSI cpu some)", PSI_CPU, CORE_IMBALANCE_PSI, "ratio"),
+        Evidence("CPU pressure (PSI cpu some), 20 % when the median core is half busy",
+                 PSI_CPU, CORE_IMBALANCE_PSI_IDLE, "ratio"),
         Evidence("busiest core busy", busy_ratio("max"), SATURATED_CORE, "ratio"),
         Evidence("median core busy", busy_ratio("p50"), 0.5, "ratio", pick="min"),
         Evidence("saturated cores", SATURATED_CORES, 1, "cores"),

@@ -2,8 +2,12 @@
 eat the CPU.
 
 Condition: runnable threads per physical core (every thread of the pool, /proc/<pid>/task/*)
-above 2 and the pool's nonvoluntary context switches above 50/s. Enrichment: the pool's
-processes with the most threads.
+above 2 and the pool's nonvoluntary context switches above 50/s. A bundle without task/
+directories (a recorder other than `bundle record`) holds each process's main thread only,
+whose state says nothing of its workers: there the pool's runnable threads are estimated
+from what it does hold (the node's runnable tasks, /proc/stat procs_running, in the share of
+the node's CPU the pool uses; threads per core from status `Threads:`) and CPU pressure is the
+harm. Enrichment: the pool's processes with the most threads.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 from fleetscope.collectors.parsers.process import parse_pid_stat
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
-from ..promql import Max, Rate, Selector, Sum
-from ..signals import POOL
+from ..promql import Arith, Max, Rate, Selector, Sum
+from ..signals import ONLINE_CPUS, POOL, PSI_CPU, RUNNABLE_TASKS
 
 RANK = 9
 THREADS_PER_CORE = 2.0  # "more than ~2x as many runnable threads as physical cores"
 NONVOLUNTARY_SWITCHES = 50.0  # per second, all threads of the pool: preempted, not waiting
+PSI_CPU_SOME = 0.5  # without thread states: tasks waited for a CPU half the time
 MAX_SUBJECTS = 5
 
 _THREADS_PER_CORE = Max(Selector("fleetscope_pool_threads_per_core"), by=POOL)
@@ -28,6 +33,20 @@ _RUNNABLE_PER_CORE = (Max(Selector("fleetscope_pool_runnable_threads"), by=POOL)
                       * _THREADS_PER_CORE)
 _NONVOLUNTARY = Sum(Rate(Selector("fleetscope_pool_context_switches_total",
                                   {"kind": "nonvoluntary"}), WINDOW), by=POOL)
+# Main threads only read, of processes that have more: no thread state to count.
+_MAIN_THREADS_ONLY = (
+    (Max(Selector("fleetscope_pool_threads_read"), by=POOL)
+     <= Max(Selector("fleetscope_pool_processes"), by=POOL))
+    .and_on(Max(Selector("fleetscope_pool_threads"), by=POOL)
+            > Max(Selector("fleetscope_pool_threads_read"), by=POOL), POOL))
+# The node's runnable tasks in the pool's share of its CPUs, per physical core (the pool's
+# threads over its threads per core): the runnable threads the pool's CPU use implies.
+_POOL_CPUS = Sum(Rate(Selector("fleetscope_pool_cpu_seconds_total"), WINDOW), by=POOL)
+_POOL_CORES = (Max(Selector("fleetscope_pool_threads"), by=POOL)
+               / Max(Selector("fleetscope_pool_threads_per_core"), by=POOL))
+_ESTIMATED_RUNNABLE_PER_CORE = Arith(
+    "*", Arith("/", _POOL_CPUS, ONLINE_CPUS, on=NODE, group_left=True), RUNNABLE_TASKS,
+    on=NODE, group_left=True) / _POOL_CORES
 
 
 def enrich(ctx, finding) -> None:
@@ -79,15 +98,29 @@ RULE = Rule(
            "use async I/O instead of a thread per request",
     summary="pool {pool}: {value:.1f} runnable threads per physical core, preempted often",
     # Every thread of the pool (/proc/<pid>/task/*): runnable ones over the cores, and their
-    # nonvoluntary switches, which rise as the problem worsens.
-    condition=(_RUNNABLE_PER_CORE > THREADS_PER_CORE).and_on(
-        _NONVOLUNTARY > NONVOLUNTARY_SWITCHES, (*NODE, "pool")),
+    # nonvoluntary switches, which rise as the problem worsens. Where only main threads were
+    # recorded: the estimate, with the pool's own threads per core and CPU pressure as harm.
+    condition=((_RUNNABLE_PER_CORE > THREADS_PER_CORE).and_on(
+        _NONVOLUNTARY > NONVOLUNTARY_SWITCHES, (*NODE, "pool"))
+        | (_ESTIMATED_RUNNABLE_PER_CORE > THREADS_PER_CORE)
+        .and_on(_THREADS_PER_CORE > THREADS_PER_CORE, (*NODE, "pool"))
+        .and_on(_MAIN_THREADS_ONLY, (*NODE, "pool"))
+        .and_on(PSI_CPU > PSI_CPU_SOME, NODE)),
+    # Where only main threads were read, their states and switches stand for the pool only
+    # when they show the fault; else the estimate from the node's runnable tasks does.
     evidence=(
-        Evidence("runnable threads per physical core", _RUNNABLE_PER_CORE, THREADS_PER_CORE,
-                 "threads"),
-        Evidence("nonvoluntary context switches (all threads)", _NONVOLUNTARY,
-                 NONVOLUNTARY_SWITCHES, "1/s"),
+        Evidence("runnable threads per physical core",
+                 _RUNNABLE_PER_CORE.unless(_MAIN_THREADS_ONLY, (*NODE, "pool"))
+                 | (_RUNNABLE_PER_CORE > THREADS_PER_CORE), THREADS_PER_CORE, "threads"),
+        Evidence("runnable threads per physical core, from the pool's share of the node's "
+                 "runnable tasks (main threads only recorded)",
+                 _ESTIMATED_RUNNABLE_PER_CORE.and_on(_MAIN_THREADS_ONLY, (*NODE, "pool")),
+                 THREADS_PER_CORE, "threads"),
+        Evidence("nonvoluntary context switches (all threads)",
+                 _NONVOLUNTARY.unless(_MAIN_THREADS_ONLY, (*NODE, "pool"))
+                 | (_NONVOLUNTARY > NONVOLUNTARY_SWITCHES), NONVOLUNTARY_SWITCHES, "1/s"),
         Evidence("threads per physical core", _THREADS_PER_CORE, THREADS_PER_CORE, "threads"),
+        Evidence("CPU pressure (PSI cpu some)", PSI_CPU, PSI_CPU_SOME, "ratio"),
     ),
     confidence=0.65,
     enrich=enrich,

@@ -1,0 +1,105 @@
+"""listen-overflow: a server's accept loop does not keep up; the kernel drops the handshakes
+its full accept queue has no room for, and clients wait out SYN retransmissions (1 s, 3 s,
+7 s ...) or fail to connect.
+
+Condition: TcpExt ListenOverflows (the kernel's own count of handshakes dropped at a full
+accept queue, /proc/net/netstat) above 1/s over the window, with a listening socket whose
+accept queue is at its backlog (sock_diag: sk_ack_backlog against sk_max_ack_backlog). A
+source without the listener table (a bundle from another recorder) judges from the counter
+alone. Enrichment: the full listener's address and the processes holding it.
+"""
+
+from __future__ import annotations
+
+from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..promql import Max, Rate, Selector, Sum
+
+RANK = 4.5
+LISTEN_OVERFLOWS = 1.0  # per second: handshakes dropped at a full accept queue
+QUEUE_FULL = 1.0  # accept queue over backlog: at (or past) it, new handshakes are dropped
+MAX_SUBJECTS = 5
+
+
+def _tcp_ext(counter: str, by=NODE):
+    return Sum(Rate(Selector("fleetscope_tcp_stats_total",
+                             {"group": "TcpExt", "counter": counter}), WINDOW), by=by)
+
+
+_OVERFLOWS = _tcp_ext("ListenOverflows")
+_DROPS = _tcp_ext("ListenDrops")
+_BACKLOG = Selector("fleetscope_tcp_listen_backlog_connections")
+_QUEUE = Selector("fleetscope_tcp_listen_queue_connections")
+_FULLEST = Max(_QUEUE / _BACKLOG, by=NODE)
+_SOMAXCONN = Max(Selector("fleetscope_sysctl", {"name": "net.core.somaxconn"}), by=NODE)
+
+
+def enrich(ctx, finding) -> None:
+    """The full listeners (address, queue, backlog) and the processes holding them."""
+    full = ctx.full_listeners()
+    finding.subjects["pids"] = sorted({pid for item in full for pid in item.pids})[
+        :MAX_SUBJECTS]
+    described = []
+    for item in full[:3]:
+        owner = "; ".join(ctx.describe(pid) for pid in item.pids[:2]) or "owner unknown"
+        backlog = "?" if item.backlog is None else item.backlog
+        described.append(f"{item.address} accept queue {item.queue} of backlog {backlog} "
+                         f"({owner})")
+    if described:
+        finding.extra_summary = "full listener: " + ", ".join(described)
+
+
+def scenario(k):
+    """The scenario bundle that proves the rule, built with the scenario kit `k`
+    (tests/fixtures/make_scenarios.py)."""
+    return k.x86_scenario(
+        "listen-overflow", "agent-x86-09",
+        "the agent gateway's accept loop blocks on a synchronous auth call per connection and "
+        "listens with the framework's backlog of 128: its accept queue stays full and the "
+        "kernel drops the handshakes beyond it",
+        "TcpExt ListenOverflows and ListenDrops +40/s each, the gateway's listener "
+        "0.0.0.0:8443 at 129 of its backlog of 128 in every sample, net.core.somaxconn 4096, "
+        "sessions slow (clients retransmit SYNs), CPUs mostly idle",
+        uptime_days=6.3, procs=k.daemons(k.X86) + k.workers(k.X86, k.ONLINE_X86, 0.3),
+        background=k.background(k.X86, 0.12, 0.02),
+        listen={"listener": "0.0.0.0:8443", "backlog": 128, "queue": [129] * 8,
+                "overflows": [0.2] + [40.0] * 7, "owner": 0},
+        agent=k.AgentPlan(sessions=9.0, session_median=1.4, queue=[2, 3, 2, 3, 2, 3, 2, 3],
+                          heartbeat=[0.6, 0.9, 0.5, 0.8, 0.7, 0.9, 0.6, 0.8]))
+
+
+RULE = Rule(
+    id="listen-overflow",
+    severity="warning",
+    symptom="clients time out connecting, or connect after 1 s, 3 s, 7 s (SYN retries)",
+    cause="a listening socket's accept queue is full: its process does not accept() "
+          "connections as fast as they arrive, and the kernel drops the handshakes beyond "
+          "the backlog (TcpExt ListenOverflows)",
+    action="find what blocks the accept loop of the process holding the listener (py-spy "
+           "dump, fleetscope stacks PID; ss -lnt shows Recv-Q at Send-Q); add acceptor "
+           "workers; raise the backlog (listen() argument, capped by net.core.somaxconn) "
+           "only to absorb bursts",
+    summary="connections dropped at a full accept queue: {value:.0f}/s",
+    condition=((_OVERFLOWS > LISTEN_OVERFLOWS).and_on(_FULLEST >= QUEUE_FULL, NODE)
+               | (_OVERFLOWS > LISTEN_OVERFLOWS).unless(Max(_BACKLOG, by=NODE), NODE)),
+    evidence=(
+        Evidence("handshakes dropped at a full accept queue (TcpExt ListenOverflows)",
+                 _OVERFLOWS, LISTEN_OVERFLOWS, "1/s"),
+        Evidence("SYNs and handshakes dropped by listeners (TcpExt ListenDrops)", _DROPS,
+                 LISTEN_OVERFLOWS, "1/s"),
+        Evidence("fullest listener: accept queue over its backlog", _FULLEST, QUEUE_FULL,
+                 "ratio"),
+        Evidence("longest accept queue", Max(_QUEUE, by=NODE), 0, "connections"),
+        Evidence("net.core.somaxconn (caps every backlog)", _SOMAXCONN, 0, "connections"),
+    ),
+    confidence=0.85,
+    enrich=enrich,
+    views=(
+        Panel("Handshakes dropped at a full accept queue (ListenOverflows)",
+              _OVERFLOWS, "1/s", LISTEN_OVERFLOWS),
+        Panel("Accept queue over backlog, per listener",
+              Max(_QUEUE / _BACKLOG, by=(*NODE, "listener")), "ratio", QUEUE_FULL),
+    ),
+    fleet=FleetFault(("chat",), 5, 25),
+    proof=Proof(scenario, summary=r"connections dropped at a full accept queue: \d+/s",
+                subjects=("pids", None)),
+)
