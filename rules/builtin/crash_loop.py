@@ -18,7 +18,7 @@ from fleetscope.core import units
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Recent, Selector, Sum, Time
 
-RANK = 0.5  # a cause, right after isa-mismatch
+RANK = 0.7  # a cause, after isa-mismatch and oom-kill
 CRASH_WINDOW = 900  # seconds: crashes this recent are the incident (in-process: the window)
 MAX_SUBJECTS = 5
 

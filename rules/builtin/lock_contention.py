@@ -21,7 +21,7 @@ from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Rate, Selector, Sum
 from ..signals import POOL
 
-RANK = 2.5
+RANK = 2.7  # after the per-process limits
 WAITERS = 1.0  # processes of the pool blocked on a file lock, on average over the window
 WAITING_SHARE = 0.25  # ...and this share of the pool's processes at least
 MAX_SUBJECTS = 8

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
-RANK = 3.5  # after the CPU causes of the same severity
+RANK = 3.7  # after the CPU causes of the same severity
 # Share of wall time at least one task stalled on memory (PSI some): 10 % is a tenth of every
 # second lost to reclaim or refaults, far above the 0-1 % of a node with memory to spare.
 MEMORY_STALL = 0.10
