@@ -76,9 +76,16 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
     if left <= 0:
         raise TimeoutError
     connection, prefix = _connection(base, left)
-    # A watchdog closes the socket at the deadline: socket timeouts bound each read, not a
-    # server that answers one byte at a time (headers included).
-    watchdog = threading.Timer(left, _abort, (connection,))
+    response = None
+    try:
+        connection.connect()
+    except (http.client.HTTPException, OSError, ValueError) as err:
+        _raise_for(base, err, deadline)
+    # A watchdog shuts the socket at the deadline: socket timeouts bound each read, not a
+    # server that answers one byte at a time (headers included). It holds the socket
+    # itself: on an answer that closes its connection (HTTP/1.0, `Connection: close`)
+    # http.client hands the socket to the response and forgets it on the connection.
+    watchdog = threading.Timer(max(0.0, deadline.left()), _abort, (connection.sock,))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -112,27 +119,36 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
             raise TimeoutError
         return b"".join(chunks)
     except (http.client.HTTPException, OSError, ValueError) as err:
-        if deadline.left() <= 0:
-            raise TimeoutError from None
-        if isinstance(err, (socket.timeout, TimeoutError)):
-            raise
-        if isinstance(err, (http.client.HTTPException, ValueError)):
-            raise PrometheusError(f"Prometheus at {_one_line(base)} sent a broken HTTP "
-                                  f"answer ({_one_line(type(err).__name__)}: "
-                                  f"{_one_line(err)[:80]})") from None
-        reason = getattr(err, "strerror", None) or err
-        raise PrometheusError(f"Prometheus at {_one_line(base)} is unreachable: "
-                              f"{_one_line(reason)}") from None
+        _raise_for(base, err, deadline)
     finally:
         watchdog.cancel()
+        if response is not None:
+            response.close()
         connection.close()
 
 
-def _abort(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
+def _raise_for(base: str, err: Exception, deadline: Deadline):
+    """The error a failed connect or read becomes: TimeoutError past the deadline, else
+    one line saying what broke."""
+    if deadline.left() <= 0:
+        raise TimeoutError from None
+    if isinstance(err, (socket.timeout, TimeoutError)):
+        raise err
+    if isinstance(err, (http.client.HTTPException, ValueError)):
+        raise PrometheusError(f"Prometheus at {_one_line(base)} sent a broken HTTP "
+                              f"answer ({_one_line(type(err).__name__)}: "
+                              f"{_one_line(err)[:80]})") from None
+    reason = getattr(err, "strerror", None) or err
+    raise PrometheusError(f"Prometheus at {_one_line(base)} is unreachable: "
+                          f"{_one_line(reason)}") from None
+
+
+def _abort(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            # The plain socket's shutdown, also under TLS: the reader wakes to end-of-file
+            # and sees the deadline passed.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass
 
