@@ -158,20 +158,39 @@ def _too_large(base: str) -> str:
             f"{MAX_ANSWER_BYTES // 1024**2} MiB: refused (narrow --seconds or use --node)")
 
 
-def _get(base: str, path: str, params: dict, timeout: float | Deadline) -> dict:
+def _get(base: str, path: str, params: dict, timeout: float | Deadline,
+         warnings: list[str] | None = None) -> dict:
     """The `data` object of a successful API answer; `timeout` is seconds or a Deadline
-    shared with the command's other queries."""
+    shared with the command's other queries; the answer's warnings added to `warnings`."""
     deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
     try:
         body = fetch(base, path, params, deadline)
     except TimeoutError:
         raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
                               f"{deadline.seconds:g} s (--timeout)") from None
-    return parse_answer(base, body)
+    data, warned = parse_document(base, body)
+    if warnings is not None:
+        warnings.extend(warned)
+    return data
 
 
 def parse_answer(base: str, body: bytes) -> dict:
     """The `data` object of an API answer's body, or PrometheusError saying what is wrong."""
+    return parse_document(base, body)[0]
+
+
+def answer_warnings(document: dict) -> list[str]:
+    """The answer's `warnings` (the API's envelope: {"status": "success", "data": ...,
+    "warnings": ["..."]}): a distributed engine (Thanos, VictoriaMetrics cluster, Mimir)
+    answers success with them when a store or shard is down, so its data is partial."""
+    warnings = document.get("warnings")
+    if not isinstance(warnings, list):
+        return [_one_line(warnings)] if warnings else []
+    return [_one_line(w) for w in warnings[:5] if w] or (["warnings"] if warnings else [])
+
+
+def parse_document(base: str, body: bytes) -> tuple[dict, list[str]]:
+    """The `data` object of an API answer's body and its warnings, or PrometheusError."""
     try:
         document = json.loads(body)
     except RecursionError:
@@ -193,7 +212,7 @@ def parse_answer(base: str, body: bytes) -> dict:
     if not isinstance(data, dict):
         raise PrometheusError(f"Prometheus at {_one_line(base)} answered success without a "
                               f"data object (got {type(data).__name__})")
-    return data
+    return data, answer_warnings(document)
 
 
 def _number(value) -> float | None:
@@ -239,9 +258,12 @@ def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
 
 
 def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | None,
-                      step: float = 15.0, timeout: float = 30.0) -> tuple[Series, list[str]]:
+                      step: float = 15.0, timeout: float = 30.0,
+                      warnings: dict[str, list[str]] | None = None,
+                      ) -> tuple[Series, list[str]]:
     """Range-query each metric over the last `seconds`, all within `timeout` seconds in
-    all; returns the series and the nodes."""
+    all; returns the series and the nodes. `warnings`: filled with the metrics whose
+    answers came with warnings (partial data) and what they said."""
     deadline = Deadline(timeout)
     end = time.time()
     start = end - max(seconds, step * 2)
@@ -254,7 +276,9 @@ def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | 
         selector += "}"
         data = _get(base, "/api/v1/query_range",
                     {"query": selector, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                     "step": f"{step:g}s"}, deadline)
+                     "step": f"{step:g}s"}, deadline, warned := [])
+        if warned and warnings is not None:
+            warnings[name] = warned
         add_matrix(series, name, data, nodes)
     return series, sorted(nodes)
 
