@@ -31,7 +31,12 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
-from tests.test_cpu_features import CANDIDATES, _build, _cpu_flags
+from tests.test_cpu_features import (
+    CANDIDATES,  # noqa: F401 (others import it from here)
+    _build,
+    _cpu_flags,
+    sigill_candidates,
+)
 
 pytestmark = pytest.mark.live
 
@@ -244,13 +249,14 @@ class Lab:
 
 def _sigill_binary(tmp_path: Path) -> Path:
     gcc = require_tool("gcc")
-    flags = _cpu_flags()
-    for gcc_flags, cpu_flag, _extension, macro, body in CANDIDATES:
-        if cpu_flag in flags:
-            continue
+    flags, machine = _cpu_flags(), os.uname().machine
+    candidates = sigill_candidates(machine, flags)
+    for gcc_flags, _cpu_flag, _extension, macro, body in candidates:
         with contextlib.suppress(RuntimeError):
             return _build(gcc, tmp_path, "fs_acc_ill", gcc_flags, macro, body)
-    pytest.skip("this CPU has every extension the test can compile for")
+    pytest.skip(f"no SIGILL binary for this {machine} CPU: "
+                + (f"gcc built none of {[c[2] for c in candidates]}" if candidates else
+                   "it has every extension the test can compile for"))
 
 
 @pytest.fixture(scope="module")
