@@ -247,13 +247,16 @@ class Lab:
                 child.stdout.close()
 
 
+SIGILL_BINARY = "fs_acc_ill"  # the isa scenario's crashing binary: its finding names it
+
+
 def _sigill_binary(tmp_path: Path) -> Path:
     gcc = require_tool("gcc")
     flags, machine = _cpu_flags(), os.uname().machine
     candidates = sigill_candidates(machine, flags)
     for gcc_flags, _cpu_flag, _extension, macro, body in candidates:
         with contextlib.suppress(RuntimeError):
-            return _build(gcc, tmp_path, "fs_acc_ill", gcc_flags, macro, body)
+            return _build(gcc, tmp_path, SIGILL_BINARY, gcc_flags, macro, body)
     pytest.skip(f"no SIGILL binary for this {machine} CPU: "
                 + (f"gcc built none of {[c[2] for c in candidates]}" if candidates else
                    "it has every extension the test can compile for"))
@@ -473,6 +476,9 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, ear
     assert primary == scenario.expect, summary
     assert not missing, (missing, summary)
     assert not false_alarms, (false_alarms, summary)
+    if scenario.expect == "isa-mismatch":  # its own crashing binary, not another one's
+        assert any(SIGILL_BINARY in json.dumps(f) for f in serious
+                   if f["rule"] == "isa-mismatch"), summary
     if scenario.expect is None:
         assert document["status"] == "ok" and code == 0, summary
     # An old SIGILL (before the window) is at most information, never the headline.
