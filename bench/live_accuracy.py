@@ -42,19 +42,24 @@ def main() -> int:
     parser.add_argument("-n", "--repetitions", type=int, default=5)
     parser.add_argument("-k", metavar="EXPR", help="pytest -k: a subset of the scenarios")
     args = parser.parse_args()
+    errored: dict[str, list[str]] = {}  # scenario tests that ended in an error
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "accuracy.jsonl"
         for repetition in range(1, args.repetitions + 1):
+            junit = Path(scratch) / f"junit-{repetition}.xml"
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                       *live_modules()] + (["-k", args.k] if args.k else [])
+                       f"--junitxml={junit}", *live_modules()] + (
+                           ["-k", args.k] if args.k else [])
             result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                     env={**__import__("os").environ,
                                          "FLEETSCOPE_ACCURACY_LOG": str(log)})
             last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
             print(f"repetition {repetition}/{args.repetitions}: {last}", flush=True)
+            for name, message in errored_tests(junit):
+                errored.setdefault(name, []).append(message)
         entries = [json.loads(line) for line in log.read_text().splitlines()] \
             if log.exists() else []
-    if not entries:
+    if not entries and not errored:
         print("no scenario ran", file=sys.stderr)
         return 1
     by_scenario: dict[str, list[dict]] = {}
@@ -85,10 +90,44 @@ def main() -> int:
     for name, reasons in skipped.items():
         print(f"{name:<26} skipped {len(reasons)}x: {reasons[0]} (needs the CPUs free)")
         all_right = False
+    # A scenario that errors counts as a wrong run: it never reaches the log, and leaving it
+    # out of the table would make the ratio look better than the runs were.
+    for name, messages in errored.items():
+        print(f"{name:<26} ERRORED {len(messages)}x: {messages[0]}")
+        all_right = False
+    counted = sum(len(runs) for runs in by_scenario.values()) + sum(
+        len(m) for m in errored.values())
+    correct_runs = sum(1 for runs in by_scenario.values() for r in runs
+                       if r["correct"] and not r["false_alarms"])
+    print(f"\nruns right: {correct_runs}/{counted} (errored runs counted as wrong, "
+          f"skips not counted: {sum(len(r) for r in skipped.values())})")
     print()
     print("every primary correct, no false alarm" if all_right
           else "NOT all correct: see the rows marked wrong")
     return 0 if all_right else 1
+
+
+def errored_tests(junit: Path) -> list[tuple[str, str]]:
+    """(test name, first line of the error) of each test in a pytest JUnit XML report that
+    ended in an error: a fixture error, or an exception other than a failed assertion."""
+    import xml.etree.ElementTree as ElementTree  # a local pytest report, not input
+
+    try:
+        tree = ElementTree.parse(junit)
+    except (OSError, ElementTree.ParseError):
+        return [("(pytest run)", "no report: the run itself failed")]
+    out = []
+    for case in tree.iter("testcase"):
+        for kind in ("error", "failure"):
+            problem = case.find(kind)
+            if problem is None:
+                continue
+            where = ((problem.text or "").strip().splitlines() or [""])[-1]
+            if kind == "failure" and where.endswith(": AssertionError"):
+                continue  # a wrong answer: logged by the scenario itself
+            message = (problem.get("message") or kind).splitlines() or [kind]
+            out.append((case.get("name", "?"), message[0][:120]))
+    return out
 
 
 if __name__ == "__main__":

@@ -149,24 +149,34 @@ class Scrape:
         `read_limit(relative)` bytes: past it the file is refused as corrupt (ParseError)."""
         check_relative(relative)
         for root in self.roots:
-            try:
-                fd = self._open_regular(root, relative)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as err:  # EACCES, EOPNOTSUPP (PSI disabled), EIO, ELOOP
-                raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
-            limit = read_limit(relative)
-            try:
-                data = _read_bounded(fd, limit + 1)
-            except OSError as err:
-                raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
-            finally:
-                os.close(fd)
-            if len(data) > limit:
-                raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
-                                 "writes there: refused")
-            return data.decode("utf-8", "replace")
+            text = self.read_guarded(root, relative)
+            if text is not None:
+                return text
         raise NotAvailable(f"/{relative} does not exist")
+
+    def guarded(self, root: str) -> bool:
+        """Whether reads under `root` are checked (a recorded root, not the live host's)."""
+        return self._real_roots.get(root) is not None
+
+    def read_guarded(self, root: str, relative: str) -> str | None:
+        """read_text under one root; None when the file is not there."""
+        try:
+            fd = self._open_regular(root, relative)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as err:  # EACCES, EOPNOTSUPP (PSI disabled), EIO, ELOOP
+            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+        limit = read_limit(relative)
+        try:
+            data = _read_bounded(fd, limit + 1)
+        except OSError as err:
+            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
+                             "writes there: refused")
+        return data.decode("utf-8", "replace")
 
     def listdir(self, relative: str) -> list[str]:
         """Entry names of a directory under the roots (merged across them), sorted."""

@@ -140,36 +140,43 @@ class PressureCollector(Collector):
                 waiting.samples.append((cpu_label, seconds_from_ns(stats.waiting_ns)))
             yield running
             yield waiting
+        node_of = None
         with scrape.source(self.name, NODE_DIR):
             node_of = numa_node_of_cpus(scrape, cpus)
-            per_node: dict[str, list[int]] = {}
-            for cpu, stats in cpus.items():
-                acc = per_node.setdefault(node_of[cpu], [0, 0, 0])
-                acc[0] += stats.running_ns
-                acc[1] += stats.waiting_ns
-                acc[2] += stats.timeslices
-            running = counter(
-                "fleetscope_schedstat_numa_node_running_seconds_total",
-                "Seconds tasks ran on the CPUs of each NUMA node (/proc/schedstat).",
-            )
-            waiting = counter(
-                "fleetscope_schedstat_numa_node_waiting_seconds_total",
-                "Seconds runnable tasks waited on the run queues of each NUMA node's CPUs; "
-                "its rate over the node's CPU count is the average run-queue delay per CPU.",
-            )
-            slices = counter(
-                "fleetscope_schedstat_numa_node_timeslices_total",
-                "Timeslices run on the CPUs of each NUMA node (/proc/schedstat).",
-            )
-            for node in sorted(per_node, key=lambda n: (len(n), n)):
-                node_label = labels(numa_node=node)
-                run_ns, wait_ns, count = per_node[node]
-                running.add(run_ns / 1e9, node_label)
-                waiting.add(wait_ns / 1e9, node_label)
-                slices.add(count, node_label)
-            yield running
-            yield waiting
-            yield slices
+        # Without the topology the summary still carries the run queues, on
+        # numa_node="unknown" (as the cpu collector's CPU time).
+        yield from self._per_numa_node(cpus, node_of if node_of is not None else
+                                       dict.fromkeys(cpus, "unknown"))
+
+    def _per_numa_node(self, cpus: dict, node_of: dict) -> Iterator[Family]:
+        per_node: dict[str, list[int]] = {}
+        for cpu, stats in cpus.items():
+            acc = per_node.setdefault(node_of[cpu], [0, 0, 0])
+            acc[0] += stats.running_ns
+            acc[1] += stats.waiting_ns
+            acc[2] += stats.timeslices
+        running = counter(
+            "fleetscope_schedstat_numa_node_running_seconds_total",
+            "Seconds tasks ran on the CPUs of each NUMA node (/proc/schedstat).",
+        )
+        waiting = counter(
+            "fleetscope_schedstat_numa_node_waiting_seconds_total",
+            "Seconds runnable tasks waited on the run queues of each NUMA node's CPUs; "
+            "its rate over the node's CPU count is the average run-queue delay per CPU.",
+        )
+        slices = counter(
+            "fleetscope_schedstat_numa_node_timeslices_total",
+            "Timeslices run on the CPUs of each NUMA node (/proc/schedstat).",
+        )
+        for node in sorted(per_node, key=lambda n: (len(n), n)):
+            node_label = labels(numa_node=node)
+            run_ns, wait_ns, count = per_node[node]
+            running.add(run_ns / 1e9, node_label)
+            waiting.add(wait_ns / 1e9, node_label)
+            slices.add(count, node_label)
+        yield running
+        yield waiting
+        yield slices
 
     def _loadavg(self, scrape: Scrape) -> Iterator[Family]:
         load = parse_loadavg(scrape.read_text("proc/loadavg"))

@@ -44,7 +44,7 @@ import struct
 from collections.abc import Hashable
 from typing import NamedTuple
 
-from .base import NotAvailable, Scrape
+from .base import NotAvailable, Scrape, check_relative
 from .parsers import ParseError
 from .parsers.net_tcp import (
     INET_DIAG_INFO,
@@ -101,8 +101,16 @@ def read_proc(scrape: Scrape, relative: str, single: bool = False) -> str:
     limits, cgroup: single_open() renders it whole) or cmdline, so a read shorter than asked
     is the whole file and the empty read at the end is spared. Multi-record files (net/tcp)
     come a page at a time and are read to the end.
+
+    Under a recorded root (a bundle, a fixture tree) the guarded read of Scrape.read_text: a
+    FIFO or a link to /dev/zero planted at proc/<pid>/cmdline is refused, not read forever.
     """
     for root in scrape.roots:
+        if scrape.guarded(root):
+            text = scrape.read_guarded(root, check_relative(relative))
+            if text is None:
+                continue
+            return text
         try:  # root + relative: os.path.join costs a microsecond a call
             fd = os.open(root + relative if root[-1:] == "/" else f"{root}/{relative}",
                          os.O_RDONLY)
@@ -180,23 +188,38 @@ def task_dir(pid: int, tid: int) -> str:
 
 def _arch(scrape: Scrape) -> str:
     def detect() -> str:
-        # The first CPU's block says it (parsers/cpuinfo.py); 4 KiB spare a 256-CPU render.
-        for root in scrape.roots:
-            try:
-                fd = os.open(os.path.join(root, "proc/cpuinfo"), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                head = os.read(fd, 4096).decode("utf-8", "replace")
-            finally:
-                os.close(fd)
-            if "vendor_id" in head or "\nflags" in head:
-                return "x86_64"
-            if "CPU implementer" in head:
-                return "aarch64"
-            return "unknown"
-        return os.uname().machine
+        head = _cpuinfo_head(scrape)
+        if head is None:
+            return os.uname().machine
+        if "vendor_id" in head or "\nflags" in head:
+            return "x86_64"
+        if "CPU implementer" in head:
+            return "aarch64"
+        return "unknown"
     return scrape.memo("tasks:arch", detect)
+
+
+def _cpuinfo_head(scrape: Scrape) -> str | None:
+    """The first CPU's block says the architecture (parsers/cpuinfo.py); 4 KiB spare a
+    256-CPU render. None: no cpuinfo under the roots."""
+    for root in scrape.roots:
+        if scrape.guarded(root):
+            try:
+                text = scrape.read_guarded(root, "proc/cpuinfo")
+            except (NotAvailable, ParseError):
+                continue
+            if text is not None:
+                return text[:4096]
+            continue
+        try:
+            fd = os.open(os.path.join(root, "proc/cpuinfo"), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            return os.read(fd, 4096).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+    return None
 
 
 class NetworkWait(NamedTuple):
@@ -286,7 +309,8 @@ def polled_fds(scrape: Scrape, pid: int, tid: int, syscall: TaskSyscall) -> list
     address, count = syscall.args[0], syscall.args[1]
     if not 0 < count <= MAX_POLLED_FDS:
         return []
-    for root in scrape.roots:
+    # Process memory is the live node's alone: a bundle's mem would be a planted file.
+    for root in (r for r in scrape.roots if not scrape.guarded(r)):
         try:
             fd = os.open(os.path.join(root, f"proc/{pid}/mem"), os.O_RDONLY)
         except FileNotFoundError:

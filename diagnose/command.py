@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     progress = _Progress(not args.json, "reading the bundle" if args.bundle else "sampling")
     health: SamplingHealth | None = None
     answered = None  # a query engine's own evaluation (--prometheus)
+    warned: dict[str, list[str]] = {}  # metric -> warnings of its answers (partial data)
     try:
         enricher = None
         if args.bundle:
@@ -120,7 +121,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
                                                   None if args.fleet else args.node,
-                                                  timeout=args.timeout)
+                                                  timeout=args.timeout, warnings=warned)
             except PrometheusError as err:
                 return _fail(str(err))
             end = time.time()
@@ -154,16 +155,24 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             source = "live"
     finally:
         progress.close()
+    partial: list[str] = []
     if answered is not None:
         findings, not_evaluated = answered.findings, answered.not_evaluated
+        partial = answered.partial
     else:
         findings, not_evaluated = engine.evaluate(
             series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+        findings, not_evaluated, partial = _without_partial(findings, not_evaluated, warned)
     stack.close()
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
     if answered is not None:
         document["fleet_findings"] = answered.fleet_findings
         document["query_engine"] = answered.stats.to_json()
+    if partial:  # beside the contract's fields: the engine's data was partial
+        document["partial"] = True
+        document["partial_reasons"] = partial
+        if document["status"] == "ok":
+            document["status"] = "unknown"  # nothing fired in part of the data only
     if health is not None:
         health.mark_end()
         document["sampling"] = health.to_json()
@@ -178,3 +187,23 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     else:
         print_report(document)
     return engine.exit_code(document)
+
+
+def _without_partial(findings: list, not_evaluated: list[dict],
+                     warned: dict[str, list[str]]) -> tuple[list, list[dict], list[str]]:
+    """Rules reading a metric whose answer came with warnings (a store down) are not judged
+    on the part that answered: not evaluated, with the warning as the reason."""
+    if not warned:
+        return findings, not_evaluated, []
+    skipped = {item["rule"] for item in not_evaluated}
+    partial_rules = {}
+    for rule in CATALOG:
+        hit = sorted(set(rule.requires()) & set(warned))
+        if hit and rule.id not in skipped:
+            said = "; ".join(dict.fromkeys(w for name in hit for w in warned[name]))
+            partial_rules[rule.id] = f"partial answer from Prometheus for {hit[0]}: {said}"[:300]
+    findings = [f for f in findings if f.rule.id not in partial_rules]
+    not_evaluated = not_evaluated + [{"rule": rule_id, "reason": reason}
+                                     for rule_id, reason in sorted(partial_rules.items())]
+    reasons = [f"{name}: {'; '.join(dict.fromkeys(w))}"[:300] for name, w in sorted(warned.items())]
+    return findings, not_evaluated, reasons

@@ -76,9 +76,16 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
     if left <= 0:
         raise TimeoutError
     connection, prefix = _connection(base, left)
-    # A watchdog closes the socket at the deadline: socket timeouts bound each read, not a
-    # server that answers one byte at a time (headers included).
-    watchdog = threading.Timer(left, _abort, (connection,))
+    response = None
+    try:
+        connection.connect()
+    except (http.client.HTTPException, OSError, ValueError) as err:
+        _raise_for(base, err, deadline)
+    # A watchdog shuts the socket at the deadline: socket timeouts bound each read, not a
+    # server that answers one byte at a time (headers included). It holds the socket
+    # itself: on an answer that closes its connection (HTTP/1.0, `Connection: close`)
+    # http.client hands the socket to the response and forgets it on the connection.
+    watchdog = threading.Timer(max(0.0, deadline.left()), _abort, (connection.sock,))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -113,27 +120,36 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
             raise TimeoutError
         return b"".join(chunks)
     except (http.client.HTTPException, OSError, ValueError) as err:
-        if deadline.left() <= 0:
-            raise TimeoutError from None
-        if isinstance(err, (socket.timeout, TimeoutError)):
-            raise
-        if isinstance(err, (http.client.HTTPException, ValueError)):
-            raise PrometheusError(f"Prometheus at {_one_line(base)} sent a broken HTTP "
-                                  f"answer ({_one_line(type(err).__name__)}: "
-                                  f"{_one_line(err)[:80]})") from None
-        reason = getattr(err, "strerror", None) or err
-        raise PrometheusError(f"Prometheus at {_one_line(base)} is unreachable: "
-                              f"{_one_line(reason)}") from None
+        _raise_for(base, err, deadline)
     finally:
         watchdog.cancel()
+        if response is not None:
+            response.close()
         connection.close()
 
 
-def _abort(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
+def _raise_for(base: str, err: Exception, deadline: Deadline):
+    """The error a failed connect or read becomes: TimeoutError past the deadline, else
+    one line saying what broke."""
+    if deadline.left() <= 0:
+        raise TimeoutError from None
+    if isinstance(err, (socket.timeout, TimeoutError)):
+        raise err
+    if isinstance(err, (http.client.HTTPException, ValueError)):
+        raise PrometheusError(f"Prometheus at {_one_line(base)} sent a broken HTTP "
+                              f"answer ({_one_line(type(err).__name__)}: "
+                              f"{_one_line(err)[:80]})") from None
+    reason = getattr(err, "strerror", None) or err
+    raise PrometheusError(f"Prometheus at {_one_line(base)} is unreachable: "
+                          f"{_one_line(reason)}") from None
+
+
+def _abort(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            # The plain socket's shutdown, also under TLS: the reader wakes to end-of-file
+            # and sees the deadline passed.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -177,20 +193,39 @@ def _too_large(base: str) -> str:
             f"{MAX_ANSWER_BYTES // 1024**2} MiB: refused (narrow --seconds or use --node)")
 
 
-def _get(base: str, path: str, params: dict, timeout: float | Deadline) -> dict:
+def _get(base: str, path: str, params: dict, timeout: float | Deadline,
+         warnings: list[str] | None = None) -> dict:
     """The `data` object of a successful API answer; `timeout` is seconds or a Deadline
-    shared with the command's other queries."""
+    shared with the command's other queries; the answer's warnings added to `warnings`."""
     deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
     try:
         body = fetch(base, path, params, deadline)
     except TimeoutError:
         raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
                               f"{deadline.seconds:g} s (--timeout)") from None
-    return parse_answer(base, body)
+    data, warned = parse_document(base, body)
+    if warnings is not None:
+        warnings.extend(warned)
+    return data
 
 
 def parse_answer(base: str, body: bytes) -> dict:
     """The `data` object of an API answer's body, or PrometheusError saying what is wrong."""
+    return parse_document(base, body)[0]
+
+
+def answer_warnings(document: dict) -> list[str]:
+    """The answer's `warnings` (the API's envelope: {"status": "success", "data": ...,
+    "warnings": ["..."]}): a distributed engine (Thanos, VictoriaMetrics cluster, Mimir)
+    answers success with them when a store or shard is down, so its data is partial."""
+    warnings = document.get("warnings")
+    if not isinstance(warnings, list):
+        return [_one_line(warnings)] if warnings else []
+    return [_one_line(w) for w in warnings[:5] if w] or (["warnings"] if warnings else [])
+
+
+def parse_document(base: str, body: bytes) -> tuple[dict, list[str]]:
+    """The `data` object of an API answer's body and its warnings, or PrometheusError."""
     try:
         document = json.loads(body)
     except RecursionError:
@@ -212,7 +247,7 @@ def parse_answer(base: str, body: bytes) -> dict:
     if not isinstance(data, dict):
         raise PrometheusError(f"Prometheus at {_one_line(base)} answered success without a "
                               f"data object (got {type(data).__name__})")
-    return data
+    return data, answer_warnings(document)
 
 
 def _number(value) -> float | None:
@@ -258,9 +293,12 @@ def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
 
 
 def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | None,
-                      step: float = 15.0, timeout: float = 30.0) -> tuple[Series, list[str]]:
+                      step: float = 15.0, timeout: float = 30.0,
+                      warnings: dict[str, list[str]] | None = None,
+                      ) -> tuple[Series, list[str]]:
     """Range-query each metric over the last `seconds`, all within `timeout` seconds in
-    all; returns the series and the nodes."""
+    all; returns the series and the nodes. `warnings`: filled with the metrics whose
+    answers came with warnings (partial data) and what they said."""
     deadline = Deadline(timeout)
     end = time.time()
     start = end - max(seconds, step * 2)
@@ -273,7 +311,9 @@ def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | 
         selector += "}"
         data = _get(base, "/api/v1/query_range",
                     {"query": selector, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                     "step": f"{step:g}s"}, deadline)
+                     "step": f"{step:g}s"}, deadline, warned := [])
+        if warned and warnings is not None:
+            warnings[name] = warned
         add_matrix(series, name, data, nodes)
     if node and not nodes:
         raise PrometheusError(unknown_node(base, node, instances(base, start, end, deadline)))

@@ -82,9 +82,16 @@ class QueryClient:
         self.deadline_seconds = deadline_seconds
         self.max_answer_bytes = max_answer_bytes
         self.stats = QueryStats()
+        # What answered with `warnings` (partial data), by the tag of the query's purpose.
+        self.warnings: dict[str, list[str]] = {}
+
+    def _warned(self, tag: str, warnings: list[str]) -> None:
+        if warnings:
+            with self.stats.lock:
+                self.warnings.setdefault(tag, []).extend(warnings)
 
     def request(self, path: str, params: list[tuple[str, str]] | dict,
-                post: bool = False) -> dict | list:
+                post: bool = False, tag: str = "") -> dict | list:
         """The `data` of a successful answer; RemoteError otherwise. The transport is the
         hardened one of diagnose/prometheus.py: one deadline for the whole command (a
         watchdog closes a socket that trickles), answers capped, every shape checked."""
@@ -107,25 +114,34 @@ class QueryClient:
             data = document.get("data") if isinstance(document, dict) else None
             if not isinstance(data, list) or document.get("status") != "success":
                 raise RemoteError(f"query engine at {self.base} gave no label values")
+            self._warned(tag or path, prometheus.answer_warnings(document))
             return data
         try:
-            return prometheus.parse_answer(self.base, body)
+            data, warnings = prometheus.parse_document(self.base, body)
         except prometheus.PrometheusError as err:
             raise RemoteError(str(err)) from None
+        self._warned(tag or path, warnings)
+        return data
 
     def _too_large(self, path: str) -> RemoteError:
         return RemoteError(f"query engine at {self.base} answered {path} with more than "
                            f"{self.max_answer_bytes // 2**20} MiB")
 
-    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+    def query_range(self, promql: str, start: float, end: float, step: float,
+                    tag: str = "") -> list[dict]:
         data = self.request("/api/v1/query_range", {
             "query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
-            "step": f"{step:g}s"})
+            "step": f"{step:g}s"}, tag=tag)
         return _result(data, "matrix")
 
-    def query(self, promql: str, at: float) -> list[dict]:
-        return _result(self.request("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}),
-                       "vector")
+    def query(self, promql: str, at: float, tag: str = "") -> list[dict]:
+        return _result(self.request("/api/v1/query", {"query": promql, "time": f"{at:.3f}"},
+                                    tag=tag), "vector")
+
+    def partial_reasons(self) -> list[str]:
+        """One line per purpose whose answers came with warnings: the data was partial."""
+        return [f"{tag}: {'; '.join(dict.fromkeys(warnings))[:300]}"
+                for tag, warnings in sorted(self.warnings.items())]
 
     def label_values(self, label: str, matches: Iterable[str], start: float,
                      end: float) -> list[str]:
@@ -253,6 +269,7 @@ class RemoteDiagnosis:
     stats: QueryStats
     fleet_findings: list[dict] = field(default_factory=list)
     from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
+    partial: list[str] = field(default_factory=list)  # why the data was partial, if it was
 
 
 def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
@@ -309,10 +326,23 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
         candidates = _candidates(queries, answers, steps)
         _fetch_evidence(client, pool, candidates, scope)
 
+    # A rule whose condition came back with warnings (a store down) is not judged on the
+    # part that answered: no finding from it, and no clean bill either.
+    warned = {tag.removeprefix(CONDITION_TAG): "; ".join(dict.fromkeys(w))[:200]
+              for tag, w in client.warnings.items() if tag.startswith(CONDITION_TAG)}
+    candidates = [c for c in candidates if c.finding.rule.id not in warned]
+    not_evaluated += [{"rule": rule_id, "reason": f"partial answer from the query engine: "
+                       f"{reason}"} for rule_id, reason in sorted(warned.items())]
     findings = _with_evidence(candidates, rules)
     if node:
-        return RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
-    return _fleet_answer(client, findings, not_evaluated, window)
+        answer = RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
+    else:
+        answer = _fleet_answer(client, findings, not_evaluated, window)
+    answer.partial = client.partial_reasons()
+    return answer
+
+
+CONDITION_TAG = "condition of "
 
 
 def _present_names(client: QueryClient, matches: list[str],
@@ -476,9 +506,10 @@ def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
     def probe(query) -> list | None:
         rule, expr = query[0], query[3]
         probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
+        tag = CONDITION_TAG + rule.id
         if scope or probes >= len(steps):
-            return client.query_range(expr.promql(), start_s, end_s, step)
-        return client.query_range(expr.promql(), steps[-probes] / 1000, end_s, step)
+            return client.query_range(expr.promql(), start_s, end_s, step, tag)
+        return client.query_range(expr.promql(), steps[-probes] / 1000, end_s, step, tag)
 
     probed = list(pool.map(probe, queries))
     jobs = []
@@ -496,8 +527,8 @@ def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
         for first in range(0, len(nodes), NODES_PER_QUERY):
             chunk = nodes[first:first + NODES_PER_QUERY]
             jobs.append((index, with_matchers(query[3], {NODE_LABEL: node_regex(chunk)})))
-    windows = pool.map(lambda job: client.query_range(job[1].promql(), start_s, end_s, step),
-                       jobs)
+    windows = pool.map(lambda job: client.query_range(
+        job[1].promql(), start_s, end_s, step, CONDITION_TAG + queries[job[0]][0].id), jobs)
     for (index, _expr), result in zip(jobs, windows, strict=True):
         probed[index] = probed[index] + result
     return probed
@@ -560,7 +591,8 @@ def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
             for index, item in enumerate(rule.evidence):
                 jobs.append((members, set(chunk), index,
                              with_matchers(item.expr, matcher).promql(), at_ms / 1000))
-    answers = pool.map(lambda job: client.query(job[3], job[4]), jobs)
+    answers = pool.map(lambda job: client.query(
+        job[3], job[4], f"evidence of {job[0][0].finding.rule.id}"), jobs)
     vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples
     for (members, chunk, index, _query, _at), result in zip(jobs, answers, strict=True):
         vector = _vector(result)

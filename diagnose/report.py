@@ -200,6 +200,10 @@ def _print_report(document: dict, console: Console) -> None:
     console.print(Text.assemble(("fleetscope diagnosis", "bold"),
                                 f" of {nodes} ({document['source']}{when}): ",
                                 (status.upper(), _STYLE[status]), tally))
+    if document.get("partial"):
+        console.print(Text("PARTIAL DATA: the query engine answered with warnings; rules "
+                           "judged on part of it are not evaluated: "
+                           + " | ".join(document.get("partial_reasons") or []), style="bold"))
     print_fleet_findings(document, console)
     console.print()
     if findings:

@@ -699,11 +699,28 @@ CANDIDATES = [
      "__m512i a = _mm512_set1_epi32((int)x); __mmask16 m0, m1; "
      "_mm512_2intersect_epi32(a, a, &m0, &m1); out = (float)m0;"),
 ]
+# aarch64: Kunpeng 920 (armv8.2-a) has no SVE, so an SVE instruction (cntw) is its SIGILL.
+AARCH64_CANDIDATES = [
+    ("-march=armv8.2-a+sve", "sve", "SVE", "__ARM_FEATURE_SVE",
+     "out = (float)svcntw() * x;"),
+]
+INTRINSIC_HEADERS = {"__ARM_FEATURE_SVE": "arm_sve.h"}  # x86 macros: x86intrin.h
+
+
+def sigill_candidates(machine: str, flags: frozenset[str]) -> list[tuple]:
+    """The candidate builds of `machine` (os.uname().machine) needing an extension the
+    CPU with cpuinfo `flags` lacks, in the order to try them."""
+    candidates = {"x86_64": CANDIDATES, "aarch64": AARCH64_CANDIDATES}.get(machine, [])
+    return [candidate for candidate in candidates if candidate[1] not in flags]
+
+
 # One source for both builds: the extension's code when the compiler targets it, plain C in
-# the -march=x86-64 baseline build.
+# the baseline build (-march=x86-64).
 PROGRAM = """\
 #include <stdio.h>
-#include <x86intrin.h>
+#if defined({macro})
+#include <{header}>
+#endif
 int main(int argc, char **argv) {{
     volatile float x = (float)argc;
     float out;
@@ -728,7 +745,8 @@ def _no_core_dump():
 
 def _build(gcc: str, tmp_path: Path, name: str, flags: str, macro: str, body: str) -> Path:
     source = tmp_path / f"{name}.c"
-    source.write_text(PROGRAM.format(macro=macro, body=body))
+    source.write_text(PROGRAM.format(macro=macro, body=body,
+                                     header=INTRINSIC_HEADERS.get(macro, "x86intrin.h")))
     binary = tmp_path / name
     result = subprocess.run([gcc, "-O2", *flags.split(), "-o", str(binary), str(source)],
                             capture_output=True, text=True, timeout=120)
@@ -744,9 +762,7 @@ def test_live_sigill_is_counted_and_explained(tmp_path, capsys):
     gcc = require_tool("gcc")
     flags = _cpu_flags()
     chosen = None
-    for gcc_flags, cpu_flag, extension, macro, body in CANDIDATES:
-        if cpu_flag in flags:
-            continue
+    for gcc_flags, cpu_flag, extension, macro, body in sigill_candidates("x86_64", flags):
         try:
             # Unique per run (another run's crash must not be counted as ours); at most 15
             # characters so the task name the kernel prints is the file name.
@@ -824,3 +840,15 @@ def test_live_gnu_property_isa_level(tmp_path):
     except RuntimeError:
         pytest.skip("this gcc has no -mneeded (GCC 11 or later emits the ISA level note)")
     assert scan_binary(str(binary)).isa_level_needed == 3
+
+
+def test_sigill_candidate_of_a_kunpeng_920_is_sve():
+    """Selection on the Kunpeng 920 cpuinfo fixture (MIDR 0x481fd010, its Features line):
+    SVE, which it lacks; none on an aarch64 CPU that has SVE; never an x86 build."""
+    cpuinfo = BUNDLES / "kunpeng-128" / "static" / "proc" / "cpuinfo"
+    features = parse_cpuinfo(cpuinfo.read_text()).features
+    assert "asimd" in features and "sve" not in features  # the fixture is an armv8.2 core
+    assert [c[1] for c in sigill_candidates("aarch64", features)] == ["sve"]
+    assert sigill_candidates("aarch64", features | {"sve"}) == []
+    x86 = {c[1] for c in sigill_candidates("x86_64", frozenset())}
+    assert "sve" not in x86 and x86 == {c[1] for c in CANDIDATES}

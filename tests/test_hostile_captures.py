@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -85,7 +87,7 @@ def _root(tmp_path):
 
 
 def _scrape(root, config):
-    exporter = Exporter(str(root), parse_config(config, ("pools", "irq", "cpu")))
+    exporter = Exporter(str(root), parse_config(config, ("pools", "irq", "cpu", "pressure")))
     return samples(render(exporter.collect()))
 
 
@@ -112,6 +114,27 @@ def test_missing_cpulist_keeps_summary_cpu_time(tmp_path):
     unknown = [k for k in parsed if k.startswith("fleetscope_cpu_numa_node_seconds_total")
                and 'numa_node="unknown"' in k]
     assert unknown, "summary-mode CPU time disappeared with the topology"
+
+
+def test_missing_cpulist_keeps_summary_schedstat(tmp_path):
+    """The same capture without the node cpulists: the pressure collector's per-NUMA-node
+    schedstat families stay, on numa_node="unknown", summing every CPU line."""
+    root = _root(tmp_path)
+    for cpulist in (root / "sys" / "devices" / "system" / "node").glob("node*/cpulist"):
+        cpulist.unlink()
+    lines = [line.split() for line in (root / "proc" / "schedstat").read_text().splitlines()
+             if line.startswith("cpu")]
+    parsed = _scrape(root, {"collectors": ["pressure"]})
+    assert parsed['fleetscope_scrape_collector_success{collector="pressure"}'] == 1
+    assert parsed['fleetscope_scrape_source_available{collector="pressure",'
+                  'source="sys/devices/system/node"}'] == 0
+    for name, field in (("running_seconds_total", 7), ("waiting_seconds_total", 8),
+                        ("timeslices_total", 9)):
+        key = f'fleetscope_schedstat_numa_node_{name}{{numa_node="unknown"}}'
+        expected = sum(int(line[field]) for line in lines)
+        scale = 1 if name == "timeslices_total" else 1e9
+        assert key in parsed, f"{name} disappeared with the topology"
+        assert parsed[key] == pytest.approx(expected / scale)
 
 
 def test_one_missing_cpulist_costs_that_node_only(tmp_path):

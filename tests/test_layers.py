@@ -255,13 +255,21 @@ def test_the_probe_sees_what_a_sub_command_imports():
 
 def test_the_exporter_does_not_import_the_diagnose_engine():
     # The whole `fleetscope exporter` path up to serving, then one scrape rendered.
-    stub = ("import fleetscope.exporter as e\n"
-            "def serve(listen, root, config, web):\n"
-            "    e.Exporter(root, config).render()\n"
+    # The stub takes whatever the CLI passes and binds it to the real serve's signature, so
+    # a call that no longer fits fails here instead of in a handler that swallows it; the
+    # rendered scrape leaves a marker among the modules.
+    stub = ("import inspect, sys\n"
+            "import fleetscope.exporter as e\n"
+            "real = inspect.signature(e.serve)\n"
+            "def serve(*args, **kwargs):\n"
+            "    given = real.bind(*args, **kwargs).arguments\n"
+            "    text = e.Exporter(given['root'], given['config']).render()\n"
+            "    if b'fleetscope_scrape_collector_success' in text:\n"
+            "        sys.modules['probe_one_scrape_rendered'] = None\n"
             "e.serve = serve")
     loaded = _loaded_after(["exporter", "--listen", "127.0.0.1:0", "--root", str(ROOT)],
                            before=stub)
-    assert "fleetscope.collectors.cpu" in loaded  # the exporter ran
+    assert "probe_one_scrape_rendered" in loaded  # the exporter ran and rendered a scrape
     assert sorted(m for m in loaded if m in DIAGNOSE_ENGINE or m.split(".")[0] in CENTRAL
                   or m.startswith(("fleetscope.diagnose", "fleetscope.dashboard",
                                    "fleetscope.bundle", "rich"))) == []

@@ -32,7 +32,12 @@ import yaml
 from fleetscope.rules.promql import EVENT_LOOKBACK_SECONDS
 from tests.conftest import require_tool
 from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
-from tests.test_cpu_features import CANDIDATES, _build, _cpu_flags
+from tests.test_cpu_features import (
+    CANDIDATES,  # noqa: F401 (others import it from here)
+    _build,
+    _cpu_flags,
+    sigill_candidates,
+)
 
 pytestmark = pytest.mark.live
 
@@ -243,15 +248,19 @@ class Lab:
                 child.stdout.close()
 
 
+SIGILL_BINARY = "fs_acc_ill"  # the isa scenario's crashing binary: its finding names it
+
+
 def _sigill_binary(tmp_path: Path) -> Path:
     gcc = require_tool("gcc")
-    flags = _cpu_flags()
-    for gcc_flags, cpu_flag, _extension, macro, body in CANDIDATES:
-        if cpu_flag in flags:
-            continue
+    flags, machine = _cpu_flags(), os.uname().machine
+    candidates = sigill_candidates(machine, flags)
+    for gcc_flags, _cpu_flag, _extension, macro, body in candidates:
         with contextlib.suppress(RuntimeError):
-            return _build(gcc, tmp_path, "fs_acc_ill", gcc_flags, macro, body)
-    pytest.skip("this CPU has every extension the test can compile for")
+            return _build(gcc, tmp_path, SIGILL_BINARY, gcc_flags, macro, body)
+    pytest.skip(f"no SIGILL binary for this {machine} CPU: "
+                + (f"gcc built none of {[c[2] for c in candidates]}" if candidates else
+                   "it has every extension the test can compile for"))
 
 
 @pytest.fixture(scope="module")
@@ -487,6 +496,9 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, ear
     assert primary == scenario.expect, summary
     assert not missing, (missing, summary)
     assert not false_alarms, (false_alarms, summary)
+    if scenario.expect == "isa-mismatch":  # its own crashing binary, not another one's
+        assert any(SIGILL_BINARY in json.dumps(f) for f in serious
+                   if f["rule"] == "isa-mismatch"), summary
     if scenario.expect is None:
         assert document["status"] == "ok" and code == 0, summary
     # An earlier SIGILL (before the window) names only the binaries that crashed then.
