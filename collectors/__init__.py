@@ -7,6 +7,7 @@ from .agent import AgentCollector
 from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
+from .harm import HarmCollector
 from .irq import IrqCollector
 from .nic import NicCollector
 from .numa import NumaCollector
@@ -27,6 +28,7 @@ COLLECTORS[AgentCollector.name] = AgentCollector
 COLLECTORS[CpuFeaturesCollector.name] = CpuFeaturesCollector
 COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector)})
 COLLECTORS[PerfCollector.name] = PerfCollector
+COLLECTORS[HarmCollector.name] = HarmCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]
