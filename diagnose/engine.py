@@ -277,6 +277,15 @@ def reads_alerts(rule: Rule) -> bool:
     return any("ALERTS" in condition.metrics() for _, condition, _ in rule.severities())
 
 
+def drop_explained(findings: list[Finding]) -> list[Finding]:
+    """Without the findings of rules reading ALERTS on nodes where another rule's finding
+    at warning or worse stands: a query engine that does not evaluate the exported rules
+    has no ALERTS, and would judge the harm without its causes."""
+    explained = {f.node for f in findings if not reads_alerts(f.rule)
+                 and SEVERITY_RANK[f.severity] <= SEVERITY_RANK["warning"]}
+    return [f for f in findings if not (reads_alerts(f.rule) and f.node in explained)]
+
+
 def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) -> Series:
     """The series plus Prometheus's ALERTS for every warning-or-worse finding so far, firing
     at every step of the window (a finding held across it): what a rule reading ALERTS sees

@@ -306,7 +306,7 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
         candidates = _candidates(queries, answers, steps)
         _fetch_evidence(client, pool, candidates, scope)
 
-    findings = _with_evidence(candidates, rules)
+    findings = engine.drop_explained(_with_evidence(candidates, rules))
     if node:
         return RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
     return _fleet_answer(client, findings, not_evaluated, window)

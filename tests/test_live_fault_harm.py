@@ -140,6 +140,14 @@ def _serious(document: dict) -> list[dict]:
             and f["rule"] != "isa-mismatch"]
 
 
+def _foreign_cause(document: dict, busy: bool) -> list[str]:
+    """Warning-or-worse findings other programs on this machine caused: their SIGILLs, or a
+    saturated CPU while they kept it busy."""
+    foreign = {"isa-mismatch"} | ({"cpu-saturation", "core-imbalance"} if busy else set())
+    return sorted({f["rule"] for f in document["findings"] if f["rule"] in foreign
+                   and f["severity"] in ("warning", "critical")})
+
+
 def _check(scenario: Scenario, document: dict, code: int, busy: bool = False) -> None:
     """The expected rule first and nothing else at warning or worse; healthy: no warning.
     With other programs filling the CPUs (`busy`) a saturated node is the truth too."""
@@ -172,6 +180,13 @@ def test_live_diagnosis_of_agent_harm(scenario, tmp_path):
             document, code, wall = _diagnose(lab)
         finally:
             lab.stop()
+    busy = foreign_load.cpus > FOREIGN_CPU_LIMIT
+    if scenario.expect == "unexplained-harm" and _foreign_cause(document, busy):
+        # another program's fault on this machine is a cause on this node: the harm is then
+        # explained (rightly), so this run cannot show the unexplained case
+        _record({"scenario": scenario.name, "expected": scenario.expect,
+                 "skipped": f"a cause from other programs: {_foreign_cause(document, busy)}"})
+        pytest.skip(f"other programs caused {_foreign_cause(document, busy)} on this node")
     serious = _serious(document)
     primary = serious[0]["rule"] if serious else None
     false_alarms = sorted({f["rule"] for f in serious} - {scenario.expect})
@@ -180,30 +195,35 @@ def test_live_diagnosis_of_agent_harm(scenario, tmp_path):
              "wall_seconds": round(wall, 2), "status": document["status"],
              "findings": [(f["rule"], f["severity"]) for f in document["findings"]],
              "foreign_cpus": round(foreign_load.cpus, 2)})
-    _check(scenario, document, code, busy=foreign_load.cpus > FOREIGN_CPU_LIMIT)
+    _check(scenario, document, code, busy=busy)
 
 
 def test_bundle_recorded_beside_a_slow_tool_names_it(tmp_path):
     """`bundle record` on this machine while the tool is slow; the bundle, diagnosed
     anywhere, names slow-dependency and the tool_call stage."""
     lab = Lab(tmp_path)
-    try:
-        _start_agent(lab, SLOW_TOOL_S)
-        config = tmp_path / "node.yaml"
-        config.write_text(yaml.safe_dump({"pools": lab.pools, **lab.config}))
-        bundle = tmp_path / "slow.tar.gz"
-        recorded = subprocess.run(
-            [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "15",
-             "--config", str(config), "-o", str(bundle)], capture_output=True, text=True,
-            timeout=300)
-        assert recorded.returncode == 0, recorded.stderr
-    finally:
-        lab.stop()
+    with ForeignLoad() as foreign_load:
+        try:
+            _record_slow_bundle(lab, tmp_path, bundle := tmp_path / "slow.tar.gz")
+        finally:
+            lab.stop()
     result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
                              str(bundle), "--json"], capture_output=True, text=True, timeout=300)
     document = json.loads(result.stdout)
-    _check(SCENARIOS[0], document, result.returncode)
-    assert result.returncode == 1
+    _check(SCENARIOS[0], document, result.returncode,
+           busy=foreign_load.cpus > FOREIGN_CPU_LIMIT)
+    assert result.returncode >= 1  # a warning at least (another program's SIGILL: critical)
+
+
+def _record_slow_bundle(lab: Lab, tmp_path: Path, bundle: Path) -> None:
+    _start_agent(lab, SLOW_TOOL_S)
+    config = tmp_path / "node.yaml"
+    config.write_text(yaml.safe_dump({"pools": lab.pools, **lab.config}))
+    recorded = subprocess.run(
+        [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "15",
+         "--config", str(config), "-o", str(bundle)], capture_output=True, text=True,
+        timeout=300)
+    assert recorded.returncode == 0, recorded.stderr
 
 
 def _alerts(base: str) -> dict[str, str]:
@@ -264,6 +284,11 @@ def test_exported_rules_on_a_real_prometheus(tmp_path, name, rule):
                 if child.stdout:
                     child.stdout.close()
         lab.stop()
+    foreign = sorted(r for r in seen if r in ("isa-mismatch", "cpu-saturation",
+                                              "core-imbalance"))
+    if rule == "unexplained-harm" and seen.get(rule) != "firing" and foreign:
+        pytest.skip(f"other programs on this machine caused {foreign} on this node: the "
+                    "harm is explained, rightly")
     assert seen.get(rule) == "firing", seen
     if rule != "unexplained-harm":
         assert "unexplained-harm" not in seen, seen
