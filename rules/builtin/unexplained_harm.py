@@ -67,7 +67,7 @@ def _harm(ctx, finding, signal) -> tuple[float, float, str] | None:
 
 def enrich(ctx, finding) -> None:
     """Names the harm against the node's own targets, then the strongest deviations: the
-    harm signals furthest over their normal and where session time went."""
+    other harm signals furthest over their normal and where session time went."""
     harmed, moved = [], []
     for signal in HARM_SIGNALS:
         worst = _harm(ctx, finding, signal)
@@ -81,7 +81,7 @@ def enrich(ctx, finding) -> None:
                 + (f" in pool {pool}" if pool else ""))
         if value > goal:
             harmed.append(f"{text} (target {units.format_value(goal, signal.unit)})")
-        if value > signal.normal:
+        elif value > signal.normal:  # moved, short of its target: a lead
             moved.append((value / signal.normal,
                           f"{text} (normal {units.format_value(signal.normal, signal.unit)})"))
     per_stage = {labels.get("stage"): value
@@ -89,20 +89,18 @@ def enrich(ctx, finding) -> None:
     unaccounted = max((v for _, v in _at_last(ctx, finding, UNACCOUNTED)), default=0.0)
     if unaccounted > 0:
         per_stage["outside any stage"] = unaccounted
+    moved = [text for _, text in sorted(moved, key=lambda item: -item[0])]
     total = sum(v for v in per_stage.values() if v > 0)
-    if total > 0:
+    if total > 0:  # where the sessions' time goes leads: it is where to look first
         where, seconds = max(per_stage.items(), key=lambda item: item[1])
-        share = seconds / total
         stage = where if where == "outside any stage" else f"in stage {where}"
-        moved.append((1 + share, f"{share:.0%} of session time {stage} "
-                                 f"({units.duration(seconds)} a session)"))
-    moved.sort(key=lambda item: -item[0])
+        moved.insert(0, f"{seconds / total:.0%} of session time {stage} "
+                        f"({units.duration(seconds)} a session)")
     parts = []
     if harmed:
         parts.append("harm: " + "; ".join(harmed))
     if moved:
-        parts.append("strongest deviations: " + "; ".join(text for _, text
-                                                          in moved[:MAX_DEVIATIONS]))
+        parts.append("strongest deviations: " + "; ".join(moved[:MAX_DEVIATIONS]))
     finding.extra_summary = ". ".join(parts)
 
 
