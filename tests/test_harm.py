@@ -189,3 +189,19 @@ def test_a_query_engine_without_alerts_still_lets_a_cause_explain_the_harm():
     kept = [(f.rule.id, f.node) for f in drop_explained(findings)]
     assert kept == [("slow-dependency", "a:9105"), ("unexplained-harm", "b:9105"),
                     ("isa-mismatch", "b:9105")]
+
+
+def test_a_long_condition_filtered_to_many_nodes_stays_under_the_query_limit():
+    """Reproduced on VictoriaMetrics: unexplained-harm's condition with 64 nodes' instance
+    filter in each of its selectors was 42 KB, over its 16 KiB -search.maxQueryLen (HTTP
+    422). The nodes are split into smaller chunks instead; every node is still asked for."""
+    from fleetscope.diagnose.remote import MAX_QUERY_CHARS, node_filtered
+    from fleetscope.rules.catalog import by_id
+
+    condition = by_id("unexplained-harm").condition
+    nodes = [f"agentnode{i:05d}rack{i // 32:03d}:9105" for i in range(200)]
+    queries = [q.promql() for q in node_filtered(condition, nodes)]
+    assert len(queries) > 1 and all(len(q) <= MAX_QUERY_CHARS for q in queries)
+    assert all(sum(f"{node}|" in q or f'{node}"' in q for q in queries) == 1 for node in nodes)
+    short = by_id("fd-exhaustion").condition
+    assert len(node_filtered(short, nodes)) == 1
