@@ -187,7 +187,14 @@ def test_live_diagnosis_of_agent_harm(scenario, tmp_path):
         _record({"scenario": scenario.name, "expected": scenario.expect,
                  "skipped": f"a cause from other programs: {_foreign_cause(document, busy)}"})
         pytest.skip(f"other programs caused {_foreign_cause(document, busy)} on this node")
-    serious = _serious(document)
+    if scenario.expect is None and busy:
+        _record({"scenario": scenario.name, "expected": None,
+                 "skipped": f"{foreign_load.cpus:.1f} CPUs busy with other work in the window"})
+        pytest.skip(f"{foreign_load.cpus:.1f} CPUs busy with other programs: a healthy agent "
+                    "on a saturated node is not this scenario")
+    # other programs filling the CPUs: a saturated node is then the truth beside the fault
+    serious = [f for f in _serious(document)
+               if not (busy and f["rule"] in ("cpu-saturation", "core-imbalance"))]
     primary = serious[0]["rule"] if serious else None
     false_alarms = sorted({f["rule"] for f in serious} - {scenario.expect})
     _record({"scenario": scenario.name, "expected": scenario.expect, "primary": primary,

@@ -2,8 +2,9 @@
 
 Condition: a pool's online sessions over the node's P99 target (harm_targets), with most of
 their time (over half) in one dependency stage (tool_call: a tool or API; state_io: Redis or
-the state store), `unless` the pool's own processes wait for a CPU (then the node, not the
-dependency, is slow: offline-preemption, cpu-saturation) or its tool calls time out (a
+the state store), `unless` the pool's threads waited for a CPU half as long as the stage
+took (then the node, not the dependency, is slow: offline-preemption, cpu-saturation; a busy
+node beside a slow tool is both) or its tool calls time out (a
 dependency that hangs: worker-blocked-external-call). Enrichment: the tools the pool
 calls (agent_tool_calls_total) with their outcomes, or the state store's address.
 """
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ..harm import BY_POOL, SESSION_P99, SESSION_SECONDS, over_target, per_session, stage_seconds
 from ..model import WINDOW, Evidence, FleetFault, Panel, Proof, Rule
-from ..promql import Arith, Rate, Selector, Sum
+from ..promql import Arith, Compare, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, online_delay
 
 RANK = 21
@@ -29,7 +30,12 @@ _SHARE = Arith("/", stage_seconds(DEPENDENCY_STAGES), SESSION_SECONDS, on=BY_POO
                group_left=True)
 _PER_SESSION = per_session(stage_seconds(DEPENDENCY_STAGES))
 _SLOW = over_target(SESSION_P99, "online_session_p99_seconds")
-_WAITING = online_delay(BY_POOL) > ONLINE_RUN_DELAY
+# CPU wait of all the pool's threads per session: when it is a good part of the stage's
+# time, the stage is slow because the node is (a CPU-bound tool, a saturated node).
+_CPU_WAIT = per_session(Sum(Rate(Selector("fleetscope_pool_thread_run_delay_seconds_total",
+                                          {"class": "online"}), WINDOW), by=BY_POOL))
+CPU_WAIT_SHARE = 0.5  # of the stage's time per session
+_CPU_BOUND = Compare("<", CPU_WAIT_SHARE * _PER_SESSION, _CPU_WAIT, on=BY_POOL, group_left=True)
 # Calls that do not answer at all (timeouts) are a dependency that hangs, the warning and
 # critical tiers of worker-blocked-external-call; this rule is about slow answers.
 TIMEOUT_SHARE = 0.05
@@ -93,12 +99,14 @@ RULE = Rule(
            "call a timeout below the session target and a circuit breaker; cache or hedge "
            "the call; more CPU on this node will not help",
     summary="pool {pool}: sessions slow, {value:.0%} of their time in stage {stage}",
-    condition=(_SHARE > STAGE_SHARE).and_on(_SLOW, BY_POOL).unless(_WAITING, BY_POOL)
+    condition=(_SHARE > STAGE_SHARE).and_on(_SLOW, BY_POOL).unless(_CPU_BOUND, _BY_STAGE)
     .unless(_TIMEOUTS > TIMEOUT_SHARE, BY_POOL),
     evidence=(
         Evidence("share of session time in the stage", _SHARE, STAGE_SHARE, "ratio"),
         Evidence("online sessions' P99", SESSION_P99, 1.0, "s"),
         Evidence("time in the stage per session", _PER_SESSION, 0, "s"),
+        Evidence("the pool's threads' wait for a CPU per session", _CPU_WAIT, 0, "s",
+                 pick="min"),
         Evidence("online processes' wait for a CPU", online_delay(BY_POOL), ONLINE_RUN_DELAY,
                  "s/s", pick="min"),
     ),
