@@ -39,12 +39,12 @@ SESSION_STAGES = tuple(stage for stage in STAGES if stage != "model_load")
 
 def target(key: str) -> Expr:
     """The node's target for a harm signal (collector `harm`, from the config)."""
-    return Max(Selector(TARGET_METRIC, {"signal": key, "pool": ""}), by=NODE)
+    return Max(Selector(TARGET_METRIC, {"pool": "", "signal": key}), by=NODE)
 
 
 def pool_target(key: str) -> Expr:
     """The targets pools set for themselves (config harm_targets.pools)."""
-    return Max(Selector(TARGET_METRIC, {"signal": key, "pool": "~.+"}), by=BY_POOL)
+    return Max(Selector(TARGET_METRIC, {"pool": "~.+", "signal": key}), by=BY_POOL)
 
 
 def over_target(value: Expr, key: str) -> Expr:
@@ -148,8 +148,9 @@ class OtherFindings(Expr):
         from .catalog import CATALOG  # the catalog imports this module's users
 
         ids = [rule.id for rule in CATALOG if "ALERTS" not in rule.condition.metrics()]
-        return Selector("ALERTS", {"alertstate": "firing", "severity": "~warning|critical",
-                                   "fleetscope_rule": "~" + "|".join(sorted(ids))})
+        return Selector("ALERTS", {"alertstate": "firing",
+                                   "fleetscope_rule": "~" + "|".join(sorted(ids)),
+                                   "severity": "~warning|critical"})
 
     def promql(self) -> str:
         return self.selector().promql()

@@ -482,7 +482,7 @@ class _Binary(Expr):
     def promql(self) -> str:
         left = _operand(self.left, self.op, False)
         matching = f" on ({', '.join(self.on)})" if self.on is not None else ""
-        matching += " group_left" if self.group_left else ""
+        matching += " group_left ()" if self.group_left else ""  # as Prometheus prints it
         return f"{left} {self.op}{matching} {_operand(self.right, self.op, True)}"
 
     def _key(self, labels: Labels) -> Labels:
