@@ -8,6 +8,7 @@ from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
 from .cpu_features import CpuFeaturesCollector
 from .fork_limits import ForkLimitsCollector
+from .harm import HarmCollector
 from .irq import IrqCollector
 from .kubernetes import KubernetesCollector
 from .listen import ListenCollector
@@ -37,6 +38,7 @@ COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
 COLLECTORS[MemoryCollector.name] = MemoryCollector
 COLLECTORS[LocksCollector.name] = LocksCollector
 COLLECTORS[ListenCollector.name] = ListenCollector
+COLLECTORS[HarmCollector.name] = HarmCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]

@@ -31,6 +31,7 @@ from itertools import repeat
 import numpy as np
 
 from fleetscope.agent_runtime.schema import SESSION_BUCKETS, STAGES
+from fleetscope.core.harm_targets import parse_harm_targets
 from fleetscope.rules.promql import Series
 
 STEP_S = 60  # seconds between scrapes
@@ -112,6 +113,10 @@ WORKLOAD_POOLS = (
 )
 # Workload pools running on each node pool: slot 0 always, slot 1 on mixed nodes only.
 POOL_SLOTS = {"chat": (0, -1), "codegen": (1, -1), "batch": (2, -1), "mixed": (0, 2)}
+# The pools' own session targets: codegen sessions take seconds by design.
+DEMO_HARM_TARGETS = parse_harm_targets({"pools": {
+    "chat-online": {"online_session_p99_seconds": 1.5},
+    "codegen-online": {"online_session_p99_seconds": 8.0}}})
 BAD_QUANT_MODEL = "qwen2.5-7b-instruct-q2_k"
 CRASHING_BINARY = "tool-runner"  # crash-loop: segfaults at start
 NEW_BINARY = "llama-server"  # built with -march=native on a Kunpeng 920B: SVE everywhere
@@ -397,6 +402,14 @@ class Fleet:
                        s[f"steal_{stat}"], rows)
         if want("fleetscope_cpu_saturated_cores"):
             yield "fleetscope_cpu_saturated_cores", node_labels(), s["saturated"], rows
+        if want("fleetscope_harm_target"):  # the demo nodes' config (collector `harm`)
+            for key, value in DEMO_HARM_TARGETS.node.items():
+                yield ("fleetscope_harm_target", node_labels(signal=key), np.full((n, m), value),
+                       rows)
+            for pool, values in DEMO_HARM_TARGETS.pools.items():
+                for key, value in values.items():
+                    yield ("fleetscope_harm_target", node_labels(signal=key, pool=pool),
+                           np.full((n, m), value), rows)
         if want("fleetscope_schedstat_core_waiting_ratio"):
             for stat, share in (("min", 0.0), ("p50", 0.2), ("p90", 0.6), ("max", 1.0)):
                 yield ("fleetscope_schedstat_core_waiting_ratio", node_labels(stat=stat),
@@ -812,7 +825,7 @@ class Fleet:
         stretch["context_assembly"] = cpu_bound
         stretch["queue_wait"] = 1.0 + 14 * backlog + 1.5 * a("offline-preemption")
         stretch["state_io"] = 1.0 + 7 * a("roce-congestion") + 0.4 * a("session-affinity-loss")
-        stretch["tool_call"] = 1.0 + 3 * blocked + 0.3 * bad_quant
+        stretch["tool_call"] = 1.0 + 3 * blocked + 0.3 * bad_quant + 12 * a("slow-dependency")
         stretch["other"] = 1.0 + 0.5 * a("irq-core-overlap")
         mean_total = np.zeros((len(rows), m))
         for stage in STAGES:
@@ -838,6 +851,8 @@ class Fleet:
                 if want("agent_stage_duration_seconds_sum"):
                     yield ("agent_stage_duration_seconds_sum", labels(stage=stage),
                            counter(count_rate * mean, base_sum), rows)
+        # A step no stage measures (unexplained-harm): session time outside every stage.
+        mean_total = mean_total + 1.5 * a("unexplained-harm")
         # Session latency: log-normal around the stages' sum; faults widen the tail.
         tail = 0.45 + 0.25 * (a("offline-preemption") | a("irq-core-overlap")
                               | a("roce-congestion")) + 0.2 * a("session-affinity-loss")

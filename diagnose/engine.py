@@ -243,8 +243,14 @@ def evaluate(series: Series, hostname: str, *,
     span_ms = timestamps[-1] - timestamps[0]
     series.max_lookback_ms = span_ms or None
     steps = evaluation_steps(timestamps, series.max_window_ms)
-    for rule in rules:
-        missing = missing_signals(rule, series)
+    alerts: Series | None = None
+    for rule in sorted(rules, key=reads_alerts):  # stable: rules that read ALERTS go last
+        series_read = series
+        if reads_alerts(rule):
+            if alerts is None:
+                alerts = with_alerts(series, findings, timestamps)
+            series_read = alerts
+        missing = missing_signals(rule, series_read)
         if missing:
             hints = sorted({_hint(*_usual_reason(name), series) for name in missing
                             if _usual_reason(name)[1]})
@@ -263,14 +269,15 @@ def evaluate(series: Series, hostname: str, *,
             # An event rule (for: 0, e.g. a crash or a cold model load in the look-back)
             # fires on one step; a state must persist.
             hold = HOLD_FRACTION if rule.for_seconds else 0.0
-            for labels, held in sorted(persistent(condition, series, steps, hold).items()):
+            for labels, held in sorted(persistent(condition, series_read, steps,
+                                                 hold).items()):
                 finding_labels = dict(labels)
                 node = next((finding_labels[k] for k in NODE_LABELS if k in finding_labels),
                             hostname)
                 found = by_node.setdefault(node, [])
                 if found and found[0].severity != severity:
                     continue  # a more severe tier already holds on this node
-                vectors = _evidence_vectors(rule, series, held.last_ms, evidence_at)
+                vectors = _evidence_vectors(rule, series_read, held.last_ms, evidence_at)
                 evidence = evidence_from(rule, finding_labels, vectors)
                 finding = Finding(rule, node, finding_labels, held.value,
                                   _confidence(rule, evidence), evidence, severity=severity,
@@ -288,6 +295,40 @@ def evaluate(series: Series, hostname: str, *,
             findings.append(finding)
     findings.sort(key=rank_key(rules))
     return findings, not_evaluated
+
+
+def reads_alerts(rule: Rule) -> bool:
+    """A rule about the other rules' findings (harm no rule explains): evaluated after them."""
+    return any("ALERTS" in condition.metrics() for _, condition, _ in rule.severities())
+
+
+def drop_explained(findings: list[Finding]) -> list[Finding]:
+    """Without the findings of rules reading ALERTS on nodes where another rule's finding
+    at warning or worse stands: a query engine that does not evaluate the exported rules
+    has no ALERTS, and would judge the harm without its causes."""
+    explained = {f.node for f in findings if not reads_alerts(f.rule)
+                 and SEVERITY_RANK[f.severity] <= SEVERITY_RANK["warning"]}
+    return [f for f in findings if not (reads_alerts(f.rule) and f.node in explained)]
+
+
+def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) -> Series:
+    """The series plus Prometheus's ALERTS for every warning-or-worse finding so far, firing
+    at every step of the window (a finding held across it): what a rule reading ALERTS sees
+    in Prometheus, where the rules it reads are evaluated before it in the same group."""
+    out = Series()
+    out.by_name = dict(series.by_name)  # shared families: ALERTS is the only one added
+    out.max_window_ms, out.max_lookback_ms = series.max_window_ms, series.max_lookback_ms
+    out.window_start_ms = series.window_start_ms
+    out.by_name["ALERTS"] = {}
+    for finding in findings:
+        if SEVERITY_RANK[finding.severity] > SEVERITY_RANK["warning"]:
+            continue
+        labels = {"alertname": finding.rule.alert_name, "alertstate": "firing",
+                  "fleetscope_rule": finding.rule.id, "severity": finding.severity,
+                  **{k: v for k, v in finding.labels.items() if k in NODE_LABELS}}
+        for at_ms in timestamps:
+            out.add("ALERTS", labels, at_ms, 1.0)
+    return out
 
 
 def rank_key(rules: tuple[Rule, ...] = CATALOG):

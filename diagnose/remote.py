@@ -44,6 +44,8 @@ MAX_ANSWER_BYTES = 64 * 2**20  # one answer, decompressed: firing label sets are
 SETTLE_SECONDS = 30.0
 PARALLEL_QUERIES = 8  # at once against the engine: enough to hide latency, not a stampede
 NODES_PER_QUERY = 200  # instance=~"a|b|..." alternatives in one evidence query
+# VictoriaMetrics refuses longer queries (-search.maxQueryLen, 16 KiB by default).
+MAX_QUERY_CHARS = 16_000
 # What fleet findings group nodes by (diagnose/fleet_findings.py): CPU model and stepping
 # with the target labels, node_exporter's kernel release, the RDMA devices.
 ATTRIBUTE_METRICS = ("fleetscope_cpu_info", "node_uname_info", "fleetscope_rdma_device_info")
@@ -196,6 +198,21 @@ def with_matchers(expr: Expr, matchers: dict[str, str]) -> Expr:
     return replace(expr, **changes)
 
 
+def node_filtered(expr: Expr, nodes: list[str]) -> list[Expr]:
+    """`expr` filtered to `nodes`, NODES_PER_QUERY at a time, fewer where the filter in every
+    selector of a long condition would pass MAX_QUERY_CHARS."""
+    out, first, size = [], 0, NODES_PER_QUERY
+    while first < len(nodes):
+        chunk = nodes[first:first + size]
+        filtered = with_matchers(expr, {NODE_LABEL: node_regex(chunk)})
+        if size > 1 and len(filtered.promql()) > MAX_QUERY_CHARS:
+            size = max(1, size // 2)
+            continue
+        out.append(filtered)
+        first += len(chunk)
+    return out
+
+
 def node_regex(nodes: Iterable[str]) -> str:
     """A matcher value for `instance=~`: the nodes' names, RE2-escaped (the leading `~`
     marks a regex matcher in rules/promql.py)."""
@@ -333,7 +350,7 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     candidates = [c for c in candidates if c.finding.rule.id not in warned]
     not_evaluated += [{"rule": rule_id, "reason": f"partial answer from the query engine: "
                        f"{reason}"} for rule_id, reason in sorted(warned.items())]
-    findings = _with_evidence(candidates, rules)
+    findings = engine.drop_explained(_with_evidence(candidates, rules))
     if node:
         answer = RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
     else:
@@ -524,9 +541,7 @@ def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
             jobs.append((index, query[3]))  # not per node: the whole window, unfiltered
             continue
         nodes = sorted({one[NODE_LABEL] for one in labels})
-        for first in range(0, len(nodes), NODES_PER_QUERY):
-            chunk = nodes[first:first + NODES_PER_QUERY]
-            jobs.append((index, with_matchers(query[3], {NODE_LABEL: node_regex(chunk)})))
+        jobs += [(index, expr) for expr in node_filtered(query[3], nodes)]
     windows = pool.map(lambda job: client.query_range(
         job[1].promql(), start_s, end_s, step, CONDITION_TAG + queries[job[0]][0].id), jobs)
     for (index, _expr), result in zip(jobs, windows, strict=True):

@@ -17,7 +17,8 @@ A session is: context assembly (joins a made-up history), inference (burns --inf
 CPU, as a small quantised model on CPU would), a tool call (GET --tool-url?q=TEXT with
 --tool-timeout: 200 is ok, 400/422 bad arguments, other errors error, no answer in time a
 timeout; without --tool-url a local stub), and state I/O (the session's state to Redis when
---redis is given, else to memory). The worker loads its "model" once at start (stage
+--redis is given, else to memory), then --untracked-ms in no stage at all (a step nobody
+instrumented). The worker loads its "model" once at start (stage
 model_load). Needs `pip install 'fleetscope[agent,redis]'`.
 """
 
@@ -110,6 +111,8 @@ class Worker:
                     self.redis.set(f"session:{session_id}", state, ex=3600)
                 else:
                     self.memory_state[session_id] = state
+            if self.args.untracked_ms:  # a step of the session no stage measures
+                time.sleep(self.args.untracked_ms / 1000)
         return answer
 
     def consume(self) -> None:
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen2.5-1.5b-instruct-q4_k_m")
     parser.add_argument("--inference-ms", type=float, default=20.0)
     parser.add_argument("--load-ms", type=float, default=50.0)
+    parser.add_argument("--untracked-ms", type=float, default=0.0, metavar="MS",
+                        help="time each session spends in a step outside every stage (an "
+                             "uninstrumented call: what no stage histogram shows)")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit():

@@ -53,6 +53,16 @@ def required_metrics(expr: Expr) -> set[str]:
     return expr.metrics()
 
 
+def _or_sides(expr: Expr) -> list[Expr]:
+    """The sides of `a or b or c` (of `(a or b) unless x` too: what `unless` excludes may be
+    absent); any one side with its signals makes the condition evaluable."""
+    if isinstance(expr, SetOp) and expr.op == "unless":
+        return _or_sides(expr.left)
+    if isinstance(expr, SetOp) and expr.op == "or":
+        return _or_sides(expr.left) + _or_sides(expr.right)
+    return [expr]
+
+
 @dataclass(frozen=True)
 class Tier:
     """A lesser severity of a rule, for nodes where the rule's own condition does not hold:
@@ -152,10 +162,7 @@ class Rule:
         `a or b` is evaluable when either side's signals exist."""
         sides = []
         for condition in (self.condition, *(tier.condition for tier in self.tiers)):
-            if isinstance(condition, SetOp) and condition.op == "or":
-                sides += [required_metrics(condition.left), required_metrics(condition.right)]
-            else:
-                sides.append(required_metrics(condition))
+            sides += [required_metrics(side) for side in _or_sides(condition)]
         return [side | set(self.extra_requires) for side in sides]
 
     @property

@@ -474,12 +474,14 @@ class _Binary(Expr):
     left: Expr
     right: Expr
     on: tuple[str, ...] | None = None  # match on these labels only (PromQL `on (...)`)
+    # `group_left`: many left series to one right series (a pool's stages over its sessions);
+    # in-process matching already keys the right side on `on` and keeps the left's labels.
+    group_left: bool = False
 
     def promql(self) -> str:
         left = _operand(self.left, self.op, False)
         matching = f" on ({', '.join(self.on)})" if self.on is not None else ""
-        if getattr(self, "group_left", False):
-            matching += " group_left ()"  # the empty list: a `(` after it is the operand's
+        matching += " group_left ()" if self.group_left else ""  # as Prometheus prints it
         return f"{left} {self.op}{matching} {_operand(self.right, self.op, True)}"
 
     def _key(self, labels: Labels) -> Labels:
@@ -541,6 +543,7 @@ class Compare(_Binary):
     left: Expr
     right: Expr
     on: tuple[str, ...] | None = None
+    group_left: bool = False
 
     def evaluate(self, series, at_ms):
         test = _COMPARE[self.op]

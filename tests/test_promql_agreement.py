@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from fleetscope.rules.promql import (
+    Arith,
     Avg,
     AvgOverTime,
+    Compare,
     Count,
     Delta,
     HistogramQuantile,
@@ -99,6 +101,12 @@ EXPRESSIONS = [
     HistogramQuantile(0.5, Sum(Rate(Selector("lat_seconds_bucket"), 120), by=("le",))),
     HistogramQuantile(0.99, Sum(Rate(Selector("lat_seconds_bucket", {"pool": "code"}), 60),
                                 by=("pool", "le"))) > 0.2,
+    # many-to-one: each cpu's work over its pool's total, then over its class's queue
+    Arith("/", Rate(Selector("work_seconds_total"), 60),
+          Sum(Rate(Selector("work_seconds_total"), 60), by=("pool",)), on=("pool",),
+          group_left=True),
+    Compare(">", Sum(Rate(Selector("work_seconds_total"), 60), by=("class", "pool")),
+            Max(Selector("queue_depth"), by=("class",)), on=("class",), group_left=True),
 ]
 
 

@@ -152,6 +152,8 @@ def test_each_rule_condition_is_the_same_on_both_engines(fleet, name):
     other = remote.QueryClient(fleet["engines"][name].url)
     end = time.time() // 15 * 15
     for rule in CATALOG:
+        if engine.reads_alerts(rule):
+            continue  # it reads each evaluator's own ALERTS, which only Prometheus has here
         for _, condition, _ in rule.severities():
             promql = condition.promql()
             a = {remote.labels_of(s): len(s["values"])
@@ -256,7 +258,15 @@ def test_the_exported_rules_fire_what_diagnose_finds_on_prometheus_and_vmalert(f
             break
         time.sleep(5)
     assert {rule for rule, _, _ in expected} == {rule.id for rule in CATALOG}
+    # vmalert reads ALERTS back only from its datasource; the bench writes them to a store
+    # of its own, so there a rule reading ALERTS (unexplained-harm) cannot see the causes.
+    reading = {rule.id for rule in CATALOG if engine.reads_alerts(rule)}
     for name, found in fired.items():
+        if name != "prometheus":
+            found = {f for f in found if f[0] not in reading}
+            wanted = {f for f in expected if f[0] not in reading}
+            assert found == wanted, (name, sorted(found ^ wanted))
+            continue
         assert found == expected, (name, sorted(found ^ expected))
     assert _keyed(_diagnose(engines["victoriametrics"].url)[1]["findings"]) == expected
 

@@ -2,6 +2,10 @@
 exactly the alerts the Python engine finds, on the series the exporter produces from the
 bundle's samples.
 
+Rules that read ALERTS (unexplained-harm: harm no other rule explains) come last in the
+group, so in each evaluation they see the alerts the others fired at that step; the
+in-process side feeds them the same ALERTS.
+
 The exported rule file is used as written, except that `for:` and annotations are dropped
 in this test's copy: `for:` is Prometheus's flap guard over time (a bundle is a minute long),
 and annotations only render text. The conditions - what the engine evaluates - are untouched,
@@ -19,11 +23,11 @@ import pytest
 import yaml
 
 from fleetscope.bundle.read import open_bundle
-from fleetscope.diagnose.engine import evaluate
+from fleetscope.diagnose.engine import evaluate, reads_alerts
 from fleetscope.diagnose.evidence import bundle_series
 from fleetscope.rules.catalog import CATALOG, WINDOW
 from fleetscope.rules.export import rule_file
-from fleetscope.rules.promql import strip_name
+from fleetscope.rules.promql import Series, strip_name
 from tests.conftest import SCENARIOS, require_tool
 from tests.fixture_trees import scenario_names
 
@@ -62,12 +66,16 @@ def _promtool_case(bundle_path: Path):
         if at_ms - times[0] < WINDOW * 1000:
             continue
         expected: dict[str, list[dict]] = {rule.alert_name: [] for rule in CATALOG}
-        for rule in CATALOG:
+        firing = Series()  # ALERTS at this step, for the rules that read them (evaluated last)
+        firing.by_name = dict(series.by_name)
+        for rule in sorted(CATALOG, key=reads_alerts):
             for severity, condition, _ in rule.severities():
-                for labels in sorted(condition.evaluate(series, at_ms)):
+                for labels in sorted(condition.evaluate(firing, at_ms)):
                     alert = dict(strip_name(labels))
                     alert.update(severity=severity, fleetscope_rule=rule.id)
                     expected[rule.alert_name].append({"exp_labels": alert})
+                    firing.add("ALERTS", {**alert, "alertname": rule.alert_name,
+                                          "alertstate": "firing"}, at_ms, 1.0)
         tests += [{"alertname": name, "eval_time": f"{(at_ms - times[0]) // 1000}s",
                    "exp_alerts": alerts} for name, alerts in expected.items()]
     assert tests, "the bundle is shorter than the rules' windows"

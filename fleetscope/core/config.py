@@ -8,6 +8,7 @@
     numa_maps_min_interval_seconds: 30  # pool NUMA locality: numa_maps is costly to read
     ethtool_interfaces: [eth0, "ens*"]  # ethtool -S these, besides the RDMA netdevs
     redact: ["tenant-[0-9]+", "sk-[A-Za-z0-9]{20,}"]  # regexes `bundle record` also redacts
+    harm_targets: {online_session_p99_seconds: 1.0}  # where workloads hurt (harm_targets.py)
 
 Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
 section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -29,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from .harm_targets import HarmTargetError, HarmTargets, parse_harm_targets
 from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
 
 
@@ -89,6 +91,8 @@ class Config:
     # for an answer: the work queue (the redis_url's address is added). A thread parked in
     # BLPOP/XREADGROUP there is idle, not blocked in an external call.
     work_queue_peers: tuple[str, ...] = ()
+    # Where workloads hurt (fleetscope/core/harm_targets.py): published for the harm rules.
+    harm_targets: HarmTargets = field(default_factory=lambda: parse_harm_targets(None))
     redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.bundle.redact)
     kubernetes: KubernetesPaths = KubernetesPaths()  # where the node's pod evidence is
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
@@ -113,6 +117,7 @@ _KNOWN_KEYS = {
     "work_queue_peers",
     "redact",
     "kubernetes",
+    "harm_targets",
 }
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
@@ -184,6 +189,13 @@ def _number(raw: dict, key: str, default: float, low: float, high: float) -> flo
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise ConfigError(f"{key} must be a number from {low} to {high}, got {value!r}")
     return float(value)
+
+
+def _harm_targets(raw: dict) -> HarmTargets:
+    try:
+        return parse_harm_targets(raw.get("harm_targets"))
+    except HarmTargetError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _pool(index: int, raw: Any) -> Pool:
@@ -317,6 +329,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         work_queue_peers=_work_queue_peers(raw),
         redact=tuple(redact),
         kubernetes=paths,
+        harm_targets=_harm_targets(raw),
         raw=raw,
     )
 
