@@ -318,7 +318,6 @@ def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) 
     out = Series()
     out.by_name = dict(series.by_name)  # shared families: ALERTS is the only one added
     out.max_window_ms, out.max_lookback_ms = series.max_window_ms, series.max_lookback_ms
-    out.window_start_ms = series.window_start_ms
     out.by_name["ALERTS"] = {}
     for finding in findings:
         if SEVERITY_RANK[finding.severity] > SEVERITY_RANK["warning"]:

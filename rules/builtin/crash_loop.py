@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from fleetscope.core import units
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
-from ..promql import Max, Rate, Recent, Selector, Sum, Time
+from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0.7  # a cause, after isa-mismatch and oom-kill
-CRASH_WINDOW = 900  # seconds: crashes this recent are the incident (in-process: the window)
+CRASH_WINDOW = EVENT_LOOKBACK_SECONDS  # crashes this recent are the incident, in every mode
 MAX_SUBJECTS = 5
 
 _CRASHES = Selector("fleetscope_fatal_trap_crashes_total")
@@ -44,11 +44,7 @@ class _Crashed:
 
 
 def _look_back_start(ctx, now: float) -> float:
-    """Where 'recent' begins: the window's first sample in-process (as Recent reads the
-    condition), else the 15-minute look-back."""
-    series = ctx.series
-    if series is not None and series.max_lookback_ms and series.window_start_ms is not None:
-        return series.window_start_ms / 1000 - 1.0
+    """Where 'recent' begins: the shared event look-back, as Recent reads the condition."""
     return now - CRASH_WINDOW
 
 

@@ -14,10 +14,10 @@ import time
 from fleetscope.core import units
 
 from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
-from ..promql import Max, Rate, Recent, Selector, Sum, Time
+from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0.5  # a cause: ties with equally severe findings go to it
-OOM_WINDOW = 900  # seconds: kills this recent are the incident (in-process: the window)
+OOM_WINDOW = EVENT_LOOKBACK_SECONDS  # kills this recent are the incident, in every mode
 MAX_SUBJECTS = 10
 
 _LOGGED = Selector("fleetscope_oom_kills_logged_total")

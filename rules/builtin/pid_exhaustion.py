@@ -22,12 +22,12 @@ from fleetscope.collectors.parsers.pids_log import fork_rejections
 from fleetscope.core import units
 
 from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
-from ..promql import Max, Min, Rate, Recent, Selector, Sum, Time
+from ..promql import EVENT_LOOKBACK_SECONDS, Max, Min, Rate, Recent, Selector, Sum, Time
 from ..signals import POOL
 
 RANK = 2.5  # beside fd-exhaustion, the other per-process limit
 TASKS_SHARE = 0.9  # of pids.max or RLIMIT_NPROC: the next burst of threads fails
-FORK_LOG_LOOKBACK = 900  # seconds: a refusal logged this recent is the incident
+FORK_LOG_LOOKBACK = EVENT_LOOKBACK_SECONDS  # a refusal logged this recent is the incident
 MAX_SUBJECTS = 5
 
 _REFUSED = Sum(Rate(Selector("fleetscope_pool_cgroup_pids_limit_hits_total"), WINDOW,
