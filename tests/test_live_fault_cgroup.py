@@ -39,6 +39,7 @@ from tests.test_live_accuracy import (
     _kernel_sigills,
     _record,
     _wait_line,
+    earlier_events,
 )
 from tests.test_prometheus_scrape import _free_port, _query, _wait_for
 
@@ -200,8 +201,9 @@ def test_cgroup_fault_diagnosed_live(scenario, tmp_path):
     # Another program's SIGILL inside the window is this node's isa-mismatch, not ours.
     foreign_sigill = any(c.seconds is not None and c.seconds >= foreign_load.began
                          for c in _kernel_sigills())
+    earlier = earlier_events(findings, {scenario.expect})
     serious = [f for f in findings if f["severity"] in ("warning", "critical")
-               and not (foreign_sigill and f["rule"] == "isa-mismatch")]
+               and not (foreign_sigill and f["rule"] == "isa-mismatch") and f not in earlier]
     # Other programs filling the CPUs beside the fault make a saturated node the truth:
     # set aside, neither the scenario's answer nor a false alarm.
     busy_machine = {"cpu-saturation"} if foreign_load.cpus > FOREIGN_CPU_LIMIT else set()

@@ -29,6 +29,7 @@ import yaml
 from fleetscope.rules.export import rule_file
 from tests.conftest import require_tool
 from tests.test_live_accuracy import (
+    EVENT_RULES,
     FOREIGN_CPU_LIMIT,
     LIFETIME_S,
     NOISE,
@@ -134,16 +135,16 @@ def _produce(name: str, lab: Lab) -> None:
 
 
 def _serious(document: dict) -> list[dict]:
-    """Warning-or-worse findings, less other programs' SIGILLs (isa-mismatch): another
-    helper's crash on this machine is this node's truth, not the scenario's."""
+    """Warning-or-worse findings, less kernel-log events (another program's or an earlier
+    scenario's crash, OOM kill or refused fork): this node's truth, not the scenario's."""
     return [f for f in document["findings"] if f["severity"] in ("warning", "critical")
-            and f["rule"] != "isa-mismatch"]
+            and f["rule"] not in EVENT_RULES]
 
 
 def _foreign_cause(document: dict, busy: bool) -> list[str]:
     """Warning-or-worse findings other programs on this machine caused: their SIGILLs, or a
     saturated CPU while they kept it busy."""
-    foreign = {"isa-mismatch"} | ({"cpu-saturation", "core-imbalance"} if busy else set())
+    foreign = EVENT_RULES | ({"cpu-saturation", "core-imbalance"} if busy else set())
     return sorted({f["rule"] for f in document["findings"] if f["rule"] in foreign
                    and f["severity"] in ("warning", "critical")})
 
@@ -291,8 +292,8 @@ def test_exported_rules_on_a_real_prometheus(tmp_path, name, rule):
                 if child.stdout:
                     child.stdout.close()
         lab.stop()
-    foreign = sorted(r for r in seen if r in ("isa-mismatch", "cpu-saturation",
-                                              "core-imbalance"))
+    foreign = sorted(r for r in seen if r in EVENT_RULES | {"cpu-saturation",
+                                                            "core-imbalance"})
     if rule == "unexplained-harm" and seen.get(rule) != "firing" and foreign:
         pytest.skip(f"other programs on this machine caused {foreign} on this node: the "
                     "harm is explained, rightly")

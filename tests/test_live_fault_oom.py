@@ -39,6 +39,7 @@ from tests.test_live_accuracy import (
     _kernel_sigills,
     _record,
     _wait_line,
+    earlier_events,
 )
 from tests.test_prometheus_scrape import _free_port, _query
 
@@ -223,6 +224,8 @@ def test_live_memory_diagnosis(scenario, tmp_path):
     foreign = [f for f in findings if (f["rule"] == "oom-kill" and foreign_kills
                                        and scenario.expect != "oom-kill")
                or (f["rule"] == "isa-mismatch" and foreign_crashes) or f["rule"] in foreign_cpu]
+    foreign += [f for f in earlier_events(findings, {scenario.expect, *scenario.explains})
+                if f not in foreign]
     serious = [f for f in findings if f["severity"] in ("warning", "critical")
                and f not in foreign]
     primary = serious[0]["rule"] if serious else None
