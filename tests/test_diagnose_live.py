@@ -17,11 +17,10 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_cpu_features import CANDIDATES, _build, _cpu_flags
-from tests.test_live_accuracy import CRASH_LOOP, HOG, ONLINE_WORKER
+from tests.test_live_accuracy import CRASH_LOOP, EVENT_RULES, HOG, ONLINE_WORKER
 
 FD_HOLDER = """
 import resource, sys, time
-from tests.test_live_accuracy import EVENT_RULES
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 files = [open("/dev/null") for _ in range(60)]
 print("ready", flush=True)
