@@ -118,7 +118,7 @@ def parse_cgroup(text: str) -> str:
         elif "cpu" in controllers:
             v1_cpu = path
         elif path != "/":
-            v1_other.append((controllers[0].startswith("name="), path))
+            v1_other.append((not controllers or controllers[0].startswith("name="), path))
     if v2 is not None and v2 != "/":
         return v2
     if v1_cpu is not None and v1_cpu != "/":

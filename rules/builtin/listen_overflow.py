@@ -22,7 +22,7 @@ MAX_SUBJECTS = 5
 
 def _tcp_ext(counter: str, by=NODE):
     return Sum(Rate(Selector("fleetscope_tcp_stats_total",
-                             {"group": "TcpExt", "counter": counter}), WINDOW), by=by)
+                             {"counter": counter, "group": "TcpExt"}), WINDOW), by=by)
 
 
 _OVERFLOWS = _tcp_ext("ListenOverflows")
