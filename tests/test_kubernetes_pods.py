@@ -6,6 +6,7 @@ bundle; findings that name pods."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -393,6 +394,8 @@ def test_the_kubernetes_collector_reports_the_kubelets_decisions_per_pool(tmp_pa
 
 
 def test_missing_kubelet_files_say_which_mount_is_needed(tmp_path, caplog):
+    # diagnose and the console quieten the exporter's logger in-process; the exporter speaks
+    caplog.set_level(logging.WARNING, logger="fleetscope.exporter")
     root = kube_tree(tmp_path)
     shutil.rmtree(root / "var")
     got = collect(Exporter(str(root), parse_config({"pools": POD_POOLS})), 1000.0)
