@@ -22,9 +22,13 @@ MAX_SUBJECTS = 10
 
 _LOGGED = Selector("fleetscope_oom_kills_logged_total")
 _OOM_AGE = Time() - Max(Selector("fleetscope_oom_kill_last_timestamp_seconds"), by=NODE)
-_VMSTAT_KILLS = Sum(Rate(Selector("fleetscope_vmstat_oom_kills_total"), OOM_WINDOW,
+# Counted kills over a minute, as every rate here: a kill that old reads alike on a query
+# engine and in-process (whose look-back is the samples at hand); the kernel log's kill
+# time (Recent) is what holds a single kill for the whole look-back.
+KILL_RATE_SECONDS = 60
+_VMSTAT_KILLS = Sum(Rate(Selector("fleetscope_vmstat_oom_kills_total"), KILL_RATE_SECONDS,
                          increase=True), by=NODE)
-_POOL_KILLS = Rate(Selector("fleetscope_pool_memory_oom_kills_total"), OOM_WINDOW,
+_POOL_KILLS = Rate(Selector("fleetscope_pool_memory_oom_kills_total"), KILL_RATE_SECONDS,
                    increase=True)
 
 
@@ -54,8 +58,8 @@ def _pools_with_kills(ctx) -> list[str]:
     timestamps = series.timestamps() if series is not None else []
     if not timestamps:
         return []
-    vector = _POOL_KILLS.evaluate(series, timestamps[-1])
-    return sorted({dict(key).get("pool", "") for key, value in vector.items() if value > 0}
+    return sorted({dict(key).get("pool", "") for at_ms in timestamps
+                   for key, value in _POOL_KILLS.evaluate(series, at_ms).items() if value > 0}
                   - {""})
 
 
@@ -172,9 +176,9 @@ RULE = Rule(
         Evidence("OOM kills in the kernel log", Sum(_LOGGED, by=NODE), 0, "kills"),
         Evidence("seconds since the last OOM kill in the kernel log", _OOM_AGE, OOM_WINDOW,
                  "s", pick="min"),
-        Evidence("OOM kills in the look-back (/proc/vmstat oom_kill)", _VMSTAT_KILLS, 0,
+        Evidence("OOM kills in the last minute (/proc/vmstat oom_kill)", _VMSTAT_KILLS, 0,
                  "kills"),
-        Evidence("OOM kills in pools' memory cgroups in the look-back",
+        Evidence("OOM kills in pools' memory cgroups in the last minute",
                  Sum(_POOL_KILLS, by=NODE), 0, "kills"),
     ),
     confidence=0.95,
