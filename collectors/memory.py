@@ -140,7 +140,7 @@ class MemoryCollector(Collector):
         self._last: dict[str, float] = {}  # constraint -> latest kill time
         self._dmesg: tuple[str, list[OomKill]] | None = None
         self._mounts: tuple[float, tuple, tuple[tuple[str, ...], tuple[str, ...]]] | None = None
-        self._member_cgroups: dict[tuple, tuple[str, tuple[str, str] | None, float]] = {}
+        self._member_cgroups: dict[tuple, tuple[str, tuple[str, str] | None, float, bool]] = {}
         self._known: dict[tuple[str, str, str], float] = {}  # (pool, v1|v2, path) -> seen
         self._oom_kills = MonotonicSums(True)
         self._limit_hits = MonotonicSums(True)
@@ -277,16 +277,19 @@ class MemoryCollector(Collector):
         return mounts
 
     def _member_cgroup(self, scrape: Scrape, process) -> tuple[str, str] | None:
-        """(v1|v2, path) of a pool process's memory cgroup; cached a while on a live host."""
+        """(v1|v2, path) of a pool process's memory cgroup; cached a while on a live host once
+        two reads agree (a worker its supervisor moves into its cgroup after starting it is
+        first seen in its parent's)."""
         key = (scrape.roots, process.pid)
         live = scrape.evidence.live
         cached = self._member_cgroups.get(key) if live else None
-        if cached is not None and cached[0] == process.cmdline and \
+        if cached is not None and cached[0] == process.cmdline and cached[3] and \
                 0 <= scrape.time - cached[2] < CGROUP_REREAD_S:
             return cached[1]
         found = memory_cgroup_path(read_proc(scrape, f"proc/{process.pid}/cgroup", True))
         if live:
-            self._member_cgroups[key] = (process.cmdline, found, scrape.time)
+            settled = cached is not None and cached[0] == process.cmdline and cached[1] == found
+            self._member_cgroups[key] = (process.cmdline, found, scrape.time, settled)
         return found
 
     def _pools(self, scrape: Scrape) -> Iterator[Family]:

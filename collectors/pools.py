@@ -533,12 +533,12 @@ class PoolsCollector(Collector):
     def _locate_cgroups(self, scrape: Scrape, process, key: tuple, acc: _PoolState,
                         tally: SourceTally) -> None:
         """The process's cpu (and v1 cpuacct) and pids directories, v1 or v2; on a live
-        host kept for CGROUP_REREAD_S, as the matcher keeps its cgroup path."""
+        host kept for CGROUP_REREAD_S once two reads agree, as the matcher keeps its cgroup path."""
         live = scrape.evidence.live
         cached = self._located.get(key) if live else None
-        if cached is not None and 0 <= scrape.time - cached[0] < CGROUP_REREAD_S:
+        if cached is not None and cached[3] and 0 <= scrape.time - cached[0] < CGROUP_REREAD_S:
             tally.ok += 1
-            _, cpu, pids = cached
+            _, cpu, pids, _ = cached
         else:
             mounts = cgroup_mounts(scrape)
             if process.cgroup and not mounts.v1:  # v2 only: the matcher's path is the one
@@ -560,7 +560,10 @@ class PoolsCollector(Collector):
             pids = locate(mounts, hierarchies, "pids")
             if pids is not None and not _usable_cgroup(pids.path):
                 pids = None
-            cached = (scrape.time, cpu, pids)
+            # kept once two reads agree: a worker moved into its cgroup just after it started
+            # is first seen in its parent's
+            settled = cached is not None and cached[1:3] == (cpu, pids)
+            cached = (scrape.time, cpu, pids, settled)
         if live:
             self._located_next[key] = cached
         if cpu is not None:

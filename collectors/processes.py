@@ -111,21 +111,26 @@ CGROUP_REREAD_S = 30.0
 
 
 class _CgroupCache:
-    """pid -> (command line, cgroup, when read) of the live node's processes: a cgroup path
-    rarely changes once a process runs, and re-reading it for every process on every scrape
-    was a third of the scan. Only live hosts use it: a recorded sample is read as it is."""
+    """pid -> (command line, cgroup, when read, settled) of the live node's processes: a
+    cgroup path rarely changes once a process runs, and re-reading it for every process on
+    every scrape was a third of the scan. An entry serves only once two reads agreed (a
+    supervisor may move its child into the child's cgroup just after starting it). Only live
+    hosts use it: a recorded sample is read as it is."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[tuple[str, ...], str], tuple[str, object, float]] = {}
+        self.entries: dict[tuple[tuple[str, ...], str], tuple[str, object, float, bool]] = {}
 
     def get(self, key, cmdline: str, now: float):
         entry = self.entries.get(key)
-        if entry is None or entry[0] != cmdline or not 0 <= now - entry[2] < CGROUP_REREAD_S:
+        if entry is None or not entry[3] or entry[0] != cmdline or \
+                not 0 <= now - entry[2] < CGROUP_REREAD_S:
             return None
         return entry[1]
 
     def put(self, key, cmdline: str, cgroup, now: float) -> None:
-        self.entries[key] = (cmdline, cgroup, now)
+        entry = self.entries.get(key)
+        settled = entry is not None and entry[0] == cmdline and entry[1] == cgroup
+        self.entries[key] = (cmdline, cgroup, now, settled)
 
     def keep(self, roots: tuple[str, ...], names: set[str]) -> None:
         """Forget processes that exited (the dict follows the process table)."""

@@ -59,9 +59,9 @@ with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as procs:
     procs.write(str(os.getpid()))          # into the worker's memory cgroup before it leaks
 end = time.time() + float(sys.argv[2])
 held = []
-while time.time() < end:                   # a worker keeping every parsed document
-    held.append(bytearray(b"\\x5a") * (4 << 20))
-    time.sleep(0.05)
+while time.time() < end:                   # a worker keeping every parsed document: at its
+    held.append(bytearray(b"\\x5a") * (4 << 20))   # limit in about 2.5 s, so it is alive
+    time.sleep(0.15)                       # at most samples, as a restarted worker would be
 """
 SUPERVISOR = """
 import subprocess, sys, time
@@ -71,7 +71,7 @@ for _ in range(most):                      # a supervisor restarting the worker 
     if time.time() >= end:
         break
     subprocess.run([sys.executable, leak, cgroup, str(max(1.0, end - time.time()))])
-    time.sleep(1.0)
+    time.sleep(0.5)
 """
 CACHE_CHURN = """
 import os, sys, time
@@ -341,3 +341,55 @@ def test_oom_kill_alert_fires_on_prometheus(tmp_path, exporter_factory):
                 server.wait(timeout=20)
     assert firing and firing[0]["metric"]["instance"] == target, firing
     assert pool_kills and float(pool_kills[0]["value"][1]) >= 1, pool_kills
+
+
+def test_a_worker_moved_into_its_cgroup_after_it_started_is_found_there(tmp_path):
+    """A supervisor starts a worker, then moves it into the worker's memory cgroup, where it
+    leaks and is killed: the first scrape saw it in its parent's cgroup, and the kill must
+    still count for its pool (the parent's cgroup was once kept for 30 s, so a worker killed
+    within that never counted)."""
+    from fleetscope.collectors.base import Scrape
+    from fleetscope.collectors.memory import MemoryCollector
+    from fleetscope.collectors.source import LiveHost
+    from fleetscope.core.config import parse_config
+    from fleetscope.core.exposition import render
+
+    go = tmp_path / "go"
+    worker_script = tmp_path / "fs_acc_moved_worker.py"
+    worker_script.write_text(
+        "import os, sys, time\n"
+        "end = time.time() + 60\n"
+        "while not os.path.exists(sys.argv[1]) and time.time() < end:\n"
+        "    time.sleep(0.05)\n"
+        "held = []\n"
+        "while time.time() < end:\n"
+        "    held.append(bytearray(b'\\x5a') * (4 << 20))\n"
+        "    time.sleep(0.02)\n")
+    config = parse_config({"pools": [{"name": "movers", "class": "online",
+                                      "match": {"cmdline": "fs_acc_moved_worker"}}]})
+    collector = MemoryCollector(config)
+    kills_metric = 'fleetscope_pool_memory_oom_kills_total{pool="movers",class="online"}'
+
+    def kills_seen(at: float) -> float | None:
+        for line in render(collector.collect(Scrape(LiveHost("/"), at))).splitlines():
+            if line.startswith(kills_metric + " "):
+                return float(line.rpartition(" ")[2])
+        return None
+
+    with memory_cgroup("moved", LIMIT_BYTES) as cgroup:
+        worker = subprocess.Popen([sys.executable, str(worker_script), str(go)],
+                                  start_new_session=True)
+        try:
+            now = time.time()
+            kills_seen(now)  # seen where it started: this test's own cgroup
+            (cgroup / "cgroup.procs").write_text(str(worker.pid))
+            kills_seen(now + 2)  # now in its own
+            go.touch()
+            worker.wait(timeout=60)
+            assert worker.returncode == -signal.SIGKILL
+            assert _wait_kills(cgroup, 1) == 1
+            assert kills_seen(now + 4) == 1
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(timeout=10)

@@ -601,9 +601,9 @@ def test_offline_hog_raises_the_online_pools_run_delay(exporter_factory):
 
 
 def test_live_cgroups_are_reread_after_an_exec_or_a_while_and_recorded_ones_always(tmp_path):
-    """A live process's cgroup is kept while its command line stays (a third of the scan
-    was re-reading it), read again after an exec or CGROUP_REREAD_S; a recorded sample is
-    read as it is every time."""
+    """A live process's cgroup is kept, once two reads agree, while its command line stays
+    (a third of the scan was re-reading it), read again after an exec or CGROUP_REREAD_S; a
+    recorded sample is read as it is every time."""
     from fleetscope.collectors import processes
     from fleetscope.collectors.base import Scrape
     from fleetscope.collectors.source import LiveHost, recorded_sample
@@ -620,9 +620,15 @@ def test_live_cgroups_are_reread_after_an_exec_or_a_while_and_recorded_ones_alwa
 
     live = LiveHost(str(tmp_path))
     assert pooled(live, 1000.0) == ["chat"]
+    assert pooled(live, 1002.0) == ["chat"]  # two reads agree: kept from now on
     (proc / "cgroup").write_text("0::/system.slice/batch.service\n")  # moved, no exec
     assert pooled(live, 1010.0) == ["chat"]  # the kept cgroup, within the re-read time
-    assert pooled(live, 1000.0 + processes.CGROUP_REREAD_S + 1) == []
+    assert pooled(live, 1002.0 + processes.CGROUP_REREAD_S + 1) == []
+    # Seen once, then moved by its supervisor: not kept after one read, so found at once.
+    (proc / "cgroup").write_text("0::/kubepods.slice/online/agent-1\n")
+    assert pooled(live, 1100.0) == ["chat"]
+    (proc / "cgroup").write_text("0::/system.slice/batch.service\n")
+    assert pooled(live, 1101.0) == []
     (proc / "cgroup").write_text("0::/kubepods.slice/online/agent-1\n")
     assert pooled(live, 2000.0) == ["chat"]
     (proc / "cmdline").write_bytes(b"/usr/bin/etl_job\0")  # an exec: read again at once
