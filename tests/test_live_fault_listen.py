@@ -34,6 +34,7 @@ from tests.test_live_accuracy import (
     _kernel_sigills,
     _record,
     _wait_line,
+    assert_healthy_verdict,
     earlier_events,
 )
 from tests.test_prometheus_scrape import _free_port, _query
@@ -169,8 +170,8 @@ def test_live_diagnosis_names_the_listen_overflow_and_nothing_else(scenario, tmp
         assert overflowed == 0, overflowed  # busy, and every connection accepted
         assert correct, summary
         assert all(f["rule"] != "listen-overflow" for f in findings), summary
-        if foreign_load.cpus <= FOREIGN_CPU_LIMIT and not foreign_crash and not earlier:
-            assert primary is None and code == 0 and document["status"] == "ok", summary
+        assert_healthy_verdict(document, code, [f for f in findings if f not in serious
+                                                or f["rule"] == "cpu-saturation"])
         return
     assert overflowed > 1000, overflowed  # the fault is real: thousands dropped
     assert primary == "listen-overflow", summary
