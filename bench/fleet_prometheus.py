@@ -172,8 +172,11 @@ def plan(nodes: int) -> list[Node]:
     others = sorted(p.name for p in _scenario_dirs()
                     if p.name not in (*HEALTHY, "isa-mismatch", "roce-congestion"))
     free = [n for n in out if n.profile in HEALTHY]
-    stride = max(1, len(free) // (len(others) * EXTRA_FAULT_NODES + 1))
-    for position, node in enumerate(free[stride // 2::stride][:len(others) * EXTRA_FAULT_NODES]):
+    # Half the healthy nodes stay healthy, whatever the fleet's size: a false alarm needs a
+    # node without a fault to show on (a 64-node fleet once had none of either kind left).
+    faults = min(len(others) * EXTRA_FAULT_NODES, max(len(others), len(free) // 2))
+    stride = max(1, len(free) // (faults + 1))
+    for position, node in enumerate(free[stride // 2::stride][:faults]):
         node.profile = others[position % len(others)]
     return out
 

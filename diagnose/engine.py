@@ -124,8 +124,8 @@ def evidence_from(rule: Rule, finding_labels: dict, vectors: list[Vector]) -> li
         if not values:
             continue
         value = max(values) if item.pick == "max" else min(values)
-        if value != value:  # NaN: a ratio with nothing under it says nothing
-            continue
+        if not math.isfinite(value):  # NaN: a ratio with nothing under it says nothing;
+            continue                  # +Inf (no limit) has no JSON number
         out.append({"signal": item.signal, "value": round(value, 6),
                     "threshold": item.threshold, "unit": item.unit})
     return out

@@ -250,15 +250,17 @@ def parse_document(base: str, body: bytes) -> tuple[dict, list[str]]:
     return data, answer_warnings(document)
 
 
-def _number(value) -> float | None:
-    """A finite float from Prometheus's string-encoded sample value, else None."""
+def _number(value, finite: bool = True) -> float | None:
+    """A float from Prometheus's string-encoded number, else None; `finite=False` keeps
+    "NaN" and "+Inf" (a sample value: an unlimited RLIMIT_NPROC or CPU quota is +Inf, and the
+    query engine divides by it as PromQL does)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
     try:
         number = float(value)
     except (ValueError, OverflowError):
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) or not finite else None
 
 
 def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
@@ -284,7 +286,7 @@ def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
             if not isinstance(point, (list, tuple)) or len(point) != 2:
                 skipped += 1
                 continue
-            timestamp, value = _number(point[0]), _number(point[1])
+            timestamp, value = _number(point[0]), _number(point[1], finite=False)
             if timestamp is None or value is None or not 0 <= timestamp < 1e11:
                 skipped += 1
                 continue
