@@ -97,7 +97,7 @@ def test_engine_side_finds_what_the_in_process_engine_finds(fleet, name, monkeyp
     # Fed through either engine's range queries, the old path finds the same nodes.
     assert _keyed(_in_process(url, at, monkeypatch)) == _keyed(in_process)
     # ...and that is each node's injected fault, nothing on the healthy nodes.
-    assert fleet["bench"].check(document, fleet["nodes"], fleet["expected"]) == []
+    assert fleet["bench"].check(document, fleet["nodes"]) == []
     assert {f["rule"] for f in document["findings"]} == {rule.id for rule in CATALOG}
     assert code == 2 and document["status"] == "critical"
     # The same evidence values: the engine computes what Python computed.
@@ -368,3 +368,27 @@ def test_alerts_are_trusted_only_from_exactly_the_exported_rules(fleet):
     firing[-1]["labels"] = {**firing[-1]["labels"], "fleetscope_rule": "no-such-rule"}
     kept = remote.alert_candidates(firing, time.time())
     assert len(kept) == len(firing) - 2
+
+
+def test_the_fleet_is_judged_against_the_faults_injected_not_an_engines_answer():
+    """A false alarm on a healthy node and a fault left unnamed both count, whatever any
+    engine would answer on the same data."""
+    from tests.conftest import fleet_bench
+
+    bench = fleet_bench()
+    nodes = bench.plan(64)
+    faulty = next(n for n in nodes if n.profile == "fd-exhaustion")
+    healthy = next(n for n in nodes if n.profile in bench.HEALTHY)
+    truth = [{"rule": rule, "node": n.instance} for n in nodes
+             for rule in bench.injected(n.profile)]
+    assert bench.check({"findings": truth}, nodes) == []
+    assert {"thread-oversubscription", "cpu-saturation"} <= {
+        f["rule"] for f in truth}  # a fault's own symptoms are part of what it injects
+    wrong = [f for f in truth if f["node"] != faulty.instance] + [
+        {"rule": "cpu-saturation", "node": healthy.instance}]
+    problems = bench.check({"findings": wrong}, nodes)
+    assert len(problems) == 2 and any(faulty.instance in p for p in problems)
+    tally = bench.score({"findings": wrong}, nodes)
+    assert tally["missed"] == [("fd-exhaustion", faulty.instance)]
+    assert tally["extra"] == [("cpu-saturation", healthy.instance)]
+    assert len(tally["found"]) == len(truth) - 1
