@@ -293,7 +293,7 @@ class Enricher:
         if document is None and self.live:
             from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
 
-            path = locate_binary(binary)
+            path = locate_binary(binary, directories=self.config.binary_dirs)
             if path is not None:
                 try:
                     document = check_against_cpuinfo(path, self.last.read_text("proc/cpuinfo"),

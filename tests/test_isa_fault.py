@@ -347,6 +347,49 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
     assert "recorded bytes" in finding["summary"]
 
 
+@pytest.mark.live
+def test_a_sigill_binary_off_path_is_found_where_the_node_runs_it(tmp_path, fp16_binary):
+    """Agent binaries run from their own directory (/opt/<app>/bin), not from PATH. Run by its
+    full path, the binary's SIGILL is still decoded live: found on its supervisor's command
+    line, beside another executable of the app, or in the config's binary_dirs; with none of
+    them the instruction stays unknown (the answer this once gave in every case)."""
+    app = tmp_path / "opt" / "agent" / "bin"
+    app.mkdir(parents=True)
+    binary = app / fp16_binary.name
+    shutil.move(fp16_binary, binary)
+    _crash(binary)
+    env = {**os.environ, "PATH": os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if d and Path(d) != app)}
+
+    def decoded(*args: str) -> bool:
+        document = _diagnose("--seconds", "2", *args, env=env)
+        finding = next(f for f in document["findings"] if f["rule"] == "isa-mismatch")
+        assert binary.name in finding["subjects"]["binaries"]
+        return "faulted on vaddph" in finding["summary"] and \
+            "AVX-512FP16 absent on this CPU" in finding["summary"]
+
+    def decoded_while_running(argv: list[str]) -> bool:
+        process = subprocess.Popen(argv)
+        try:
+            return decoded()
+        finally:
+            process.kill()
+            process.wait(timeout=10)
+
+    assert not decoded()
+    # The supervisor that restarts it names its path on its command line.
+    assert decoded_while_running([sys.executable, "-c", "import time; time.sleep(120)",
+                                  str(binary)])
+    # Another executable of the app runs from the same directory.
+    sibling = app / "fs_gateway"
+    shutil.copy(shutil.which("sleep"), sibling)
+    assert decoded_while_running([str(sibling), "120"])
+    # Nothing of the app runs: the config says where its binaries are.
+    config = tmp_path / "node.yaml"
+    config.write_text(json.dumps({"binary_dirs": [str(app)]}))
+    assert decoded("--config", str(config))
+
+
 def test_scenario_bundle_names_the_faulting_instruction_without_the_binary():
     # The isa-mismatch scenario: a Kunpeng 920 node (no SVE), arm64 5.10 lines without the
     # file offset, and the bytes `bundle record` kept; the library itself is not in the bundle.

@@ -145,7 +145,7 @@ class CommandOutputs:
                 log.warning("bundle: not checking binary %r: the name cannot be a file name",
                             binary[:60])
                 continue
-            path = locate_binary(binary)
+            path = locate_binary(binary, directories=self.config.binary_dirs)
             if path is None:
                 continue
             try:

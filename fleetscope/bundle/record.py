@@ -298,7 +298,7 @@ def _capture_listeners(destination: str, source: EvidenceSource) -> None:
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
 
 
-def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
+def capture_sigill_faults(static_dir: str, dmesg: str, directories: tuple[str, ...] = ()) -> None:
     """static/cmd/sigill-faults.json: for the latest SIGILLs in the kernel log, the bytes
     around the faulting instruction in the binary found on this node
     (fleetscope/tools/isa_fault.py), so the bundle names the instruction and its extension
@@ -318,7 +318,7 @@ def capture_sigill_faults(static_dir: str, dmesg: str) -> None:
         if key in seen or (crash.offset is None and crash.mapping_delta is None):
             continue
         seen.add(key)
-        path = locate_binary(crash.binary)
+        path = locate_binary(crash.binary, directories=directories)
         entry = capture(path, crash) if path else None
         if entry is not None:
             entries.append(entry)
@@ -449,7 +449,7 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
                 out.write(dmesg)
         commands.static(static, dmesg)
         if dmesg is not None and commands.own_root:
-            capture_sigill_faults(static, dmesg)
+            capture_sigill_faults(static, dmesg, config.binary_dirs)
         _record_meta(bundle_dir, interval, samples, config, redactor)
         if as_tar:
             _write_archive(bundle_dir, output, partial, force)

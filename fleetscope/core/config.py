@@ -9,6 +9,7 @@
     ethtool_interfaces: [eth0, "ens*"]  # ethtool -S these, besides the RDMA netdevs
     redact: ["tenant-[0-9]+", "sk-[A-Za-z0-9]{20,}"]  # regexes `bundle record` also redacts
     harm_targets: {online_session_p99_seconds: 1.0}  # where workloads hurt (harm_targets.py)
+    binary_dirs: [/opt/agent/bin]  # where a binary the kernel names by its file name may be
 
 Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
 section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -95,6 +96,9 @@ class Config:
     harm_targets: HarmTargets = field(default_factory=lambda: parse_harm_targets(None))
     redact: tuple[str, ...] = ()  # extra regexes `bundle record` redacts (fleetscope.bundle.redact)
     kubernetes: KubernetesPaths = KubernetesPaths()  # where the node's pod evidence is
+    # Directories a binary that died of SIGILL is looked for in, before PATH, the library
+    # directories and the running processes (fleetscope/tools/isa.py locate_binary).
+    binary_dirs: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
 
 
@@ -118,6 +122,7 @@ _KNOWN_KEYS = {
     "redact",
     "kubernetes",
     "harm_targets",
+    "binary_dirs",
 }
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
@@ -305,6 +310,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
                 f"(known: {', '.join(known_collectors)})"
             )
         collectors = tuple(collectors)
+    binary_dirs = raw.get("binary_dirs") or []
+    if not isinstance(binary_dirs, list) or not all(
+            isinstance(d, str) and d.startswith("/") and "\0" not in d for d in binary_dirs):
+        raise ConfigError("binary_dirs must be a list of absolute directory paths")
     check_bounded(raw)  # after the key checks: an unknown key is the clearer message
     paths = kubernetes_paths(raw.get("kubernetes"))
     pools = tuple(dataclasses.replace(p, kubernetes=paths) if p.by_pod else p for p in pools)
@@ -330,6 +339,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         redact=tuple(redact),
         kubernetes=paths,
         harm_targets=_harm_targets(raw),
+        binary_dirs=tuple(binary_dirs),
         raw=raw,
     )
 

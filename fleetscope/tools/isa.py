@@ -862,19 +862,63 @@ LIBRARY_DIRS = ("/usr/local/lib", "/usr/local/lib64", "/usr/lib", "/usr/lib64", 
                 "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
 
 
-def locate_binary(name: str, root: str = "/") -> str | None:
-    """The file a SIGILL line names (`in libagentcore.so[...]`: a base name only), looked up
-    on PATH and in the usual library directories under `root`."""
+MAX_PROCESSES_SEARCHED = 20_000  # a node's process table, bounded
+MAX_CMDLINE_BYTES = 65_536
+
+
+def locate_binary(name: str, root: str = "/", directories: tuple[str, ...] = ()) -> str | None:
+    """The file a SIGILL line names (`in libagentcore.so[...]`: a base name only): in the
+    config's `directories`, on PATH, in the usual library directories under `root`, and, on
+    the live node, where it runs things (most agent binaries run from their own directory,
+    /opt/<app>/bin): a live process's executable of that name, a path of that name on a
+    process's command line (the supervisor restarting it), a file of that name beside a
+    running executable."""
     import shutil
 
-    if not name or "/" in name:
+    if not name or "/" in name or "\0" in name:
         return None
-    if root in ("", "/"):
+    live = root in ("", "/")
+    for directory in directories:
+        candidate = os.path.join(root, directory.lstrip("/"), name)
+        if os.path.isfile(candidate):
+            return candidate
+    if live:
         found = shutil.which(name)
         if found:
             return found
     for directory in LIBRARY_DIRS:
         candidate = os.path.join(root, directory.lstrip("/"), name)
+        if os.path.isfile(candidate):
+            return candidate
+    return _where_it_runs(name) if live else None
+
+
+def _where_it_runs(name: str) -> str | None:
+    """`name` as the node's live processes run it (see locate_binary)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()][:MAX_PROCESSES_SEARCHED]
+    except OSError:
+        return None
+    beside: list[str] = []
+    for pid in pids:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        except OSError:
+            exe = ""
+        if exe.startswith("/"):
+            if os.path.basename(exe) == name and os.path.isfile(exe):
+                return exe
+            beside.append(os.path.join(os.path.dirname(exe), name))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read(MAX_CMDLINE_BYTES).split(b"\0")
+        except OSError:
+            continue
+        for raw in argv:
+            arg = raw.decode("utf-8", "replace")
+            if arg.startswith("/") and os.path.basename(arg) == name and os.path.isfile(arg):
+                return arg
+    for candidate in dict.fromkeys(beside):
         if os.path.isfile(candidate):
             return candidate
     return None

@@ -54,7 +54,10 @@ def enrich(ctx, finding) -> None:
     now = ctx.now()
     locate = None
     if ctx.live:
-        from fleetscope.tools.isa import locate_binary as locate
+        from fleetscope.tools.isa import locate_binary
+
+        def locate(name: str) -> str | None:
+            return locate_binary(name, directories=ctx.config.binary_dirs)
     binaries = crashed_binaries(
         crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
             captures, list) else [], locate=locate,
