@@ -30,7 +30,6 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_live_accuracy import (
-    FOREIGN_CPU_LIMIT,
     NOISE,
     ForeignLoad,
     Lab,
@@ -207,7 +206,7 @@ def test_cgroup_fault_diagnosed_live(scenario, tmp_path):
                and not (foreign_sigill and f["rule"] == "isa-mismatch") and f not in earlier]
     # Other programs filling the CPUs beside the fault make a saturated node the truth:
     # set aside, neither the scenario's answer nor a false alarm.
-    busy_machine = {"cpu-saturation"} if foreign_load.cpus > FOREIGN_CPU_LIMIT else set()
+    busy_machine = {"cpu-saturation"} if foreign_load.saturated else set()
     judged = [f for f in serious if f["rule"] not in busy_machine - {scenario.expect}]
     primary = judged[0]["rule"] if judged else None
     false_alarms = sorted({f["rule"] for f in judged} - {scenario.expect})

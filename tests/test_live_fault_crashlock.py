@@ -213,7 +213,7 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path):
                and f not in set_aside]
     primary = serious[0]["rule"] if serious else None
     allowed = {scenario.expect, *scenario.explains} - {None}
-    if load.cpus > FOREIGN_CPU_LIMIT:
+    if load.saturated:
         allowed.add("cpu-saturation")
     false_alarms = sorted({f["rule"] for f in serious} - allowed)
     summary = [(f["rule"], f["severity"], f["summary"]) for f in findings]

@@ -30,7 +30,6 @@ from fleetscope.rules.export import rule_file
 from tests.conftest import require_tool
 from tests.test_live_accuracy import (
     EVENT_RULES,
-    FOREIGN_CPU_LIMIT,
     LIFETIME_S,
     NOISE,
     ForeignLoad,
@@ -40,6 +39,7 @@ from tests.test_live_accuracy import (
     _record,
     _wait_line,
     assert_healthy_verdict,
+    machine_truth,
 )
 from tests.test_prometheus_scrape import _free_port, _query
 
@@ -142,22 +142,23 @@ def _serious(document: dict) -> list[dict]:
             and f["rule"] not in EVENT_RULES]
 
 
-def _foreign_cause(document: dict, busy: bool) -> list[str]:
-    """Warning-or-worse findings other programs on this machine caused: their SIGILLs, or a
-    saturated CPU while they kept it busy."""
-    foreign = EVENT_RULES | ({"cpu-saturation", "core-imbalance"} if busy else set())
+def _foreign_cause(document: dict, busy: set[str]) -> list[str]:
+    """Warning-or-worse findings other programs on this machine caused: their SIGILLs, or
+    what the machine was (`busy`: machine_truth)."""
+    foreign = EVENT_RULES | busy
     return sorted({f["rule"] for f in document["findings"] if f["rule"] in foreign
                    and f["severity"] in ("warning", "critical")})
 
 
-def _check(scenario: Scenario, document: dict, code: int, busy: bool = False) -> None:
+def _check(scenario: Scenario, document: dict, code: int, busy: frozenset = frozenset()
+           ) -> None:
     """The expected rule first and nothing else at warning or worse; healthy: no warning.
-    With other programs filling the CPUs (`busy`) a saturated node is the truth too."""
-    allowed = {scenario.expect} | ({"cpu-saturation", "core-imbalance"} if busy else set())
+    What the machine was (`busy`: machine_truth) is the truth too, beside the scenario."""
+    allowed = {scenario.expect} | set(busy)
     serious = _serious(document)
     summary = [(f["rule"], f["severity"], f["summary"]) for f in document["findings"]]
-    assert (serious[0]["rule"] if serious else None) == scenario.expect or (
-        busy and scenario.expect is None), summary
+    judged = [f for f in serious if f["rule"] not in set(busy) - {scenario.expect}]
+    assert (judged[0]["rule"] if judged else None) == scenario.expect, summary
     assert {f["rule"] for f in serious} <= allowed, summary
     if scenario.expect is None:
         assert_healthy_verdict(document, code, [f for f in document["findings"]
@@ -183,21 +184,15 @@ def test_live_diagnosis_of_agent_harm(scenario, tmp_path):
             document, code, wall = _diagnose(lab)
         finally:
             lab.stop()
-    busy = foreign_load.cpus > FOREIGN_CPU_LIMIT
+    busy = machine_truth(foreign_load)
     if scenario.expect == "unexplained-harm" and _foreign_cause(document, busy):
         # another program's fault on this machine is a cause on this node: the harm is then
         # explained (rightly), so this run cannot show the unexplained case
         _record({"scenario": scenario.name, "expected": scenario.expect,
                  "skipped": f"a cause from other programs: {_foreign_cause(document, busy)}"})
         pytest.skip(f"other programs caused {_foreign_cause(document, busy)} on this node")
-    if scenario.expect is None and busy:
-        _record({"scenario": scenario.name, "expected": None,
-                 "skipped": f"{foreign_load.cpus:.1f} CPUs busy with other work in the window"})
-        pytest.skip(f"{foreign_load.cpus:.1f} CPUs busy with other programs: a healthy agent "
-                    "on a saturated node is not this scenario")
-    # other programs filling the CPUs: a saturated node is then the truth beside the fault
-    serious = [f for f in _serious(document)
-               if not (busy and f["rule"] in ("cpu-saturation", "core-imbalance"))]
+    # what the machine was is the truth beside the scenario, neither its answer nor an alarm
+    serious = [f for f in _serious(document) if f["rule"] not in busy]
     primary = serious[0]["rule"] if serious else None
     false_alarms = sorted({f["rule"] for f in serious} - {scenario.expect})
     _record({"scenario": scenario.name, "expected": scenario.expect, "primary": primary,
@@ -220,8 +215,7 @@ def test_bundle_recorded_beside_a_slow_tool_names_it(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
                              str(bundle), "--json"], capture_output=True, text=True, timeout=300)
     document = json.loads(result.stdout)
-    _check(SCENARIOS[0], document, result.returncode,
-           busy=foreign_load.cpus > FOREIGN_CPU_LIMIT)
+    _check(SCENARIOS[0], document, result.returncode, busy=machine_truth(foreign_load))
     assert result.returncode >= 1  # a warning at least (another program's SIGILL: critical)
 
 

@@ -29,7 +29,6 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_live_accuracy import (
-    FOREIGN_CPU_LIMIT,
     LIFETIME_S,
     NOISE,
     ForeignLoad,
@@ -41,6 +40,7 @@ from tests.test_live_accuracy import (
     _wait_line,
     assert_healthy_verdict,
     earlier_events,
+    machine_truth,
 )
 from tests.test_prometheus_scrape import _free_port, _query
 
@@ -52,7 +52,6 @@ MAX_RESTARTS = 60  # the supervisor gives up after this many kills, whatever hap
 # The worker itself (its cgroup is its first argument), not its supervisor, whose command
 # line names the worker's script too.
 LEAK_POOL = r"fs_acc_oom_leak\.py /"
-FOREIGN_CPU_RULES = {"cpu-saturation", "core-imbalance"}
 
 LEAK = """
 import os, sys, time
@@ -221,7 +220,7 @@ def test_live_memory_diagnosis(scenario, tmp_path):
                               and not os.path.basename(c.binary).startswith("fs_acc")})
     # And other programs filling the CPUs beside a memory scenario: a saturated or uneven
     # node is then the truth of the machine, not of the scenario (nothing here burns CPU).
-    foreign_cpu = FOREIGN_CPU_RULES if foreign_load.cpus > FOREIGN_CPU_LIMIT else set()
+    foreign_cpu = machine_truth(foreign_load)
     foreign = [f for f in findings if (f["rule"] == "oom-kill" and foreign_kills
                                        and scenario.expect != "oom-kill")
                or (f["rule"] == "isa-mismatch" and foreign_crashes) or f["rule"] in foreign_cpu]
