@@ -22,7 +22,7 @@ from fleetscope.collectors.parsers import kubepods as kp
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
-from tests.conftest import samples
+from tests.conftest import FIXTURES, samples
 from tests.fuzzing import parser_fuzz_tests
 from tests.test_pools import collect, write, write_process
 
@@ -175,7 +175,7 @@ def test_cpu_manager_state_real_sample():
 
 def test_memory_manager_state():
     # The MemoryManagerCheckpoint of pkg/kubelet/cm/memorymanager/state/checkpoint.go
-    # (v1.21-v1.35), field names from its json tags; no public capture was found.
+    # (v1.21-v1.35), field names from its json tags, with a hugepages block beside memory.
     state = kp.parse_memory_manager_state(json.dumps({
         "policyName": "Static",
         "machineState": {"0": {"numberOfAssignments": 1, "memoryMap": {}, "cells": [0]}},
@@ -188,6 +188,16 @@ def test_memory_manager_state():
         "worker": frozenset({1, 2})}}
     with pytest.raises(ParseError):
         kp.parse_memory_manager_state('{"policyName":"Static","entries":{"u":[1]}}')
+
+
+def test_memory_manager_state_real_sample():
+    # a 150Gi Guaranteed pod over two NUMA nodes (origin: tests/fixtures/kubelet/README.md)
+    state = kp.parse_memory_manager_state(
+        (FIXTURES / "kubelet" / "memory_manager_state.docs.json").read_text())
+    assert state.policy == "Static"
+    # the pod's one container ("guaranteed") pinned to both NUMA nodes
+    assert state.numa_nodes == {"fa9bdd38-6df9-4cf9-aa67-8c4814da37a8": {
+        "guaranteed": frozenset({0, 1})}}
 
 
 def test_runtime_annotations():
