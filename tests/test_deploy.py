@@ -216,6 +216,12 @@ def test_daemonset_runs_the_exporter_on_every_node_in_container_mode():
         mount = mounts[f"/host{host_path}"]
         assert mount["readOnly"] is True, host_path
         assert volumes[mount["name"]]["hostPath"]["path"] == host_path
+    # ...and nothing of the kubelet's directory fleetscope never reads: its keys, every pod's
+    # secrets and tokens, plugin sockets and checkpoints sit under an empty directory.
+    for secret in ("pki", "pods", "checkpoints", "plugins", "plugins_registry",
+                   "device-plugins", "pod-resources"):
+        mount = mounts[f"/host{kubernetes.kubelet_root}/{secret}"]
+        assert "emptyDir" in volumes[mount["name"]] and mount["readOnly"] is True, secret
     probe = main["readinessProbe"]["httpGet"]
     assert probe["path"] == "/metrics"
     port = next(p for p in main["ports"] if p["name"] == probe["port"])
