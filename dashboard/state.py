@@ -132,6 +132,18 @@ def open_finding(rule: str, node: str | None = None) -> None:
                                                                      else {})})
 
 
+def resolve_node(asked: str | None, instances) -> str | None:
+    """The instance a link names: itself, or the one instance whose host is `asked` (tickets
+    and pages carry the host name without the exporter's port); None when there is none."""
+    if not asked:
+        return None
+    known = set(instances)
+    if asked in known:
+        return asked
+    hosts = [i for i in known if i.rpartition(":")[0] == asked]
+    return hosts[0] if len(hosts) == 1 else None
+
+
 def from_url(param: str, key: str, allowed) -> None:
     """A deep link's query parameter wins over the widget's remembered value: set the
     widget's session state from it before the widget is drawn (when it is a valid choice)."""

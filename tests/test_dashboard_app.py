@@ -130,6 +130,40 @@ def test_a_node_deep_link_opens_that_node_with_the_finding_and_its_charts(monkey
     assert any(t.startswith("Antagonist:") for t in titles)  # not only the victim
 
 
+def test_a_node_link_with_the_host_name_alone_opens_that_node(monkeypatch):
+    """Tickets and pages carry the host name without the exporter's port."""
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["fd-exhaustion"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": node.rpartition(":")[0]})
+    assert app.selectbox(key="node_choice").value == node
+    assert app.query_params["node"] == node
+
+
+def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch):
+    fleet = Fleet(nodes=256)
+    sick = fleet.instances[fleet.faults["fd-exhaustion"][0]]
+    healthy = next(i for i in fleet.instances if i not in {
+        fleet.instances[n] for nodes in fleet.faults.values() for n in nodes})
+    # an unknown node: said, and no other node's page in its place
+    app = run_app(monkeypatch, DEMO, "node", {"node": "no-such-node:9105"})
+    assert any("no-such-node:9105" in e.value for e in app.error), [e.value for e in app.error]
+    assert not app.selectbox and not app.expander
+    # a rule that does not fire on the node: the node, and a line saying so
+    app = run_app(monkeypatch, DEMO, "node", {"node": healthy, "rule": "fd-exhaustion"})
+    assert app.selectbox(key="node_choice").value == healthy
+    assert any("fd-exhaustion does not fire on" in i.value for i in app.info)
+    # the findings page: an unknown rule, and a rule asked on a node it does not fire on
+    app = run_app(monkeypatch, DEMO, "findings", {"rule": "no-such-rule"})
+    assert any("no-such-rule" in e.value for e in app.error) and not app.subheader
+    app = run_app(monkeypatch, DEMO, "findings", {"rule": "fd-exhaustion", "node": healthy})
+    assert any(f"fd-exhaustion does not fire on {healthy}" in e.value for e in app.error)
+    assert not app.subheader
+    # ...and the host name alone finds the node's finding
+    app = run_app(monkeypatch, DEMO, "findings", {"rule": "fd-exhaustion",
+                                                  "node": sick.rpartition(":")[0]})
+    assert app.subheader[0].value.endswith(f"fd-exhaustion on {sick}")
+
+
 def test_changing_the_rule_never_leaves_the_previous_rules_finding_selected(monkeypatch):
     app = run_app(monkeypatch, DEMO, "findings")
     rules = app.selectbox(key="findings_rule").options

@@ -4,13 +4,27 @@ rule's evidence view), its action and its runbook."""
 import streamlit as st
 
 from fleetscope.dashboard import charts, data, state
+from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
 keep = set(nodes["instance"])
-asked_node = st.query_params.get("node")
+asked = st.query_params.get("node")
+asked_node = state.resolve_node(asked, state.nodes(snap)["instance"]) or asked
 findings = [f for f in snap.findings if f["node"] in keep or f["node"] == asked_node]
 st.title("Findings")
+# A deep link opens the finding it names or says there is none: never another one instead.
+asked_rule = st.query_params.get("rule")
+if asked_rule and not any(f["rule"] == asked_rule for f in findings):
+    st.error(f"No {asked_rule!r} finding in this source"
+             + (" (no such rule)." if asked_rule not in {r.id for r in CATALOG} else "."))
+    st.stop()
+if asked_rule and asked and not any(f["rule"] == asked_rule and f["node"] == asked_node
+                                    for f in findings):
+    st.error(f"{asked_rule} does not fire on {asked_node}.")
+    st.page_link(state.page("node"), label=f"Open {asked_node}",
+                 query_params={"node": asked_node})
+    st.stop()
 if not findings:
     st.success("No rule fires on these nodes.")
     st.stop()

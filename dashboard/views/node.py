@@ -12,16 +12,22 @@ all_nodes = state.nodes(snap)
 nodes = state.filtered_nodes(snap)
 all_findings = state.findings(snap)
 st.title("Node")
-# A deep link may name a node the sidebar filters hide: it is still the node asked for.
+# A deep link opens the node it names (its host name alone will do), even one the sidebar
+# filters hide, or says there is none: never another node in its place.
 choices = nodes["instance"].tolist()
-wanted = st.query_params.get("node")
-if wanted and wanted not in choices and wanted in set(all_nodes["instance"]):
+asked = st.query_params.get("node")
+wanted = state.resolve_node(asked, all_nodes["instance"])
+if asked and wanted is None:
+    st.error(f"No node {asked!r} in this source (instance or host name).")
+    st.page_link(state.page("fleet"), label="Open the Fleet page", icon=":material/apps:")
+    st.stop()
+if wanted and wanted not in choices:
     choices = [wanted, *choices]
+if wanted:
+    st.query_params["node"] = wanted
 if not choices:
     st.warning("No node matches the filters.")
     st.stop()
-if wanted and wanted not in choices:
-    st.warning(f"No node {wanted!r} in this source; showing the first flagged node.")
 state.from_url("node", "node_choice", set(choices))
 if st.session_state.get("node_choice") not in choices:
     flagged = [n for n in all_findings["node"] if n in set(choices)]
@@ -37,7 +43,9 @@ history = state.node_history(snap, instance)
 window = data.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
 open_rule = st.query_params.get("rule")
-if open_rule not in {f["rule"] for f in mine}:
+if open_rule and open_rule not in {f["rule"] for f in mine}:
+    st.info(f"{open_rule} does not fire on {instance}"
+            + (f"; what does: {', '.join(f['rule'] for f in mine)}." if mine else "."))
     open_rule = None
 state.keep_in_url(node=instance, rule=open_rule)
 st.subheader(f"Findings on this node ({len(mine)})")
