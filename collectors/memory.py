@@ -45,7 +45,7 @@ from .parsers.oom import (
 )
 from .parsers.procfs import parse_pressure
 from .pools import GONE_TTL_SECONDS, MonotonicSums, _top_cgroups, _usable_cgroup
-from .processes import pool_processes
+from .processes import _CgroupCache, pool_processes
 from .shared import proc_stat
 from .tasks import read_proc
 
@@ -140,7 +140,7 @@ class MemoryCollector(Collector):
         self._last: dict[str, float] = {}  # constraint -> latest kill time
         self._dmesg: tuple[str, list[OomKill]] | None = None
         self._mounts: tuple[float, tuple, tuple[tuple[str, ...], tuple[str, ...]]] | None = None
-        self._member_cgroups: dict[tuple, tuple[str, tuple[str, str] | None, float, bool]] = {}
+        self._member_cgroups = _CgroupCache()  # pid -> (v1|v2, path), as the matcher keeps
         self._known: dict[tuple[str, str, str], float] = {}  # (pool, v1|v2, path) -> seen
         self._oom_kills = MonotonicSums(True)
         self._limit_hits = MonotonicSums(True)
@@ -280,16 +280,14 @@ class MemoryCollector(Collector):
         """(v1|v2, path) of a pool process's memory cgroup; cached a while on a live host once
         two reads agree (a worker its supervisor moves into its cgroup after starting it is
         first seen in its parent's)."""
-        key = (scrape.roots, process.pid)
+        key = (scrape.roots, str(process.pid))
         live = scrape.evidence.live
-        cached = self._member_cgroups.get(key) if live else None
-        if cached is not None and cached[0] == process.cmdline and cached[3] and \
-                0 <= scrape.time - cached[2] < CGROUP_REREAD_S:
-            return cached[1]
+        cached = self._member_cgroups.get(key, process.cmdline, scrape.time) if live else None
+        if cached is not None:
+            return cached
         found = memory_cgroup_path(read_proc(scrape, f"proc/{process.pid}/cgroup", True))
         if live:
-            settled = cached is not None and cached[0] == process.cmdline and cached[1] == found
-            self._member_cgroups[key] = (process.cmdline, found, scrape.time, settled)
+            self._member_cgroups.put(key, process.cmdline, found, scrape.time)
         return found
 
     def _pools(self, scrape: Scrape) -> Iterator[Family]:
@@ -297,15 +295,14 @@ class MemoryCollector(Collector):
         pools = self.config.pools
         live_pids = set()
         for process in pool_processes(scrape, pools):
-            live_pids.add((scrape.roots, process.pid))
+            live_pids.add(str(process.pid))
             try:
                 found = self._member_cgroup(scrape, process)
             except (NotAvailable, ParseError):
                 continue
             if found is not None and _usable_cgroup(found[1]):
                 self._known[(process.pool.name, *found)] = now
-        for key in [k for k in self._member_cgroups if k not in live_pids]:
-            del self._member_cgroups[key]
+        self._member_cgroups.keep(scrape.roots, live_pids)
         for key in [k for k, seen in self._known.items() if now - seen > GONE_TTL_SECONDS]:
             del self._known[key]
         v1_mounts, v2_mounts = self._mount_points(scrape)

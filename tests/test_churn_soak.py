@@ -30,7 +30,7 @@ def test_caches_keyed_by_pid_forget_the_dead_under_churn():
     assert len(rows) == 5, rows  # every scrape ran, inside the bound
     first, last = rows[1], rows[-1]  # after warm-up: the first reads and imports done
     # The caches keyed by pid are among what is measured.
-    for cache in ("processes._CGROUPS", "pools._located", "memory._member_cgroups",
+    for cache in ("processes._CGROUPS", "pools._located", "memory._member_cgroups.entries",
                   "pools._voluntary._gone"):
         assert cache in last[2], sorted(last[2])
     # The churn was real: short-lived pool members came and went between reports.
