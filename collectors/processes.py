@@ -141,6 +141,44 @@ class _CgroupCache:
 _CGROUPS = _CgroupCache()
 
 
+class _NoCommandLine:
+    """Live pids whose command line was empty (kernel threads, zombies): skipped by the
+    scan while they stay in the process table, re-read after CGROUP_REREAD_S. A kernel
+    thread never execs into a workload, and a pid is only reused after it left the table;
+    a 128-core node has a thousand per-CPU kernel threads, most of the scan."""
+
+    def __init__(self) -> None:
+        self.since: dict[tuple[tuple[str, ...], str], float] = {}
+
+    def skip(self, key, now: float) -> bool:
+        since = self.since.get(key)
+        return since is not None and 0 <= now - since < CGROUP_REREAD_S
+
+    def put(self, key, now: float) -> None:
+        self.since[key] = now
+
+    def keep(self, roots: tuple[str, ...], names: set[str]) -> None:
+        for key in [k for k in self.since if k[0] == roots and k[1] not in names]:
+            self.since.pop(key, None)
+
+
+_NO_COMMAND_LINE = _NoCommandLine()
+
+
+def _has_executable(scrape: Scrape, name: str) -> bool:
+    """Whether a live pid has an executable: a kernel thread or a zombie has none, a process
+    caught inside execve (its command line not yet written) has one."""
+    for root in scrape.roots:
+        try:
+            os.readlink(f"{root.rstrip('/')}/proc/{name}/exe")
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True  # EACCES: a process we may not inspect is no kernel thread
+    return False
+
+
 def _read_cgroup(scrape: Scrape, name: str, needs_pod: bool) -> tuple[str, PodCgroup | None]:
     text = read_proc(scrape, f"proc/{name}/cgroup", True)
     return parse_cgroup(text), parse_pod_cgroup(text) if needs_pod else None
@@ -152,12 +190,17 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
     matcher = matcher_for(pools)
     # Where the pod names are: the config's `kubernetes:` paths, carried by its pod pools.
     kubernetes = next((p.kubernetes for p in pools if p.kubernetes), None) or KubernetesPaths()
-    cache = _CGROUPS if scrape.evidence.live and matcher.needs_cgroup else None
+    live = scrape.evidence.live
+    cache = _CGROUPS if live and matcher.needs_cgroup else None
     found: list[PoolProcess] = []
     names = sorted((n for n in scrape.listdir("proc") if n.isdigit()), key=int)
     for name in names:
+        if live and _NO_COMMAND_LINE.skip((scrape.roots, name), scrape.time):
+            continue
         try:
             cmdline = parse_cmdline(read_proc(scrape, f"proc/{name}/cmdline", True))
+            if live and not cmdline and not _has_executable(scrape, name):
+                _NO_COMMAND_LINE.put((scrape.roots, name), scrape.time)
             # Kernel threads and zombies (empty cmdline) are no workload: their cgroup is not
             # read (a 128-core node has a thousand per-CPU kernel threads).
             cgroup, in_pod = "", None
@@ -175,8 +218,11 @@ def _scan(scrape: Scrape, pools: tuple[Pool, ...]) -> list[PoolProcess]:
         pool = matcher.match(cmdline, cgroup, pod)
         if pool is not None:
             found.append(PoolProcess(int(name), pool, cmdline, cgroup, pod))
-    if cache:
-        cache.keep(scrape.roots, set(names))
+    if live:
+        present = set(names)
+        _NO_COMMAND_LINE.keep(scrape.roots, present)
+        if cache:
+            cache.keep(scrape.roots, present)
     return found
 
 

@@ -209,6 +209,43 @@ def test_links_out_fifos_and_devices_are_not_read(bundle_root, tmp_path):
     assert scrape.read_text("proc/meminfo").startswith("0.00")
 
 
+@pytest.mark.parametrize("opened", ["beneath", "checked"])
+def test_openat2_and_the_checked_open_read_and_refuse_alike(bundle_root, tmp_path, opened,
+                                                           monkeypatch):
+    """A recorded root's files open in one openat2(RESOLVE_BENEATH) call where the kernel
+    has it, else through open + the resolved path's check: the same files are read and the
+    same refused either way (links out, through a linked directory too, FIFOs, devices)."""
+    from fleetscope.collectors import base
+
+    if opened == "beneath":
+        assert base._BENEATH is not None and base._BENEATH.call is not None, \
+            "openat2 is missing here: the fast path goes untested"
+    else:
+        monkeypatch.setattr(base, "_BENEATH", None)
+    proc = bundle_root / "proc"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "stat").write_text("cpu  1 2 3 4\n")
+    (proc / "loadavg").symlink_to(outside / "stat")
+    (proc / "stat").symlink_to("/dev/zero")
+    os.mkfifo(proc / "pressure")
+    (proc / "linked").symlink_to(outside)
+    (bundle_root / "inside").write_text("0.00 0.01 0.05 1/100 42\n")
+    (proc / "meminfo").symlink_to("../inside")  # relative, stays inside
+    (proc / "vmstat").symlink_to(bundle_root / "inside")  # absolute, still inside
+    scrape = Scrape((str(bundle_root),))
+    for name, says in (("loadavg", "a link out"), ("linked/stat", "a link out"),
+                       ("stat", "not a regular file"), ("pressure", "not a regular file")):
+        with pytest.raises(NotAvailable, match=says):
+            scrape.read_text(f"proc/{name}")
+    assert scrape.read_text("proc/meminfo").startswith("0.00")
+    assert scrape.read_text("proc/vmstat").startswith("0.00")
+    with pytest.raises(NotAvailable, match="does not exist"):
+        scrape.read_text("proc/no-such-file")
+    with pytest.raises(NotAvailable, match="does not exist"):
+        scrape.read_text("proc/meminfo/below-a-file")
+
+
 def test_oversized_files_are_refused_with_the_limit(bundle_root):
     (bundle_root / "proc" / "loadavg").write_text("1 " * 4096)
     with pytest.raises(ParseError, match="larger than 4096 bytes"):

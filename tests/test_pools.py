@@ -642,3 +642,41 @@ def test_live_cgroups_are_reread_after_an_exec_or_a_while_and_recorded_ones_alwa
     shutil.rmtree(proc)  # the process exits: forgotten
     assert pooled(live, 2004.0) == []
     assert not [k for k in processes._CGROUPS.entries if k[0] == (str(tmp_path),)]
+
+
+def test_live_kernel_threads_are_skipped_but_a_process_caught_in_execve_is_not(tmp_path):
+    """A live pid without a command line and without an executable (a kernel thread, a
+    zombie) is not read again while it stays in the table; one with an executable (inside
+    execve, its arguments not yet written) is read on the next scrape and joins its pool."""
+    from fleetscope.collectors import processes
+    from fleetscope.collectors.base import Scrape
+    from fleetscope.collectors.source import LiveHost
+
+    pools = parse_config({"pools": [{"name": "chat", "class": "online",
+                                     "match": {"cmdline": "agent"}}]}).pools
+    kthread = tmp_path / "proc" / "2"
+    exec_ing = tmp_path / "proc" / "4343"
+    for proc in (kthread, exec_ing):
+        proc.mkdir(parents=True)
+        (proc / "cmdline").write_bytes(b"")
+    (exec_ing / "exe").symlink_to("/bin/true")
+    live = LiveHost(str(tmp_path))
+
+    def pooled(at: float) -> list[int]:
+        return [p.pid for p in processes._scan(Scrape(live, at), pools)]
+
+    assert pooled(1000.0) == []
+    (exec_ing / "cmdline").write_bytes(b"python3\0-m\0agent.worker\0")
+    # A kernel thread's pid given a command line (a fixture's stand-in for a reused pid):
+    # not read while the skip holds, read again after CGROUP_REREAD_S.
+    (kthread / "cmdline").write_bytes(b"agent\0")
+    assert pooled(1001.0) == [4343]
+    assert pooled(1000.0 + processes.CGROUP_REREAD_S + 1) == [2, 4343]
+    # A pid that left the table is forgotten at once: its next holder is read.
+    (kthread / "cmdline").write_bytes(b"")
+    assert pooled(2000.0) == [4343]
+    shutil.rmtree(kthread)
+    assert pooled(2001.0) == [4343]
+    kthread.mkdir()
+    (kthread / "cmdline").write_bytes(b"agent\0")
+    assert pooled(2002.0) == [2, 4343]
