@@ -124,6 +124,11 @@ HARM_SIGNALS = (
     HarmSignal("queue_depth_tasks", Max(Max(Selector("agent_queue_depth"), by=_QUEUE).and_on(
         Max(Delta(Selector("agent_queue_depth"), WINDOW), by=_QUEUE) > 0, _QUEUE), by=BY_POOL),
         "tasks"),
+    # Processes dying: an online pool's processes replaced by new ones (a worker that exits,
+    # is killed or aborts, restarted by its supervisor), whatever killed it.
+    HarmSignal("online_process_starts_per_minute",
+               Sum(Rate(Selector("fleetscope_pool_process_starts_total", {"class": "online"}),
+                        WINDOW), by=BY_POOL) * 60, "1/min"),
 )
 
 

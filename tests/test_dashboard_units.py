@@ -28,6 +28,7 @@ from fleetscope.rules.promql import Max, Selector
     (125.0, "s", "125 s"),
     (5400.0, "s", "1.5 h"),
     (1500.0, "1/s", "1.5k/s"),
+    (36.0, "1/min", "36/min"),
     (950.0, "frames/s", "950 frames/s"),
     (6e4, "pages/s", "60k pages/s"),
     (1024.0, "fds", "1,024 fds"),

@@ -7,6 +7,9 @@ this machine, its tool a real HTTP server on 127.0.0.1, under a bounded client l
                       exported rules on a real Prometheus scraping the exporter
     unexplained-harm  the tool is fast, but every session sleeps 1.2 s in a step no stage
                       measures: no rule knows why, and the diagnosis says so (a warning)
+    dying-workers     an online pool's worker dies 1.5 s after it starts (an exception at
+                      start-up: exit 1, no kernel line) and its supervisor starts another:
+                      processes dying, which no cause rule reads, is a warning, never `ok`
     agent-healthy     the same worker answering fast: no warning at all
 
 Each scenario logs one line for bench/live_accuracy.py (FLEETSCOPE_ACCURACY_LOG). Every
@@ -97,9 +100,24 @@ for t in threads:
     t.join()
 """
 
+# A supervisor (argv: lifetime, worker script) restarting a worker that fails at start-up.
+SUPERVISOR = """
+import signal, subprocess, sys, time
+signal.alarm(int(float(sys.argv[1])))
+while True:
+    subprocess.run([sys.executable, sys.argv[2]], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)               # the restart delay of a supervisor (systemd RestartSec)
+"""
+FAILING_WORKER = """
+import time
+time.sleep(1.5)                   # loads its model, reads its config ...
+raise RuntimeError("config key 'model_path' missing")
+"""
+
 SCENARIOS = [
     Scenario("slow-dependency", "slow-dependency"),
     Scenario("unexplained-harm", "unexplained-harm"),
+    Scenario("dying-workers", "unexplained-harm"),
     Scenario("agent-healthy", None),
 ]
 
@@ -131,6 +149,12 @@ def _produce(name: str, lab: Lab) -> None:
         _start_agent(lab, SLOW_TOOL_S)
     elif name == "unexplained-harm":
         _start_agent(lab, FAST_TOOL_S, untracked_ms=SLOW_TOOL_S * 1000)
+    elif name == "dying-workers":
+        worker = lab.tmp / "fs_harm_dying_worker.py"
+        worker.write_text(FAILING_WORKER)
+        lab.script("fs_harm_supervisor.py", SUPERVISOR, LIFETIME_S, worker)
+        lab.pool(POOL, "online", "fs_harm_dying_worker")
+        time.sleep(3)  # the first replacements before the window opens
     else:
         _start_agent(lab, FAST_TOOL_S)
 
@@ -170,7 +194,9 @@ def _check(scenario: Scenario, document: dict, code: int, busy: frozenset = froz
         assert "tools called: search" in primary["summary"], primary["summary"]
     if scenario.expect == "unexplained-harm":
         assert primary["severity"] == "warning" and document["status"] != "ok"
-        assert "outside any stage" in primary["summary"], primary["summary"]
+        harm = ("online pool processes started per minute" if scenario.name == "dying-workers"
+                else "outside any stage")
+        assert harm in primary["summary"], primary["summary"]
         assert code >= 1
 
 

@@ -6,12 +6,14 @@
       online_run_delay_ratio: 0.05      # s/s an online process waits for a CPU
       pool_throttled_ratio: 0.25        # CFS periods of a pool's cgroup that were throttled
       queue_depth_tasks: 50             # tasks waiting in a queue that keeps growing
+      online_process_starts_per_minute: 2   # new processes in an online pool (replaced ones)
 
 The exporter publishes them as `fleetscope_harm_target{signal="<key>"}`, a pool's own as
 `fleetscope_harm_target{signal="<key>",pool="<pool>"}` (collector `harm`),
 so the exported alerts, a bundle's replay and the live engine compare against the node's own
 targets. Defaults: the field notes' online P99 of ~200 ms normal and 1 s bad; kube-prometheus's
-CPUThrottlingHigh (25 % of periods throttled); the run delay offline-preemption judges by.
+CPUThrottlingHigh (25 % of periods throttled); the run delay offline-preemption judges by;
+online workers replaced faster than one every 30 s (processes dying).
 Standard library only: the node side reads it.
 """
 
@@ -38,6 +40,11 @@ TARGETS = (
            "online processes' wait for a CPU"),
     Target("pool_throttled_ratio", 0.25, 0.01, 1.0, "ratio", "pool CFS periods throttled"),
     Target("queue_depth_tasks", 50.0, 5.0, 1e9, "tasks", "tasks waiting in a growing queue"),
+    # A pool of long-lived workers starts none once up; one every 30 s, held over the
+    # window, is a supervisor replacing dying workers. A pool that runs a process per
+    # request sets its own (harm_targets.pools).
+    Target("online_process_starts_per_minute", 2.0, 0.2, 1e6, "1/min",
+           "online pool processes started per minute"),
 )
 BY_KEY = {target.key: target for target in TARGETS}
 

@@ -86,6 +86,8 @@ def format_value(value, unit: str = "") -> str:
         return f"{scaled}{' ' + thing if thing not in ('', '1') else ''}/s"
     if unit == "ipc":
         return f"{_significant(value)} IPC"
+    if unit == "1/min":  # a rate per minute: "36/min", not "36 1/min"
+        return f"{_significant(value)}/min"
     if unit in _COUNTS:
         text = f"{value:,.0f}" if value == int(value) or abs(value) >= 100 else \
             _significant(value)
