@@ -4,10 +4,11 @@ Condition: any harm signal over the node's target (rules/harm.py: online session
 calls failing, online processes waiting for a CPU, pool cgroups throttled, a growing queue
 over its target, online processes replaced as they die), `unless on (instance)` any other
 registered rule's alert at warning or worse on the node. Evaluated after every other rule
-(in Prometheus: last in the group; the engine adds the other findings as ALERTS); its `for:` outlasts theirs, so a cause still
-pending never leaves it firing. Never `ok` while a node hurts: this finding is what a blind
-spot of the catalog looks like. Enrichment: the harm, and the signals that moved furthest
-from their normal (where session time goes, stage by stage, and time no stage accounts for).
+(in Prometheus: last in the group; the engine adds the other findings as ALERTS); its `for:`
+outlasts theirs, so a cause still pending never leaves it firing. Never `ok` while a node
+hurts: this finding is what a blind spot of the catalog looks like. Enrichment: the harm, and
+the signals that moved furthest from their normal (where session time goes, stage by stage,
+and time no stage accounts for).
 """
 
 from __future__ import annotations
