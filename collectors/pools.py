@@ -89,12 +89,14 @@ from .parsers.procfs import parse_pressure
 from .processes import CGROUP_REREAD_S, pool_processes, process_status
 from .shared import proc_stat
 from .tasks import (
+    LOCK_WAIT,
     SLEEPING,
     TASKS_READ_PER_POOL,
+    NetworkWait,
     WaitTracker,
-    network_wait,
     read_proc,
     read_task,
+    socket_wait,
     task_ids,
 )
 
@@ -284,7 +286,7 @@ class SourceTally:
 class _PoolState:
     __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups", "threads_read",
                  "task_budget", "runnable", "network_waits", "longest_wait", "blocked",
-                 "pids_cgroups", "nproc_min")
+                 "pids_cgroups", "nproc_min", "lock_waits")
 
     def __init__(self) -> None:
         self.processes = 0
@@ -293,6 +295,7 @@ class _PoolState:
         self.task_budget = TASKS_READ_PER_POOL  # non-leader threads still to read
         self.runnable = 0
         self.network_waits = 0
+        self.lock_waits = 0  # threads in a futex wait that ran since the last scrape
         self.longest_wait = 0.0
         self.blocked = 0
         self.worst_fd: tuple[float, int, int | None] | None = None  # ratio, fds, limit
@@ -428,7 +431,8 @@ class PoolsCollector(Collector):
             except (NotAvailable, ParseError) as err:
                 t_sched.fail(err)
             if stat.state in SLEEPING:
-                self._wait(scrape, pid, pid, leader, runtime, pool, waits, wait_pool, t_syscall)
+                acc.lock_waits += self._wait(scrape, pid, pid, leader, runtime, pool, waits,
+                                             wait_pool, t_syscall)
             if stat.num_threads > 1 and acc.task_budget > 0:
                 self._threads(scrape, pid, key, pool, acc, voluntary, nonvoluntary,
                               thread_delay, waits, wait_pool, t_task, t_syscall)
@@ -588,27 +592,34 @@ class PoolsCollector(Collector):
         return starts
 
     def _wait(self, scrape: Scrape, pid: int, tid: int, key: Hashable, runtime: int | None,
-              pool: str, waits: dict, wait_pool: dict, tally: SourceTally) -> None:
+              pool: str, waits: dict, wait_pool: dict, tally: SourceTally) -> bool:
+        """Notes a sleeping thread's network wait; True when it sleeps in a futex wait and
+        ran since the last scrape (taking turns on a lock; a thread parked on a condition
+        variable for work does not run)."""
         # A thread that has not run since the last scrape (the same CPU time to the ns) is
         # still in the same call: its syscall is not read again, so a node of parked threads
         # costs no syscall reads after the first scrape.
         cached = self._parked.get(key)
+        cycling = False
         if runtime is not None and cached is not None and cached[0] == runtime:
             wait = cached[1]
             tally.ok += 1
         else:
             try:
-                wait = network_wait(scrape, pid, tid)
+                found = socket_wait(scrape, pid, tid)
                 tally.ok += 1
             except (NotAvailable, ParseError) as err:
                 tally.fail(err)
-                return
+                return False
+            cycling = found == LOCK_WAIT and cached is not None
+            wait = found if isinstance(found, NetworkWait) else None
             if wait is not None and wait.peer in self.config.work_queue_peers:
                 wait = None  # waiting on the work queue for the next task: idle
         self._parked_next[key] = (runtime, wait)
         if wait is not None:
             waits[key] = (wait.signature, runtime, wait.idle_seconds)
             wait_pool[key] = pool
+        return cycling
 
     def _threads(self, scrape: Scrape, pid: int, key: tuple, pool: str, acc: _PoolState,
                  voluntary: dict, nonvoluntary: dict, thread_delay: dict, waits: dict,
@@ -635,8 +646,8 @@ class PoolsCollector(Collector):
             if task.run_delay_ns is not None:
                 thread_delay[thread] = (pool, task.run_delay_ns)
             if task.state in SLEEPING:
-                self._wait(scrape, pid, tid, thread, task.runtime_ns, pool, waits, wait_pool,
-                           t_syscall)
+                acc.lock_waits += self._wait(scrape, pid, tid, thread, task.runtime_ns, pool,
+                                             waits, wait_pool, t_syscall)
 
     def _thread_gauges(self, state: dict, pool_labels: dict,
                        t_syscall: SourceTally) -> list[Family]:
@@ -661,8 +672,12 @@ class PoolsCollector(Collector):
         blocked = gauge("fleetscope_pool_blocked_network_threads",
                         "Threads of the pool parked in a network call for longer than the "
                         "config's blocked_call_seconds.")
+        locked = gauge("fleetscope_pool_lock_wait_threads",
+                       "Threads of the pool asleep in a futex wait (a mutex, semaphore or "
+                       "condition variable) that ran since the previous scrape: taking turns "
+                       "on a lock, or picking up work between waits.")
         if t_syscall.ok:  # unreadable syscall files (not root): no verdict, not 0
-            families.extend((waiting, longest, blocked))
+            families.extend((waiting, longest, blocked, locked))
         for name, acc in state.items():
             labels_ = pool_labels[name]
             read.add(acc.threads_read, labels_)
@@ -671,6 +686,7 @@ class PoolsCollector(Collector):
             waiting.add(acc.network_waits, labels_)
             longest.add(round(acc.longest_wait, 3), labels_)
             blocked.add(acc.blocked, labels_)
+            locked.add(acc.lock_waits, labels_)
         return families
 
     def _gauges(self, scrape: Scrape, state: dict, pool_labels: dict) -> list[Family]:

@@ -73,6 +73,10 @@ NETLINK_SOCK_DIAG = 4  # include/uapi/linux/netlink.h
 # the original arguments still in the registers; the kernel function it sleeps in
 # (poll_schedule_timeout, do_sys_poll) says it is a poll.
 RESTART = "restart_syscall"
+# A thread asleep in futex(2): a mutex, semaphore or condition variable (the kernel cannot
+# tell a lock from a wait for work; the pools collector counts those that keep running).
+LOCK_WAIT = "futex() wait (a lock, semaphore or condition variable)"
+FUTEX_CALLS = ("futex", "futex_waitv")
 
 # The calls a thread waits in on one socket fd (arg 0), or in poll/ppoll (arg 0 the pollfd
 # array, arg 1 its length); accept only ever waits on a listener (a server, not a call out).
@@ -81,12 +85,12 @@ RESTART = "restart_syscall"
 SYSCALLS = {
     "x86_64": {0: "read", 1: "write", 7: "poll", 19: "readv", 20: "writev", 42: "connect",
                43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg",
-               219: RESTART, 271: "ppoll", 288: "accept4", 299: "recvmmsg",
-               307: "sendmmsg"},
-    "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 73: "ppoll",
+               202: "futex", 219: RESTART, 271: "ppoll", 288: "accept4", 299: "recvmmsg",
+               307: "sendmmsg", 449: "futex_waitv"},
+    "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 73: "ppoll", 98: "futex",
                 128: RESTART, 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom",
                 211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg",
-                269: "sendmmsg"},
+                269: "sendmmsg", 449: "futex_waitv"},
 }
 POLL_CALLS = ("poll", "ppoll")
 POLL_NR = {"x86_64": 7, "aarch64": 73}
@@ -383,11 +387,15 @@ def socket_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | str | None:
     call = SYSCALLS.get(arch, {}).get(syscall.nr)
     if call is None:
         return None
+    if call in FUTEX_CALLS:
+        return LOCK_WAIT
     wchan = None
     if call == RESTART:
         wchan = _wchan(scrape, pid, tid)
+        if "futex" in wchan:
+            return LOCK_WAIT
         if "poll" not in wchan:
-            return None  # a restarted sleep or futex wait
+            return None  # a restarted sleep
         call = "poll"
         syscall = syscall._replace(nr=POLL_NR.get(arch, syscall.nr))
     polled = tuple(polled_fds(scrape, pid, tid, syscall)) if call in POLL_CALLS else ()

@@ -205,3 +205,23 @@ def test_a_long_condition_filtered_to_many_nodes_stays_under_the_query_limit():
     assert all(sum(f"{node}|" in q or f'{node}"' in q for q in queries) == 1 for node in nodes)
     short = by_id("fd-exhaustion").condition
     assert len(node_filtered(short, nodes)) == 1
+
+
+@pytest.mark.parametrize("waiting", [3.0, 0.0])
+def test_threads_taking_turns_on_a_lock_are_named_as_a_lead_of_the_harm(waiting):
+    """A hurting pool whose threads keep waking in futex waits (collector pools): the
+    unexplained-harm finding names them among the strongest deviations, and not when none
+    wait. A lead, never a cause: the harm stays unexplained."""
+    from types import SimpleNamespace
+
+    def lock_waits(series: Series, at_ms: int, step: int) -> None:
+        series.add("fleetscope_pool_lock_wait_threads",
+                   {"pool": "chat-online", "class": "online"}, at_ms, waiting)
+
+    series = _sessions(2.0, extra=lock_waits)
+    findings, _ = evaluate(series, "node-1")
+    assert [f.rule.id for f in findings] == ["unexplained-harm"]
+    harm = findings[0]
+    harm.rule.enrich(SimpleNamespace(series=series), harm)
+    lead = "3.0 threads of pool chat-online taking turns in futex waits"
+    assert (lead in harm.extra_summary) == (waiting > 0), harm.extra_summary

@@ -10,6 +10,7 @@ import doctest
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import strategies as st
 
 from fleetscope.collectors import tasks as tasks_module
+from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers import net_tcp as net_tcp_module
 from fleetscope.collectors.parsers import process as process_parsers
@@ -37,7 +39,7 @@ from fleetscope.collectors.tasks import WaitTracker
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from tests.conftest import samples
+from tests.conftest import require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_pools import STATUS_REAL, write, write_process
@@ -653,3 +655,84 @@ def test_thread_oversubscription_names_the_pids_with_the_most_threads(tmp_path):
     Enricher(parse_config({"pools": POOL}), (str(root),), (str(root),))(finding)
     assert finding.subjects["pids"] == [501, 503, 500]  # single-threaded 502 is no suspect
     assert finding.extra_summary.startswith("most threads: pid 501 (400)")
+
+
+# ---- live: threads taking turns on one mutex, beside threads parked for work ------------
+
+LOCKED = r"""
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER;
+static volatile unsigned long sink;
+static void spin_ms(int ms) {     /* compute: CPU time, no syscall */
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do { for (int i = 0; i < 10000; i++) sink += i;
+         clock_gettime(CLOCK_MONOTONIC, &b);
+    } while ((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000 < ms);
+}
+static void *serialised(void *arg) {  /* the whole request under the one lock */
+    for (;;) { pthread_mutex_lock(&lock); spin_ms(20); pthread_mutex_unlock(&lock);
+               spin_ms(1); }
+}
+static void *parked(void *arg) {      /* a pool thread waiting for work that never comes */
+    pthread_mutex_lock(&lock);
+    for (;;) pthread_cond_wait(&work, &lock);
+}
+int main(int argc, char **argv) {
+    alarm(atoi(argv[2]));             /* ends by itself */
+    void *(*body)(void *) = strcmp(argv[1], "serialised") == 0 ? serialised : parked;
+    pthread_t t;
+    for (int i = 0; i < 4; i++) pthread_create(&t, 0, body, 0);
+    pause();
+}
+"""
+
+
+@pytest.mark.live
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_threads_taking_turns_on_a_mutex_count_as_lock_waits_parked_ones_do_not(tmp_path):
+    """A real process whose four threads do their work under one pthread mutex: the ones
+    not holding it sleep in futex() and run again between scrapes, counted in
+    fleetscope_pool_lock_wait_threads; four threads parked on a condition variable (a pool
+    waiting for work) sleep in futex() too but never run, and count 0."""
+    from fleetscope.collectors.pools import PoolsCollector
+    from fleetscope.collectors.source import evidence_source
+
+    require_tool("gcc")
+    source = tmp_path / "locked.c"
+    source.write_text(LOCKED)
+    binary = tmp_path / f"fs_locked_{os.getpid()}"
+    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(binary), str(source)], check=True)
+    children = [subprocess.Popen([str(binary), kind, "60"]) for kind in ("serialised",
+                                                                          "parked")]
+    try:
+        config = parse_config({"pools": [
+            {"name": "serialised", "class": "online",
+             "match": {"cmdline": f"{binary.name} serialised"}},
+            {"name": "parked", "class": "online",
+             "match": {"cmdline": f"{binary.name} parked"}}]})
+        collector = PoolsCollector(config)
+        live = evidence_source("/", "live")
+        counts: dict[str, list[float]] = {"serialised": [], "parked": []}
+        for _ in range(8):
+            parsed = samples(render(list(collector.collect(Scrape(live)))))
+            for pool in counts:
+                counts[pool].append(parsed.get(
+                    f'fleetscope_pool_lock_wait_threads{{class="online",pool="{pool}"}}'))
+            time.sleep(0.5)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    serialised, parked = counts["serialised"][1:], counts["parked"][1:]  # first: no history
+    assert None not in serialised + parked, counts
+    # the waiters glibc wakes run between scrapes; one it never wakes (an unfair mutex: the
+    # holder takes it back first) sleeps on uncounted, and a busy machine may catch the
+    # holder preempted: at least one waiter on most scrapes, two or more on some
+    assert statistics.median(serialised) >= 1 and max(serialised) >= 2, counts
+    assert max(parked) == 0, counts

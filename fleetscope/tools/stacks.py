@@ -148,7 +148,7 @@ def _kernel_side(stack: ThreadStack) -> None:
     call becomes `network`."""
     from fleetscope.collectors.base import NotAvailable, Scrape
     from fleetscope.collectors.parsers import ParseError
-    from fleetscope.collectors.tasks import socket_wait
+    from fleetscope.collectors.tasks import LOCK_WAIT, socket_wait
 
     if not stack.native_id or stack.state == "cpu":
         return
@@ -156,6 +156,9 @@ def _kernel_side(stack: ThreadStack) -> None:
         wait = socket_wait(Scrape(("/",)), stack.pid, stack.native_id)
     except (NotAvailable, ParseError):
         return  # exited, or no rights on its syscall file: the frames' verdict stands
+    if wait == LOCK_WAIT:  # a lock or a wait for work: the frames say which
+        stack.syscall = "futex"
+        return
     if isinstance(wait, str):  # a server's accept, a socketpair: waiting for work, not out
         if stack.state == "network":
             stack.state = "idle"

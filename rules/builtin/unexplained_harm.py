@@ -26,14 +26,19 @@ from ..harm import (
     target,
     unexplained,
 )
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
-from ..promql import Max
+from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..promql import AvgOverTime, Max, Selector
 from ..signals import PSI_CPU, busy_ratio
 
 RANK = 99  # last: it is about the others
 MAX_DEVIATIONS = 3
 _STAGE_PER_SESSION = Max(STAGE_PER_SESSION, by=NODE)
 _UNACCOUNTED = Max(UNACCOUNTED, by=NODE)
+# Threads of a pool taking turns in futex waits (collector pools): a lead, never a cause alone
+# (the kernel cannot tell a lock from a wait for work).
+_LOCK_WAITS = Max(AvgOverTime(Selector("fleetscope_pool_lock_wait_threads"), WINDOW),
+                  by=(*NODE, "pool"))
+LOCK_WAITS_NOTED = 1.0  # threads on average over the window
 
 
 def _at_last(ctx, finding, expr) -> list[tuple[dict, float]]:
@@ -90,6 +95,11 @@ def enrich(ctx, finding) -> None:
     unaccounted = max((v for _, v in _at_last(ctx, finding, UNACCOUNTED)), default=0.0)
     if unaccounted > 0:
         per_stage["outside any stage"] = unaccounted
+    for labels, value in _at_last(ctx, finding, _LOCK_WAITS):
+        if value >= LOCK_WAITS_NOTED:
+            moved.append((value / LOCK_WAITS_NOTED,
+                          f"{value:.1f} threads of pool {labels.get('pool', '')} taking turns "
+                          f"in futex waits (a lock: fleetscope stacks PID shows which)"))
     moved = [text for _, text in sorted(moved, key=lambda item: -item[0])]
     total = sum(v for v in per_stage.values() if v > 0)
     if total > 0:  # where the sessions' time goes leads: it is where to look first
