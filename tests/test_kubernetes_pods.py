@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -347,6 +349,12 @@ def test_a_recorded_bundle_keeps_the_pod_names_it_saw_redacted(tmp_path):
     assert "sk-live" not in "".join(p.read_text(errors="replace")
                                     for p in sample.rglob("*") if p.is_file())
     assert (sample / "var/lib/kubelet/cpu_manager_state").is_file()
+    # `bundle show` counts the pod names redacted apart from command-line arguments
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["redacted"]["pod_names"] >= 1, meta["redacted"]
+    shown = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "show", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert f"{meta['redacted']['pod_names']} pod names" in shown.stdout, shown.stdout
     # Replayed: the pools by QoS and namespace hold; the redacted namespace no longer
     # matches its glob (the price of redaction), the Burstable pod is still known by class.
     with open_bundle(str(out)) as bundle:

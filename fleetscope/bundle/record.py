@@ -401,7 +401,10 @@ def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config
     if len(config_json) > MAX_CONFIG_JSON_BYTES:
         raise RecordError(f"the config is over {MAX_CONFIG_JSON_BYTES // 1024} KiB as JSON: "
                           "too large to record in meta.json")
-    counts = {kind: redactor.counts.get(kind, 0) for kind in ("cmdline_args", "config_values")}
+    # Pod names (namespace, pod, container, annotations) count apart from command lines: a
+    # reader of `bundle show` sees that names a pool may match on were changed.
+    counts = {kind: redactor.counts.get(kind, 0)
+              for kind in ("cmdline_args", "config_values", "pod_names")}
     meta = {"format": BUNDLE_FORMAT, "hostname": socket.gethostname(),
             "interval_s": interval, "samples": samples, "config": recorded_config,
             "redacted": counts}

@@ -6,7 +6,7 @@
     window                      2025-12-01 09:20:00 .. 09:20:30 UTC (30 s)
     ...
     perf memory bandwidth / L3  yes
-    redacted                    2 cmdline args, 0 config values
+    redacted                    2 cmdline args, 0 config values, 1 pod names
 
 Times are local wall-clock time with its zone (fleetscope/core/units.py, the formatting the
 console uses too).
