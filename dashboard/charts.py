@@ -171,8 +171,10 @@ def core_heatmap(busy: pd.DataFrame) -> go.Figure:
 
 def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
           threshold: float | None = None, unit: str = "", pick: str = "max",
-          window: tuple | None = None) -> go.Figure:
-    """A timeline in the unit's format, with the threshold as a labelled dashed line."""
+          window: tuple | None = None, threshold_label: str = "threshold",
+          reference: tuple[float, str] | None = None) -> go.Figure:
+    """A timeline in the unit's format, with the threshold (where the rule fires) as a
+    labelled dashed line, and a `reference` (value, label: a platform peak) dotted in grey."""
     frame = frame.copy()
     if colour is None:
         keys = [c for c in frame.columns if c not in ("time", "value", "instance", "__name__")]
@@ -190,9 +192,16 @@ def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
                                                                "</extra>")
     if threshold is not None:
         fig.add_hline(y=threshold, line_dash="dash", line_color="#d62728",
-                      annotation_text=f"threshold {units.format_threshold(threshold, unit, pick)}",
+                      annotation_text=f"{threshold_label} "
+                                      f"{units.format_threshold(threshold, unit, pick)}",
                       annotation_position="top left")
+    if reference is not None:
+        fig.add_hline(y=reference[0], line_dash="dot", line_color="#7f7f7f",
+                      annotation_text=f"{reference[1]} {units.format_value(reference[0], unit)}",
+                      annotation_position="bottom right")
     top = frame["value"].max() if not frame.empty else None
+    if reference is not None and top is not None:
+        top = max(top, reference[0])
     fig.update_yaxes(**units.axis(unit, top), rangemode="tozero")
     fig.update_xaxes(**_time_axis())
     if window:  # the whole history, so a series that starts late shows when it started
@@ -210,7 +219,8 @@ def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> g
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     frame = evidence.dropna(subset=["ratio"])
     fig = px.bar(frame, x="ratio", y="signal", orientation="h",
-                 title="Evidence against its threshold (1x = at the threshold)")
+                 title="Evidence past its threshold (1x = at it, more = past it, "
+                       "whichever side fires)")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
     fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
     fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,

@@ -863,9 +863,14 @@ def evidence_frame(finding: dict) -> pd.DataFrame:
     picks = evidence_picks(finding.get("rule", ""))
     for e in finding.get("evidence", []):
         pick = e.get("pick") or picks.get(e["signal"], "max")
-        # a moment against a moment is no ratio (1.0000004x): words only
-        ratio = (e["value"] / e["threshold"]) if e["threshold"] and \
-            e["unit"] != units.TIME_UNIT else None
+        # how far past the threshold, 1 at it and more when firing, whichever side fires
+        # (a floor: threshold over value); a moment against a moment is no ratio: words only
+        ratio = None
+        if e["threshold"] and e["unit"] != units.TIME_UNIT:
+            if pick != "min":
+                ratio = e["value"] / e["threshold"]
+            elif e["value"] > 0:
+                ratio = e["threshold"] / e["value"]
         rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
                      "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
                      if e["threshold"] else "–",

@@ -3,12 +3,14 @@ fixture bundle, a bundle recorded live on this machine, and a Prometheus HTTP AP
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
@@ -196,6 +198,25 @@ def test_a_bandwidth_value_renders_in_gigabytes_per_second(monkeypatch):
     node_page = run_app(monkeypatch, DEMO, "node", {"node": node})
     assert any(re.search(r"now \d+(\.\d+)? GB/s of the platform peak \d+(\.\d+)? GB/s",
                          c.value) for c in node_page.caption)
+
+
+def test_a_firing_bandwidth_node_is_drawn_above_the_line_where_its_rule_fires(monkeypatch):
+    """The node page's bandwidth chart draws its red line where memory-bandwidth-saturation
+    fires (80 % of the platform peak), the peak itself apart: the firing node's bandwidth
+    sits above the red line (it sat under a line drawn at the peak)."""
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["memory-bandwidth-saturation"][0]]
+    page = run_app(monkeypatch, DEMO, "node", {"node": node})
+    chart = next(json.loads(c.proto.spec) for c in page.get("plotly_chart")
+                 if "read + write" in json.loads(c.proto.spec)["layout"]["title"]["text"])
+    lines = {a["text"].split(" ", 1)[0]: shape["y0"] for a, shape in
+             zip(chart["layout"]["annotations"], chart["layout"]["shapes"], strict=True)}
+    peak, fires = lines["platform"], lines["memory-bandwidth-saturation"]
+    assert fires == pytest.approx(0.8 * peak)
+    y = chart["data"][0]["y"]  # plotly ships a float array as base64 of float64s
+    values = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]) \
+        if isinstance(y, dict) else np.asarray(y, dtype=float)
+    assert fires < values[-1] < peak * 1.2, (values[-1], fires, peak)
 
 
 def test_runbook_links_stay_inside_the_console(monkeypatch):

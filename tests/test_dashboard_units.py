@@ -110,7 +110,17 @@ def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
     assert frame.loc["open fds of that process", "threshold"] == "–"
     assert frame.loc["its soft limit", "threshold"] == "< 65,535 fds"  # pick="min" in the rule
     assert frame.loc["its soft limit", "over threshold"] == "64x below"
+    # a floor's ratio says how far past it (more than 1 when firing), as a ceiling's does
+    assert frame.loc["its soft limit", "ratio"] == pytest.approx(65535 / 1024)
+    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "ratio"] == \
+        pytest.approx(0.97 / 0.9)
     assert frame["over threshold"].notna().all()
+
+
+def test_a_value_just_under_a_floor_reads_as_past_it_not_as_1x():
+    assert units.over_threshold(14.4, 15.0, "min") == "below (4 % under it)"
+    assert units.over_threshold(15.5, 15.0, "min") == "not below"
+    assert units.over_threshold(0, 15.0, "min") == "at 0"
 
 
 # -- evidence views ------------------------------------------------------------------------

@@ -6,6 +6,9 @@ import streamlit as st
 
 from fleetscope.core import units
 from fleetscope.dashboard import charts, data, state
+from fleetscope.rules.builtin.memory_bandwidth_saturation import BANDWIDTH_RATIO
+from fleetscope.rules.builtin.numa_remote_access import NUMA_REMOTE_RATIO
+from fleetscope.rules.builtin.offline_preemption import STEAL_P90
 
 snap = state.snapshot()
 all_nodes = state.nodes(snap)
@@ -110,14 +113,18 @@ if not memory.empty:
 remote = data.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
-                                 threshold=0.3, unit="ratio"), key="numa_remote")
+                                 threshold=NUMA_REMOTE_RATIO, unit="ratio",
+                                 threshold_label="numa-remote-access fires"),
+                    key="numa_remote")
 
 st.subheader("Steal and run delay")
 left, right = st.columns(2)
 steal = data.timeline(history, "fleetscope_cpu_core_steal_ratio")
 if not steal.empty:
     left.plotly_chart(charts.lines(steal, "Steal across cores", colour="stat",
-                                   threshold=0.1, unit="ratio"), key="steal")
+                                   threshold=STEAL_P90, unit="ratio",
+                                   threshold_label="offline-preemption: p90 steal"),
+                      key="steal")
 delay = data.timeline(history, "fleetscope_pool_run_delay_seconds_total")
 if not delay.empty:
     right.plotly_chart(charts.lines(delay, "Run-queue delay per pool", colour="pool",
@@ -135,11 +142,15 @@ else:
     now = float(total.sort_values("time")["value"].iloc[-1])
     st.caption(f"DRAM bandwidth now {units.format_value(now, 'bytes/s')}"
                + (f" of the platform peak {units.format_value(peak_value, 'bytes/s')} "
-                  f"({now / peak_value:.0%}; memory-bandwidth-saturation fires above 80 %)"
+                  f"({now / peak_value:.0%}; memory-bandwidth-saturation fires above "
+                  f"{BANDWIDTH_RATIO:.0%} of it)"
                   if peak_value else " (no platform peak known)"))
-    st.plotly_chart(charts.lines(total, "DRAM bandwidth (read + write) against the peak",
-                                 colour="series", threshold=peak_value, unit="bytes/s"),
-                    key="bandwidth")
+    # the line is where the rule fires, not the peak: a node firing at 92 % sits above it
+    st.plotly_chart(charts.lines(
+        total, "DRAM bandwidth (read + write) against the peak", colour="series",
+        threshold=peak_value * BANDWIDTH_RATIO if peak_value else None, unit="bytes/s",
+        threshold_label="memory-bandwidth-saturation fires",
+        reference=(peak_value, "platform peak") if peak_value else None), key="bandwidth")
 
 st.subheader("NIC")
 left, right = st.columns(2)

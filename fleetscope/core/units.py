@@ -106,7 +106,8 @@ def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
 
 def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
     """How far past its threshold a value is, in words: '2.4x the threshold', 'below', and
-    for a moment '12.5 min after it'."""
+    for a moment '12.5 min after it'. For a threshold a value fires under (pick="min"),
+    '28x below' or 'below (4 % under it)' is past it."""
     if value is None or threshold is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if unit == TIME_UNIT:
@@ -114,9 +115,12 @@ def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
         return f"{duration(abs(value - threshold))} {side} it"
     if threshold == 0:
         return "above 0" if value > 0 else "at 0"
-    if pick == "min":
-        return f"{_significant(threshold / value, 2)}x below" if 0 < value < threshold \
-            else "not below"
+    if pick == "min":  # fires below its threshold: under it is past it
+        if value >= threshold:
+            return "not below"
+        if value <= 0 or threshold / value >= 2:
+            return f"{_significant(threshold / value, 2)}x below" if value > 0 else "at 0"
+        return f"below ({_significant((1 - value / threshold) * 100, 2)} % under it)"
     ratio = value / threshold
     return f"{_significant(ratio, 2)}x the threshold" if ratio >= 1 else \
         f"below ({_significant(ratio * 100, 2)} % of it)"
