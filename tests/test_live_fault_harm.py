@@ -144,7 +144,20 @@ def _start_agent(lab: Lab, tool_delay: float, untracked_ms: float = 0.0) -> str:
     return base
 
 
+# The collectors that read the kernel log (SIGILLs, fatal traps, OOM kills, refused forks).
+KERNEL_LOG_COLLECTORS = {"cpu_features", "memory", "fork_limits"}
+
+
 def _produce(name: str, lab: Lab) -> None:
+    if name in ("unexplained-harm", "dying-workers"):
+        # Harm no rule explains needs no other cause on the node: an earlier test's SIGILL,
+        # segfault or OOM kill on this machine stays in the kernel log's 15-minute look-back
+        # and rightly explains any harm (the run was skipped then, nearly always in the
+        # suite). The node's config leaves the kernel-log collectors out instead, as a node
+        # without access to /dev/kmsg runs.
+        from fleetscope.collectors import COLLECTORS
+
+        lab.config["collectors"] = sorted(set(COLLECTORS) - KERNEL_LOG_COLLECTORS)
     if name == "slow-dependency":
         _start_agent(lab, SLOW_TOOL_S)
     elif name == "unexplained-harm":
