@@ -9,6 +9,7 @@ dashboard/views/ only render; the frames come from dashboard/data.py.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -17,6 +18,7 @@ from fleetscope.core import units
 from fleetscope.dashboard import data, state
 
 HERE = Path(__file__).resolve().parent
+STALE_AFTER_S = 600  # a live source's data older than this is called stale
 
 st.set_page_config(page_title="fleetscope", page_icon=":material/monitor_heart:",
                    layout="wide")
@@ -51,11 +53,29 @@ except data.SourceError as err:
 
 nodes = state.nodes(snap)
 st.sidebar.caption(snap.description)
-st.sidebar.caption(f"data up to {units.local_time(snap.window[1])}")
+# How old the data is, every run: a page left open in an incident must say it is stale.
+age = max(0.0, time.time() - snap.window[1])
+since = (f"data up to {units.local_time(snap.window[1])}, "
+         f"{units.duration(round(age) if age >= 1 else age)} ago")
+if snap.kind != "bundle" and age > STALE_AFTER_S:
+    st.sidebar.warning(f"{since}: stale. Refresh to load the source again.")
+else:
+    st.sidebar.caption(since + (" (recorded)" if snap.kind == "bundle" else ""))
+if st.sidebar.button("Refresh", icon=":material/refresh:", key="refresh",
+                     help="load the source again and run the rules on what it has now"):
+    state.reload()
+    st.rerun()
 for note in snap.notes:
     st.sidebar.caption(note)
-st.sidebar.multiselect("Pool", sorted(nodes["node_pool"].unique()), key="filter_pools")
-st.sidebar.multiselect("CPU model", sorted(nodes["cpu_model"].unique()), key="filter_models")
-st.sidebar.multiselect("Rack", sorted(nodes["rack"].unique()), key="filter_racks")
+# The filters live in the address bar too (?pool=chat&rack=r07): a pasted link opens the
+# same slice of the fleet. A value the source does not have is dropped, never guessed.
+for label, param, key, column in (("Pool", "pool", "filter_pools", "node_pool"),
+                                  ("CPU model", "cpu", "filter_models", "cpu_model"),
+                                  ("Rack", "rack", "filter_racks", "rack")):
+    options = sorted(nodes[column].unique())
+    asked = [value for value in st.query_params.get_all(param) if value in options]
+    if asked:
+        st.session_state[key] = asked
+    st.sidebar.multiselect(label, options, key=key, on_change=state.filter_to_url(param, key))
 
 page.run()

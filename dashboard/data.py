@@ -544,6 +544,71 @@ def rule_grouping(nodes: pd.DataFrame, findings: pd.DataFrame, rule: str, dimens
         drop=True)[["group", "nodes", "firing", "share of group", "share of firing"]]
 
 
+def not_evaluated_table(not_evaluated: list[dict]) -> pd.DataFrame:
+    """The rules a source could not evaluate: rule, what is missing (the reason the engine
+    gave: the metrics and, where known, how to get them)."""
+    return pd.DataFrame([{"rule": item["rule"], "missing": item.get("reason", "")}
+                         for item in not_evaluated], columns=["rule", "missing"])
+
+
+def _one_rack(pairs: pd.DataFrame, nodes: pd.DataFrame) -> str:
+    """Where a few nodes of one rack fire: 'rack r003: 2 of its 32 nodes'."""
+    if "rack" not in pairs or pairs.empty:
+        return "spread"
+    rack = pairs["rack"].iloc[0]
+    return f"rack {rack}: {len(pairs)} of its {int((nodes['rack'] == rack).sum())} nodes"
+
+
+def incidents(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
+    """One row per rule firing at warning or worse: its worst severity, how many nodes, and
+    where they concentrate (the CPU stepping, rack, pool or kernel holding most of them,
+    where most of that group fires), worst first then widest: a rack-wide fault leads, not
+    its rows. One pass per grouping for every rule (4,096 nodes cost no more per rule)."""
+    columns = ["severity", "rule", "nodes", "where"]
+    serious = findings[findings["severity"].isin(("critical", "warning"))] \
+        if not findings.empty else findings
+    if serious.empty:
+        return pd.DataFrame(columns=columns)
+    per_rule = serious.groupby("rule").agg(nodes=("node", "nunique"),
+                                           rank=("severity", lambda s: min(
+                                               SEVERITY_ORDER[v] for v in s)))
+    frame = nodes.copy()
+    frame["cpu"] = frame["cpu_model"] + " " + frame["stepping"]
+    pairs = serious[["rule", "node"]].drop_duplicates().merge(
+        frame, left_on="node", right_on="instance")
+    best: dict[str, tuple] = {}
+    for dimension, column in GROUPINGS.items():
+        if column not in frame:
+            continue
+        sizes = frame.groupby(column).size()
+        for (rule, group), firing in pairs.groupby(["rule", column]).size().items():
+            if group in ("?", "", UNLABELLED):
+                continue
+            score = firing / per_rule.at[rule, "nodes"] * firing / sizes[group]
+            if score > best.get(rule, (0.0,))[0]:
+                best[rule] = (score, dimension, group, int(firing), int(sizes[group]))
+    racks = pairs.groupby("rule")["rack"].nunique() if "rack" in pairs else {}
+    rows = []
+    for rule, row in per_rule.iterrows():
+        found = best.get(rule)
+        if found is not None and found[0] >= 0.25 and found[3] > 1:  # most of both
+            _, dimension, group, firing, size = found
+            where = f"{dimension} {group}: {firing} of its {size} nodes"
+        elif row["nodes"] == 1:
+            where = f"node {serious.loc[serious['rule'] == rule, 'node'].iloc[0]}"
+        else:
+            spread = int(racks.get(rule, 0)) if len(racks) else 0
+            where = f"spread over {spread} racks" if spread > 1 else \
+                _one_rack(pairs[pairs["rule"] == rule], frame)
+        rows.append({"severity": next(k for k, v in SEVERITY_ORDER.items()
+                                      if v == row["rank"]),
+                     "rule": rule, "nodes": int(row["nodes"]), "where": where,
+                     "_rank": row["rank"]})
+    out = pd.DataFrame(rows).sort_values(["_rank", "nodes", "rule"],
+                                         ascending=[True, False, True])
+    return out[columns].reset_index(drop=True)
+
+
 def grouping_summary(nodes: pd.DataFrame, findings: pd.DataFrame, rule: str) -> str:
     """One sentence per rule: the dimension where its nodes concentrate the most."""
     best = None
@@ -797,6 +862,39 @@ def runbook(rule_id: str) -> str:
 
 
 _RUNBOOK_LINK = re.compile(r"\]\((?:\.?/?runbooks/)?([a-z0-9-]+)\.md(#[^)]*)?\)")
+
+
+# Placeholders in commands (runbooks, actions) -> the subject kind that names them.
+PLACEHOLDERS = {"PID": "pids", "ONLINE_PID": "pids", "BINARY": "binaries",
+                "IFACE": "interfaces", "POD": "pods"}
+_CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+
+
+def placeholder_values(subjects: dict) -> dict[str, str]:
+    """What a finding's subjects say each command placeholder is: PID -> its first pid."""
+    out = {}
+    for word, kind in PLACEHOLDERS.items():
+        values = subjects.get(kind) or []
+        if values:
+            value = str(values[0])
+            out[word] = value.rsplit("/", 1)[-1] if kind == "pods" else value
+    return out
+
+
+def fill_commands(markdown: str, values: dict[str, str], code_only: bool = True) -> str:
+    """The commands of a text with their placeholders replaced by the finding's own values:
+    `fleetscope stacks PID` -> `fleetscope stacks 6387`. A runbook's prose keeps its words
+    (code spans and blocks only); a rule's one-line action is all commands and names."""
+    if not values:
+        return markdown
+    word = re.compile(r"\b(" + "|".join(sorted(values, key=len, reverse=True)) + r")\b")
+
+    def fill(text: str) -> str:
+        return word.sub(lambda w: values[w.group(1)], text)
+
+    if not code_only:
+        return fill(markdown)
+    return _CODE.sub(lambda match: fill(match.group(0)), markdown)
 
 
 def runbook_markdown(rule_id: str, base: str = "/runbook") -> str:

@@ -43,6 +43,15 @@ def load_snapshot() -> data.Snapshot:
     return loaded
 
 
+def reload() -> None:
+    """Forget the loaded source and everything drawn from it: the next run loads it again
+    (a demo fleet is simulated up to now, Prometheus queried again)."""
+    _fixed_snapshot.clear()
+    _live_snapshot.clear()
+    st.cache_data.clear()
+    st.session_state.pop(_PINNED_KEY, None)
+
+
 def snapshot() -> data.Snapshot:
     """The snapshot this run's entry point loaded (a page run on its own loads it)."""
     pinned = st.session_state.get(_PINNED_KEY)
@@ -158,6 +167,18 @@ def to_url(param: str, key: str, drop: tuple[str, ...] = ()):
         st.query_params[param] = str(st.session_state[key])
         for name in drop:
             st.query_params.pop(name, None)
+    return callback
+
+
+def filter_to_url(param: str, key: str):
+    """An on_change callback of a multiselect filter: its values into the address bar as a
+    repeated parameter (?rack=r07&rack=r08), none when it is cleared."""
+    def callback() -> None:
+        values = list(st.session_state.get(key) or [])
+        if values:
+            st.query_params[param] = values
+        else:
+            st.query_params.pop(param, None)
     return callback
 
 

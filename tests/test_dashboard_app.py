@@ -45,7 +45,8 @@ def metrics(app: AppTest) -> dict[str, str]:
 
 TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"confidence", "summary"},
           "numa_table": {"NUMA node", "busy"}, "evidence_table": {"signal", "threshold"},
-          "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"}}
+          "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"},
+          "not_evaluated": {"rule", "missing"}}
 
 
 def table(app: AppTest, name: str):
@@ -71,12 +72,78 @@ def test_fleet_page_lists_every_injected_rule_with_counts(monkeypatch):
     assert (counts["nodes"] > 0).all() and (counts["findings"] > 0).all()
     assert counts["severity"].iloc[0] == "critical"
     shown = metrics(app)
-    assert shown["nodes"] == "256" and shown["rules firing"] == str(counts["rule"].nunique())
+    serious = counts[counts["severity"].isin(("critical", "warning"))]
+    assert shown["nodes"] == "256" and shown["rules firing"] == str(serious["rule"].nunique())
     assert shown["rules not evaluated"] == f"0 of {len(CATALOG)}"
     assert int(shown["critical nodes"]) > 0
     assert app.get("plotly_chart"), "no charts drawn"
     listed = table(app, "findings_table")
     assert listed["severity"].iloc[0] == "critical"
+
+
+def test_the_fleet_page_leads_with_incidents_a_rack_wide_fault_first(monkeypatch):
+    """Incidents before rows: each rule firing at warning or worse with its node count and
+    where it concentrates, worst then widest. The demo's isa-mismatch takes one whole rack
+    (its FleetFault): it leads, naming the rack, ahead of single-node critical rows."""
+    fleet = Fleet(nodes=256)
+    rack_nodes = fleet.faults["isa-mismatch"]
+    app = run_app(monkeypatch, DEMO)
+    subheaders = [h.value for h in app.subheader]
+    assert subheaders.index("Incidents") < subheaders.index("Findings, worst first")
+    lines = [m.value for m in app.markdown if "** · " in str(m.value)]
+    assert lines, [m.value for m in app.markdown]
+    first = lines[0]
+    assert first.startswith("**isa-mismatch** · :red[**critical**]"), lines[:3]
+    assert f"{len(rack_nodes)} nodes · rack " in first, first
+    assert f"{len(rack_nodes)} of its {len(rack_nodes)} nodes" in first, first
+    assert not any(" 1 nodes" in line for line in lines)
+    assert all("info" not in line.split(" · ")[1] for line in lines)  # context only
+
+
+def test_the_sidebar_says_how_old_the_data_is_and_refresh_reloads(monkeypatch):
+    app = run_app(monkeypatch, DEMO)
+    age = [c.value for c in app.sidebar.caption if str(c.value).startswith("data up to")]
+    assert age and re.search(r", [\d.]+ (s|ms|µs|min) ago$", age[0]), age
+    before = app.session_state["_fleetscope_snapshot"][1].window[1] \
+        if "_fleetscope_snapshot" in app.session_state else None
+    app.sidebar.button(key="refresh").click().run()
+    assert not app.exception, [e.message for e in app.exception]
+    assert [c.value for c in app.sidebar.caption if str(c.value).startswith("data up to")]
+    if before is not None:
+        assert app.session_state["_fleetscope_snapshot"][1].window[1] >= before
+
+
+def test_a_bundle_of_one_node_gets_its_verdict_not_an_empty_fleet(monkeypatch):
+    """A one-node source: the node's verdict (what fires, how many rules passed, how many
+    were not evaluated, as a table of what is missing), no racks, pools or heatmap."""
+    app = run_app(monkeypatch, f"bundle:{BUNDLES / 'kunpeng-128'}")
+    verdict = [e.value for e in app.error] + [w.value for w in app.warning] + \
+        [s.value for s in app.success]
+    listed = table(app, "findings_table")
+    firing = sorted(set(listed.loc[listed["severity"].isin(("critical", "warning")), "rule"]))
+    assert firing and listed["severity"].iloc[0] == "critical"
+    assert [v for v in verdict if v.startswith("**kunpeng-920-128: critical**: "
+                                               f"{', '.join(firing)} firing")
+            and "evaluated and passed" in v], (verdict, firing)
+    skipped = table(app, "not_evaluated")
+    assert list(skipped.columns) == ["rule", "missing"]
+    assert (skipped["missing"].str.len() > 0).all()
+    assert not [c for c in app.get("plotly_chart")], "fleet charts drawn for one node"
+    subheaders = [h.value for h in app.subheader]
+    assert "Incidents" in subheaders
+
+
+def test_filters_come_from_the_address_bar_and_unknown_values_are_dropped(monkeypatch):
+    fleet = Fleet(nodes=256)
+    racks = sorted({instance.split("n")[0] for instance in fleet.instances})
+    app = run_app(monkeypatch, DEMO, "fleet", {"rack": [racks[0], "no-such-rack"]})
+    assert app.sidebar.multiselect(key="filter_racks").value == [racks[0]]
+    in_rack = sum(1 for i in fleet.instances if i.startswith(racks[0] + "n"))
+    assert metrics(app)["nodes"] == str(in_rack) and in_rack < 256
+    app.sidebar.multiselect(key="filter_racks").set_value(racks[:2]).run()
+    assert app.query_params["rack"] == racks[:2]
+    app.sidebar.multiselect(key="filter_racks").set_value([]).run()
+    assert "rack" not in app.query_params and metrics(app)["nodes"] == "256"
 
 
 def test_fleet_page_heatmap_signal_and_filters(monkeypatch):
@@ -277,9 +344,9 @@ def live_bundle(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("page", ["fleet", "node", "findings", "latency", "rules"])
 def test_fixture_bundle_every_page(monkeypatch, page):
     app = run_app(monkeypatch, f"bundle:{BUNDLES / 'kunpeng-128'}", page)
-    if page == "fleet":
-        counts = table(app, "rule_counts")
-        assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= set(counts["rule"])
+    if page == "fleet":  # one node: its findings and verdict, no fleet groupings
+        listed = table(app, "findings_table")
+        assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= set(listed["rule"])
         assert metrics(app)["nodes"] == "1"
     elif page == "node":
         assert app.selectbox(key="node_choice").value == "kunpeng-920-128"

@@ -27,6 +27,7 @@ from fleetscope.rules.promql import Max, Selector
     (0.0004, "s", "400 µs"),
     (125.0, "s", "125 s"),
     (5400.0, "s", "1.5 h"),
+    (8833 * 3600.0, "s", "368 days"),
     (1500.0, "1/s", "1.5k/s"),
     (36.0, "1/min", "36/min"),
     (950.0, "frames/s", "950 frames/s"),
@@ -296,3 +297,21 @@ def test_bundle_show_reads_its_window_in_local_time_with_the_zone():
                 ("unix", line.split("seconds", 1)[1]) for line in result.stdout.splitlines())
     assert rows["window"].strip() == "2025-12-02 15:20:00 .. 15:20:15 CST (15 s)"
     assert "1764660000.000" in rows["unix"]
+
+
+def test_commands_are_filled_from_the_findings_subjects_prose_is_left_alone():
+    values = data.placeholder_values({"pids": [6387, 6390], "binaries": ["/opt/bin/llama-server"],
+                                      "pods": ["batch/etl-7f9c/etl"], "cgroups": ["/x"]})
+    assert values == {"PID": "6387", "ONLINE_PID": "6387", "BINARY": "/opt/bin/llama-server",
+                      "POD": "etl"}
+    runbook = ("The PID is the worker's.\n\n```bash\nfleetscope stacks PID\n"
+               "gdb BINARY CORE\nkubectl logs POD\n```\nthen `cat /proc/PID/status`; "
+               "PIDS and APID stay\n")
+    filled = data.fill_commands(runbook, values)
+    assert "The PID is the worker's." in filled  # prose keeps its words
+    assert "fleetscope stacks 6387\ngdb /opt/bin/llama-server CORE\nkubectl logs etl" in filled
+    assert "`cat /proc/6387/status`" in filled and "PIDS and APID stay" in filled
+    action = "fleetscope stacks PID shows the blocking call"
+    assert data.fill_commands(action, values, code_only=False) == \
+        "fleetscope stacks 6387 shows the blocking call"
+    assert data.fill_commands(runbook, {}) == runbook

@@ -67,8 +67,9 @@ state.keep_in_url(rule=rule, node=finding["node"])  # the deep link names this f
 st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {finding['node']}")
 st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})")
 st.markdown(f"**Likely cause:** {finding['cause']}")
-st.markdown(f"**Action:** {finding['action']}")
 subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
+filled = data.placeholder_values(subjects)  # the commands name this finding's own subjects
+st.markdown(f"**Action:** {data.fill_commands(finding['action'], filled, code_only=False)}")
 if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
     st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
 if subjects:
@@ -100,4 +101,7 @@ for number, (panel, frame) in enumerate(panels):
                                   key=f"panel_{number}")
 
 st.subheader("Runbook")
-st.markdown(data.runbook_markdown(rule))
+if filled:
+    st.caption("Commands filled from this finding: " + ", ".join(
+        f"{word} = {value}" for word, value in filled.items()))
+st.markdown(data.fill_commands(data.runbook_markdown(rule), filled))

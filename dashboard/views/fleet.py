@@ -1,13 +1,17 @@
-"""Fleet: what is red and where. Counts, the findings worst first (a click on a row opens its
-node with that finding), where each rule concentrates (CPU stepping, rack, pool, kernel),
-sick nodes by pool, the worst racks and a heatmap of every node (a click on a cell or a
-rack row opens it)."""
+"""Fleet: what is red and where. Counts; the incidents first (each rule firing at warning or
+worse, worst then widest: how many nodes and where they concentrate, a link to its findings);
+then the findings worst first (a click on a row opens its node with that finding), where each
+rule concentrates (CPU stepping, rack, pool, kernel), sick nodes by pool, the worst racks and
+a heatmap of every node (a click on a cell or a rack row opens it)."""
 
 import streamlit as st
 
 from fleetscope.core import units
 from fleetscope.dashboard import charts, data, state
 from fleetscope.rules.catalog import CATALOG
+
+MAX_INCIDENTS = 12
+SEVERITY_TEXT = {"critical": ":red[**critical**]", "warning": ":orange[**warning**]"}
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
@@ -20,13 +24,49 @@ cols[0].metric("nodes", f"{len(nodes):,}")
 cols[1].metric("critical nodes", int((health["health"] == "critical").sum()))
 cols[2].metric("warning nodes", int((health["health"] == "warning").sum()))
 cols[3].metric("findings", f"{len(findings):,}")
-cols[4].metric("rules firing", f"{findings['rule'].nunique()}")
+serious = findings[findings["severity"].isin(("critical", "warning"))] \
+    if not findings.empty else findings
+cols[4].metric("rules firing", f"{serious['rule'].nunique()}",
+               help="at warning or worse (an info finding is context, not a fault)")
 cols[5].metric("rules not evaluated", f"{len(snap.not_evaluated)} of {len(CATALOG)}")
 st.caption(f"{snap.description} · evaluated "
            f"{units.time_window(snap.window[0], snap.window[1])}")
+if len(nodes) == 1:
+    # One node (a bundle, a one-node Prometheus): its verdict, not an empty fleet's charts.
+    node = nodes["instance"].iloc[0]
+    worst = health["health"].iloc[0] if not health.empty else "ok"
+    firing = sorted(set(serious["rule"])) if not serious.empty else []
+    skipped = {item["rule"] for item in snap.not_evaluated}
+    passed = sorted(r.id for r in CATALOG if r.id not in skipped and r.id not in firing)
+    verdict = {"critical": st.error, "warning": st.warning}.get(worst, st.success)
+    verdict(f"**{node}: {worst}**" + (f": {', '.join(firing)} firing" if firing else
+                                      ": no rule fires at warning or worse")
+            + f". {units.count(len(passed), 'rule')} evaluated and passed, "
+              f"{units.count(len(skipped), 'rule')} not evaluated.")
+    st.page_link(state.page("node"), label=f"Open {node}", icon=":material/memory:",
+                 query_params={"node": node})
+    with st.expander(f"Evaluated and passed ({len(passed)})"):
+        st.markdown(", ".join(passed) or "none")
 if snap.not_evaluated:
-    st.warning("Not evaluated on this source (their signals are missing): " + "; ".join(
-        f"**{item['rule']}** ({item['reason']})" for item in snap.not_evaluated))
+    with st.expander(f"Not evaluated on this source ({len(snap.not_evaluated)}): their "
+                     "signals are missing", expanded=len(nodes) == 1):
+        st.dataframe(data.not_evaluated_table(snap.not_evaluated), hide_index=True,
+                     key="not_evaluated", column_config={
+                         "rule": st.column_config.TextColumn("rule", width="small"),
+                         "missing": st.column_config.TextColumn("missing", width="large")})
+
+st.subheader("Incidents")
+incidents = data.incidents(nodes, findings)
+if incidents.empty:
+    st.success("No rule fires at warning or worse on these nodes.")
+for _, incident in incidents.head(MAX_INCIDENTS).iterrows():
+    line, link = st.columns([6, 1])
+    line.markdown(f"**{incident['rule']}** · {SEVERITY_TEXT[incident['severity']]} · "
+                  f"{units.count(incident['nodes'], 'node')} · {incident['where']}")
+    link.page_link(state.page("findings"), label="Findings", icon=":material/report:",
+                   query_params={"rule": incident["rule"]})
+if len(incidents) > MAX_INCIDENTS:
+    st.caption(f"{len(incidents) - MAX_INCIDENTS} more rules fire: see the rows below")
 
 st.subheader("Findings, worst first")
 if findings.empty:
@@ -45,6 +85,9 @@ else:
         state.open_node(shown.iloc[row]["node"], shown.iloc[row]["rule"])
     if len(findings) > 500:
         st.caption(f"the first 500 of {len(findings):,}; narrow with the filters")
+
+if len(nodes) == 1:
+    st.stop()  # groupings, racks and a heatmap of one node say nothing the verdict does not
 
 counts = data.rule_counts(findings)
 if not counts.empty:

@@ -142,8 +142,9 @@ else:
     now = float(total.sort_values("time")["value"].iloc[-1])
     st.caption(f"DRAM bandwidth now {units.format_value(now, 'bytes/s')}"
                + (f" of the platform peak {units.format_value(peak_value, 'bytes/s')} "
-                  f"({now / peak_value:.0%}; memory-bandwidth-saturation fires above "
-                  f"{BANDWIDTH_RATIO:.0%} of it)"
+                  f"({units.format_value(now / peak_value, 'ratio')}; "
+                  f"memory-bandwidth-saturation fires above "
+                  f"{units.format_value(BANDWIDTH_RATIO, 'ratio')} of it)"
                   if peak_value else " (no platform peak known)"))
     # the line is where the rule fires, not the peak: a node firing at 92 % sits above it
     st.plotly_chart(charts.lines(

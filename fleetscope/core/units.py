@@ -75,6 +75,8 @@ def format_value(value, unit: str = "") -> str:
             return f"{_significant(value * 1e6)} µs{per}"
         if abs(value) < 1:
             return f"{_significant(value * 1e3)} ms{per}"
+        if unit == "s" and abs(value) >= 2 * 86400:
+            return f"{_significant(value / 86400)} days"
         if unit == "s" and abs(value) >= 3600:
             return f"{_significant(value / 3600)} h"
         if unit == "s" and abs(value) >= 600:
@@ -93,6 +95,12 @@ def format_value(value, unit: str = "") -> str:
             _significant(value)
         return f"{text} {unit}"
     return f"{_significant(value)} {unit}".strip()
+
+
+def count(number, thing: str) -> str:
+    """A count of things in words: '1 node', '6,973 nodes' (thousands separated)."""
+    number = int(number)
+    return f"{number:,} {thing}{'' if number == 1 else 's'}"
 
 
 def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:

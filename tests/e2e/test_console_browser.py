@@ -11,6 +11,7 @@ them skips, in CI that is a failure.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -335,3 +336,91 @@ def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path):
+    """The demo's rack-wide isa-mismatch (one whole rack, its FleetFault) is the first
+    incident, above the rows, naming its rack; the sidebar says how old the data is."""
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    rack_nodes = len(Fleet(nodes=512).faults["isa-mismatch"])
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(demo)
+        text = wait_for(driver, lambda t: "Incidents" in t and "Findings, worst first" in t,
+                        "the Fleet page's incidents")
+        incidents = text[text.index("Incidents"):text.index("Findings, worst first")]
+        first = next(line for line in incidents.splitlines() if " · " in line)
+        assert "isa-mismatch · critical" in first, incidents[:600]
+        assert f"{rack_nodes} nodes · rack " in first, first
+        assert re.search(r"data up to .*, [\d.]+ (s|ms|min) ago", text), text[:600]
+        shoot(driver, tmp_path, "fleet-incidents")
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_the_bandwidth_line_is_drawn_where_the_rule_fires(demo, tmp_path):
+    """On a firing node's page the bandwidth chart's red line is labelled with the rule and
+    its threshold (80 % of the peak), the peak drawn apart."""
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    fleet = Fleet(nodes=512)
+    node = fleet.instances[fleet.faults["memory-bandwidth-saturation"][0]]
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(f"{demo}node?{urllib.parse.urlencode({'node': node})}")
+        text = wait_for(driver, lambda t: "Memory bandwidth" in t and "platform peak" in t,
+                        "the node's bandwidth chart")
+        from selenium.webdriver.common.by import By
+
+        deadline = time.monotonic() + 60
+        labels: list[str] = []
+        while time.monotonic() < deadline and not any("fires" in t for t in labels):
+            labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR,
+                                                           "g.annotation-text-g text")]
+            time.sleep(0.5)
+        fires = [t for t in labels if t.startswith("memory-bandwidth-saturation fires > ")]
+        peak = [t for t in labels if t.startswith("platform peak ")]
+        assert fires and peak, labels
+        shoot(driver, tmp_path, "node-bandwidth")
+        assert "memory-bandwidth-saturation fires above 80 % of it" in text
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.live
+def test_a_bundle_source_gets_the_nodes_verdict(tmp_path):
+    """`fleetscope console --source bundle:PATH` on a one-node bundle: the Fleet page gives
+    the node's verdict and the rules not evaluated, not an empty fleet."""
+    from tests.conftest import BUNDLES
+
+    port = free_port()
+    log = open(tmp_path / "console.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "console", "--source",
+                             f"bundle:{BUNDLES / 'kunpeng-128'}", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    driver = profile = None
+    try:
+        wait_healthy(url, proc)
+        driver, profile = browser()
+        driver.set_page_load_timeout(60)
+        driver.get(url)
+        text = wait_for(driver, lambda t: "kunpeng-920-128: critical" in t,
+                        "the bundle's verdict")
+        assert "evaluated and passed" in text and "Not evaluated on this source" in text
+        assert "Worst racks" not in text and "Heatmap signal" not in text
+        assert "(recorded)" in text  # the data's age, for a recording
+        shoot(driver, tmp_path, "bundle-verdict")
+    finally:
+        if driver is not None:
+            driver.quit()
+            shutil.rmtree(profile, ignore_errors=True)
+        stop(proc)
+        log.close()
