@@ -10,6 +10,7 @@ them skips, in CI that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -103,6 +104,19 @@ def browser():
                            {"width": 1600, "height": 1000, "deviceScaleFactor": 1,
                             "mobile": False})
     return driver, profile
+
+
+@contextlib.contextmanager
+def chromium():
+    """A headless Chromium at 1600x1000, quit and its profile removed however the test
+    ends."""
+    driver, profile = browser()
+    try:
+        driver.set_page_load_timeout(60)
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def body_text(driver) -> str:
@@ -345,9 +359,7 @@ def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path)
     from fleetscope.dashboard.fleet_sim import Fleet
 
     rack_nodes = len(Fleet(nodes=512).faults["isa-mismatch"])
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(demo)
         text = wait_for(driver, lambda t: "Incidents" in t and "Findings, worst first" in t,
                         "the Fleet page's incidents")
@@ -357,9 +369,6 @@ def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path)
         assert f"{rack_nodes} nodes · rack " in first, first
         assert re.search(r"data up to .*, [\d.]+ (s|ms|min) ago", text), text[:600]
         shoot(driver, tmp_path, "fleet-incidents")
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
@@ -370,9 +379,7 @@ def test_the_bandwidth_line_is_drawn_where_the_rule_fires(demo, tmp_path):
 
     fleet = Fleet(nodes=512)
     node = fleet.instances[fleet.faults["memory-bandwidth-saturation"][0]]
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(f"{demo}node?{urllib.parse.urlencode({'node': node})}")
         text = wait_for(driver, lambda t: "Memory bandwidth" in t and "platform peak" in t,
                         "the node's bandwidth chart")
@@ -389,9 +396,6 @@ def test_the_bandwidth_line_is_drawn_where_the_rule_fires(demo, tmp_path):
         assert fires and peak, labels
         shoot(driver, tmp_path, "node-bandwidth")
         assert "memory-bandwidth-saturation fires above 80 % of it" in text
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
@@ -406,21 +410,16 @@ def test_a_bundle_source_gets_the_nodes_verdict(tmp_path):
                              f"bundle:{BUNDLES / 'kunpeng-128'}", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
-    driver = profile = None
     try:
         wait_healthy(url, proc)
-        driver, profile = browser()
-        driver.set_page_load_timeout(60)
-        driver.get(url)
-        text = wait_for(driver, lambda t: "kunpeng-920-128: critical" in t,
-                        "the bundle's verdict")
-        assert "evaluated and passed" in text and "Not evaluated on this source" in text
-        assert "Worst racks" not in text and "Heatmap signal" not in text
-        assert "(recorded)" in text  # the data's age, for a recording
-        shoot(driver, tmp_path, "bundle-verdict")
+        with chromium() as driver:
+            driver.get(url)
+            text = wait_for(driver, lambda t: "kunpeng-920-128: critical" in t,
+                            "the bundle's verdict")
+            assert "evaluated and passed" in text and "Not evaluated on this source" in text
+            assert "Worst racks" not in text and "Heatmap signal" not in text
+            assert "(recorded)" in text  # the data's age, for a recording
+            shoot(driver, tmp_path, "bundle-verdict")
     finally:
-        if driver is not None:
-            driver.quit()
-            shutil.rmtree(profile, ignore_errors=True)
         stop(proc)
         log.close()
