@@ -164,8 +164,12 @@ def core_heatmap(busy: pd.DataFrame) -> go.Figure:
                                colorbar={"title": {"text": "busy"}, "tickformat": ".0%"},
                                hovertemplate="cpu %{y}<br>%{x}<br>busy %{z:.0%}"
                                              "<extra></extra>"))
-    fig.update_layout(height=520, margin=MARGIN, title={"text": "Busy per core over time (%)"},
-                      yaxis={"title": {"text": "cpu"}}, xaxis=_time_axis())
+    cores = len(busy.index)
+    # few cores: a tick on each (2 CPUs drew ticks at -0.5, 0.5, 1.5), no more than ~32 ticks
+    yaxis = {"title": {"text": "cpu"}, "tickmode": "linear", "dtick": max(1, cores // 32)}
+    fig.update_layout(height=max(220, min(520, 60 + 8 * cores)), margin=MARGIN,
+                      title={"text": "Busy per core over time (%)"}, yaxis=yaxis,
+                      xaxis=_time_axis())
     return _styled(fig)
 
 

@@ -315,3 +315,13 @@ def test_commands_are_filled_from_the_findings_subjects_prose_is_left_alone():
     assert data.fill_commands(action, values, code_only=False) == \
         "fleetscope stacks 6387 shows the blocking call"
     assert data.fill_commands(runbook, {}) == runbook
+
+
+@pytest.mark.parametrize("cores, step", [(2, 1), (128, 4)])
+def test_the_core_heatmap_ticks_whole_cores(cores, step):
+    from fleetscope.dashboard import charts
+
+    busy = pd.DataFrame([[0.5, 0.6]] * cores, index=range(cores),
+                        columns=pd.to_datetime([0, 15], unit="s"))
+    yaxis = charts.core_heatmap(busy).layout.yaxis
+    assert (yaxis.tickmode, yaxis.dtick) == ("linear", step)

@@ -39,7 +39,8 @@ instance = st.selectbox("Node", choices, key="node_choice",
                         on_change=state.to_url("node", "node_choice", drop=("rule",)))
 row = all_nodes[all_nodes["instance"] == instance].iloc[0]
 st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
-           f"(stepping {row.stepping}, {row.arch}) · kernel {row.kernel} · data up to "
+           f"(stepping {row.stepping}, {row.arch}) · kernel "
+           f"{row.kernel if row.kernel not in ('', '?') else 'not recorded'} · data up to "
            f"{units.local_time(snap.window[1])}")
 
 history = state.node_history(snap, instance)
