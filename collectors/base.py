@@ -55,6 +55,7 @@ class _Beneath:
             self.how = OpenHow(_OPEN_FLAGS, 0, self.RESOLVE)
             self.how_ref = ctypes.byref(self.how)
             self.size = ctypes.sizeof(OpenHow)
+            self.get_errno = ctypes.get_errno
             self.call = self._call
         except (OSError, AttributeError, ImportError):
             pass
@@ -64,9 +65,7 @@ class _Beneath:
         there inside the root (ENOENT, ENOTDIR) raises as os.open would."""
         fd = self.syscall(self.NUMBER, dirfd, relative.encode(), self.how_ref, self.size)
         if fd < 0:
-            import ctypes
-
-            err = ctypes.get_errno()
+            err = self.get_errno()
             if err in (errno.ENOENT, errno.ENOTDIR):
                 raise (FileNotFoundError if err == errno.ENOENT else NotADirectoryError)(
                     err, os.strerror(err))
