@@ -5,7 +5,7 @@ Inputs:
         # TYPE agent_stage_duration_seconds histogram
         agent_stage_duration_seconds_bucket{pool="chat-online",stage="inference",le="0.5"} 41
     redis_url, redis_queues   TYPE, then LLEN (lists) or XLEN + XINFO GROUPS (streams)
-    agent.prom          in a bundle sample: the same text, recorded (CONTRACT section 3)
+    agent.prom          in a bundle sample: the same text, recorded (docs/bundle-format.md)
 
 Live (`scrape.evidence.live`: `--root /`, `/host` in a container): fetches
 `agent_metrics_url` and asks Redis, both at once and never longer than
@@ -14,7 +14,7 @@ background and this scrape reports the source unavailable. Replay (a recorded sa
 bundle sample, or a fixture root with agent.prom): reads `agent.prom` from the root and
 touches no network.
 
-Re-exported as they are: the families named `agent_*` (CONTRACT section 4) and `gen_ai_*`
+Re-exported as they are: the families named `agent_*` (docs/metrics-and-rules.md) and `gen_ai_*`
 (OpenTelemetry GenAI conventions); everything else on the endpoint (target_info, process_*)
 is dropped. Untyped families come out as gauges, counters always as `<name>_total`.
 

@@ -16,7 +16,7 @@ On a recorded sample (a fixture tree or a bundle sample) perf is not run: the co
 `cmd/perf-stat.csv` (the bundle's perf output for the interval ending at that sample) and
 takes the window length from `cmd/perf-stat.args` (the perf command line, one argument per
 line: the `sleep N` at its end), or else from the sample's interval (the bundle's meta.json
-`interval_s`, as the evidence source carries it; CONTRACT section 3: the perf window is the
+`interval_s`, as the evidence source carries it; docs/bundle-format.md: the perf window is the
 sample interval). A recorded window is reported with age 0: it ends at the sample.
 
 Events are chosen from what the kernel offers under /sys/bus/event_source/devices (names
@@ -49,7 +49,7 @@ are left out: perf's hip08 JSON calls rd_cpipe "Total read accesses", so adding 
 counts would risk counting reads twice.
 
 `--per-socket` gives every count per socket (`socket` label, perf's socket id). A recorded
-file without it (the CONTRACT's plain `perf stat -x, -a -e ...`) yields one `socket="all"`
+file without it (the documented plain `perf stat -x, -a -e ...`) yields one `socket="all"`
 series per metric instead.
 
 Where a group cannot be measured the collector says which and why: in

@@ -164,7 +164,7 @@ def open_fds(scrape: Scrape, pid: int) -> int:
     proc_fd_getattr(): the number of open fds, one stat() instead of a listing), else the
     listing's length (older kernels report size 0, and so does a process without fds; in a
     fixture tree the size is the directory's). A bundle has no fd directory but
-    proc/<pid>/fd_count (CONTRACT section 3); it is looked up when fd/ is absent, which
+    proc/<pid>/fd_count (docs/bundle-format.md); it is looked up when fd/ is absent, which
     spares a live scrape a failed open per process.
     """
     for root in scrape.roots:

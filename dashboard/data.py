@@ -97,7 +97,7 @@ class Snapshot:
     kind: str  # demo | bundle | prometheus
     description: str
     series: Series  # the fleet (every node, `instance` on every series)
-    findings: list[dict]  # CONTRACT section 5 findings, worst first
+    findings: list[dict]  # findings as docs/diagnosis-json.md has them, worst first
     not_evaluated: list[dict]
     window: tuple[float, float]
     node_loader: Callable[[str], Series] | None = None  # one node's history
@@ -158,7 +158,7 @@ def _span(series: Series) -> tuple[int, int]:
 
 
 def _to_json(found: list) -> list[dict]:
-    """CONTRACT section 5 findings, plus the labels they fired on (for the charts)."""
+    """The findings of docs/diagnosis-json.md, plus the labels they fired on (for the charts)."""
     return [{**f.to_json(), "labels": dict(f.labels)} for f in found]
 
 

@@ -1,7 +1,7 @@
 """The simulated fleet evaluated as a query engine would: where the data is, a rack at a time.
 
     answer = evaluate_fleet(Fleet(nodes=4096, cores=128, end_s=demo_end()))
-    answer.findings        # CONTRACT section 5 findings (+ labels), ranked as the engine ranks
+    answer.findings        # docs/diagnosis-json.md findings (+ labels), ranked as the engine ranks
     answer.aggregates      # recording name -> vector: the per-node numbers the pages draw
     answer.tables          # fleetscope_cpu_info and node_uname_info: the node table
 
@@ -148,7 +148,7 @@ def _evaluate_part(fleet: Fleet, racks: range) -> dict:
 class FleetAnswer:
     """The simulated fleet as the console's pages read a query engine's answers."""
 
-    findings: list[dict]  # ranked, CONTRACT section 5 plus `labels`
+    findings: list[dict]  # ranked, docs/diagnosis-json.md plus `labels`
     not_evaluated: list[dict]
     tables: Series  # the node table's series
     aggregates: dict[str, dict[Labels, float]]

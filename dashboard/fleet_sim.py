@@ -7,12 +7,12 @@
 
 The output is what the console reads from Prometheus: `rules.promql.Series` (metric name ->
 label set -> [(t_ms, value)]) named as the exporter's metrics (README, collectors/*.py) and
-the agent signals (CONTRACT section 4), each series carrying `instance`. Node metadata rides
+the agent signals (docs/metrics-and-rules.md), each series carrying `instance`. Node metadata rides
 on `fleetscope_cpu_info` as the target labels a fleet's scrape config would add (`rack`,
 `node_pool`), beside the collector's own (`model_name`, `variant`/`revision` or
 `family`/`model`/`stepping`). The faults are found by running the real rule engine on it.
 
-The layout follows the reference cluster of shared/reference/troubleshooting.md: racks of 32
+The layout is a reference cluster of the kind fleetscope watches: racks of 32
 2-socket nodes (Kunpeng 920 in three steppings, two x86 generations), pools for online chat,
 code generation, offline batch and a mixed pool, 2 RoCE ports per node, diurnal load, and one
 injected fault per rule id. Everything is a pure function of (seed, node, time): the last

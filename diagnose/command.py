@@ -1,6 +1,6 @@
 """`fleetscope diagnose`: the live node (default), a bundle, or Prometheus.
 
-Exit codes (CONTRACT section 6): 0 no finding of warning or worse, 1 worst is warning,
+Exit codes (docs/exit-codes.md): 0 no finding of warning or worse, 1 worst is warning,
 2 worst is critical, 3 could not diagnose (bad input, unreadable bundle, Prometheus
 unreachable) with one clear line on stderr.
 """

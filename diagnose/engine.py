@@ -6,7 +6,7 @@ the same series. On top of the condition the engine adds what alerts cannot carr
 evidence values with their thresholds, a confidence, the subjects (pids, binaries, CPUs)
 where the source has them, and `not_evaluated` for rules whose signals are absent.
 
-Output is the diagnosis JSON of CONTRACT section 5.
+Output is the diagnosis JSON of docs/diagnosis-json.md.
 """
 
 from __future__ import annotations
@@ -362,7 +362,7 @@ def _subject_value(kind: str, value: str):
 
 def diagnosis(source: str, nodes: list[str], window: tuple[float, float],
               findings: list[Finding], not_evaluated: list[dict], rule_count: int) -> dict:
-    """The CONTRACT section 5 document."""
+    """The document of docs/diagnosis-json.md."""
     if findings and any(f.severity == "critical" for f in findings):
         status = "critical"
     elif any(f.severity == "warning" for f in findings):
@@ -383,5 +383,5 @@ def diagnosis(source: str, nodes: list[str], window: tuple[float, float],
 
 
 def exit_code(document: dict) -> int:
-    """CONTRACT section 6: 0 nothing of warning or worse, 1 warning, 2 critical, 3 unknown."""
+    """docs/exit-codes.md: 0 nothing of warning or worse, 1 warning, 2 critical, 3 unknown."""
     return {"ok": 0, "warning": 1, "critical": 2}.get(document["status"], 3)

@@ -1,4 +1,4 @@
-"""The `fleetscope` command and its sub-commands (CONTRACT section 2).
+"""The `fleetscope` command and its sub-commands (README.md, Command reference).
 
 Exit codes for commands other than diagnose: 0 success, 2 usage error, 3 input or runtime
 error. Errors are one line on stderr, never a traceback: every command runs under one

@@ -102,9 +102,9 @@ for _module in builtin_modules():
     register(_module.RULE, _module.RANK)
 
 RULE_IDS = _Ids(CATALOG)
-# CONTRACT section 7: the ids the catalog holds at least (it may hold more, e.g.
-# cpu-saturation).
-CONTRACT_RULE_IDS = (
+# The ids every release keeps (docs/metrics-and-rules.md, Rules): the catalog holds at least
+# these (it may hold more, e.g. cpu-saturation).
+KEPT_RULE_IDS = (
     "worker-blocked-external-call", "numa-remote-access", "memory-bandwidth-saturation",
     "isa-mismatch", "offline-preemption", "roce-congestion", "queue-backlog",
     "thread-oversubscription", "fd-exhaustion", "core-imbalance", "irq-core-overlap",

@@ -7,7 +7,7 @@
                 enrich=enrich, views=(Panel(...),), fleet=FleetFault(("codegen",), 6, 35),
                 proof=Proof(scenario, summary=r"pool chat-online: a process uses 99%"))
 
-A rule holds the symptom, cause and action of shared/reference/troubleshooting.md; a
+A rule holds the symptom, cause and action its runbook gives (runbooks/README.md tables them); a
 condition that is at once its Prometheus alert expression and what the Python engine
 evaluates (rules/promql.py); the evidence shown with a finding; how a finding names its
 subjects (enrich); the console's charts (views); where the simulated fleet injects it

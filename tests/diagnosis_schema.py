@@ -1,4 +1,4 @@
-"""The diagnosis JSON schema (CONTRACT section 5) with its rule-id enum filled from the rule
+"""The diagnosis JSON schema (docs/diagnosis-json.md) with its rule-id enum filled from the rule
 registry at call time, so a rule registered later (a new module, or a throwaway rule in a
 test) is accepted and an unknown id is not, with no edit of schemas/diagnosis.schema.json."""
 

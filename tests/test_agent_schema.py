@@ -1,5 +1,5 @@
-"""The agent metric schema (fleetscope/agent_runtime/schema.py, CONTRACT section 4) is the one
-copy: the runtime helpers emit it, and the agent collector, the simulated fleet and the
+"""The agent metric schema (fleetscope/agent_runtime/schema.py, docs/metrics-and-rules.md) is
+the one copy: the runtime helpers emit it, and the agent collector, the simulated fleet and the
 scenario generator read their names, stages and buckets from it."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetscope.agent_runtime import schema
 from tests.fixture_trees import load_generator
 
-# CONTRACT section 4, spelled out here on purpose: the schema must match the contract.
-CONTRACT = {
+# docs/metrics-and-rules.md, Agent signals, spelled out here on purpose: the schema must match it.
+DOCUMENTED = {
     "agent_queue_depth": ("gauge", {"pool", "queue"}),
     "agent_session_duration_seconds": ("histogram", {"pool", "class"}),
     "agent_stage_duration_seconds": ("histogram", {"pool", "stage"}),
@@ -24,7 +24,7 @@ CONTRACT = {
 
 
 def test_schema_is_the_contract():
-    assert {m.name: (m.type, set(m.labels)) for m in schema.METRICS} == CONTRACT
+    assert {m.name: (m.type, set(m.labels)) for m in schema.METRICS} == DOCUMENTED
     assert schema.STAGES == ("queue_wait", "context_assembly", "inference", "tool_call",
                              "state_io", "model_load", "other")
     assert schema.OUTCOMES == ("ok", "timeout", "bad_arguments", "error")

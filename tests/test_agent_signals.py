@@ -45,8 +45,8 @@ WORKER = Path(__file__).resolve().parents[1] / "examples" / "agent_worker.py"
 POOL = "chat-online"
 POOLS = [{"name": POOL, "class": "online", "match": {"cmdline": "agent_worker"}}]
 
-# CONTRACT section 4: family -> its label names (besides le).
-CONTRACT_LABELS = {
+# docs/metrics-and-rules.md, Agent signals: family -> its label names (besides le).
+DOCUMENTED_LABELS = {
     "agent_queue_depth": {"pool", "queue"},
     "agent_session_duration_seconds": {"pool", "class"},
     "agent_stage_duration_seconds": {"pool", "stage"},
@@ -54,7 +54,7 @@ CONTRACT_LABELS = {
     "agent_task_heartbeat_age_seconds": {"pool"},
     "agent_session_migrations_total": {"pool"},
 }
-CONTRACT_TYPES = {
+DOCUMENTED_TYPES = {
     "agent_queue_depth": "gauge", "agent_session_duration_seconds": "histogram",
     "agent_stage_duration_seconds": "histogram", "agent_tool_calls": "counter",
     "agent_task_heartbeat_age_seconds": "gauge", "agent_session_migrations": "counter",
@@ -77,12 +77,12 @@ def label_names(text: str, family: str) -> set[frozenset]:
     return {frozenset(set(s.labels) - {"le"}) for s in found.samples}
 
 
-def assert_contract_shape(text: str, required=CONTRACT_LABELS) -> None:
+def assert_contract_shape(text: str, required=DOCUMENTED_LABELS) -> None:
     found = families_of(text)
     for name in required:
         base = name.removesuffix("_total")
         assert base in found, f"{name} missing"
-        assert found[base].type == CONTRACT_TYPES[base], (name, found[base].type)
+        assert found[base].type == DOCUMENTED_TYPES[base], (name, found[base].type)
         assert label_names(text, name) == {frozenset(required[name])}, name
 
 

@@ -14,7 +14,7 @@ import yaml
 from fleetscope import cli
 from fleetscope.rules.catalog import (
     CATALOG,
-    CONTRACT_RULE_IDS,
+    KEPT_RULE_IDS,
     RULE_IDS,
     Evidence,
     FleetFault,
@@ -36,7 +36,7 @@ def test_every_contract_rule_is_in_the_catalog_once():
     ids = [rule.id for rule in CATALOG]
     assert len(ids) == len(set(ids))
     assert set(ids) == set(RULE_IDS)
-    assert set(CONTRACT_RULE_IDS) <= set(ids)
+    assert set(KEPT_RULE_IDS) <= set(ids)
 
 
 def test_every_rule_has_a_runbook_and_every_runbook_a_rule():

@@ -84,7 +84,8 @@ address sizes\t: 48 bits physical, 57 bits virtual
 power management:
 """
 
-# Kunpeng 920, Huawei Cloud VM, 4.15 kernel (shared/reference/counters.md 4.3, third party).
+# Kunpeng 920, Huawei Cloud VM, 4.15 kernel (a third-party sample; the print order is
+# arch/arm64/kernel/cpuinfo.c's).
 ARM_KUNPENG = """\
 processor\t: 0
 BogoMIPS\t: 200.00
@@ -109,7 +110,7 @@ CPU revision\t: 0
 """
 
 # The layout of old vendor arm64 kernels (Android 3.x): one header line, every processor in
-# one block, the identification fields shared, a Hardware trailer (counters.md 4.3).
+# one block, the identification fields shared, a Hardware trailer (arch/arm64/kernel/cpuinfo.c).
 ARM_OLD_LAYOUT = """\
 Processor\t: AArch64 Processor rev 4 (aarch64)
 processor\t: 0
@@ -239,12 +240,13 @@ def test_cpuinfo_malformed(text, message):
 
 # --- kernel log samples ----------------------------------------------------------------------
 
-# (line, arch, comm, pid, binary). Origins: counters.md 4.4 ([L] Linux 6.18 x86 VM and the
-# third-party reports it quotes); util-linux/util-linux#863 (dmesg and journalctl forms, a
-# dmesg binary built for a newer CPU); a /dev/kmsg record captured on a 6.18 x86 VM. The arm64
-# lines follow arch/arm64/kernel/traps.c arm64_show_signal() (5.10 and 6.x print the same text
-# for an undefined instruction: force_signal_inject(..., 0), no ESR part) and the <= 4.18
-# do_undefinstr() format; they are built from the format, not captured.
+# (line, arch, comm, pid, binary). Origins: captures on a Linux 6.18 x86 VM and third-party
+# reports (arch/x86/kernel/traps.c show_signal() prints them); util-linux/util-linux#863
+# (dmesg and journalctl forms, a dmesg binary built for a newer CPU); a /dev/kmsg record
+# captured on a 6.18 x86 VM. The arm64 lines follow arch/arm64/kernel/traps.c
+# arm64_show_signal() (5.10 and 6.x print the same text for an undefined instruction:
+# force_signal_inject(..., 0), no ESR part) and the <= 4.18 do_undefinstr() format; they are
+# built from the format, not captured.
 SIGILL_LINES = [
     ("[ 1725.924917] traps: ud_probe[6911] trap invalid opcode ip:564cd741512d "
      "sp:7ffece00e4c0 error:0 in ud_probe[112d,564cd7415000+1000]",

@@ -15,7 +15,7 @@ from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
 from tests.conftest import samples
 
-# Verbatim from a 6.18 x86_64 VM (shared/reference/counters.md 2.1, 2.2).
+# Verbatim from a 6.18 x86_64 VM (kernel Documentation/admin-guide/numastat.rst).
 NUMASTAT_REAL = ("numa_hit 1196169\nnuma_miss 0\nnuma_foreign 0\ninterleave_hit 1136\n"
                  "local_node 1196169\nother_node 0\n")
 MEMINFO_REAL = ("Node 0 MemTotal:        4417308 kB\nNode 0 MemFree:         3937848 kB\n"

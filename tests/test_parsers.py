@@ -14,7 +14,7 @@ from fleetscope.collectors.parsers.procfs import (
 )
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 
-# Verbatim from a Linux 6.18 x86_64 VM (shared/reference/counters.md, section 1.1).
+# Verbatim from a Linux 6.18 x86_64 VM (kernel Documentation/filesystems/proc.rst).
 PROC_STAT_REAL = """\
 cpu  2693 0 1863 312790 314 0 50 116 0 0
 cpu0 837 0 674 157344 6 0 8 45 0 0
@@ -91,7 +91,7 @@ def test_loadavg_malformed(text):
 
 
 def test_pressure_real_sample_and_old_kernel_cpu():
-    # Verbatim from a 6.18 VM (counters.md 1.2).
+    # Verbatim from a 6.18 VM (kernel Documentation/accounting/psi.rst).
     io = parse_pressure("some avg10=2.32 avg60=0.64 avg300=0.48 total=3035326\n"
                         "full avg10=2.32 avg60=0.64 avg300=0.46 total=2891613\n")
     assert io["some"].total_us == 3035326 and io["full"].avg300 == 0.46

@@ -414,7 +414,7 @@ def test_bundle_sample_takes_the_window_from_meta_json(tmp_path):
 
 
 def test_contract_command_without_per_socket_gives_node_totals(tmp_path):
-    """The CONTRACT's plain `perf stat -x, -a -e ...` has no socket column: one series."""
+    """The documented plain `perf stat -x, -a -e ...` has no socket column: one series."""
     csv = ("150000000000,,instructions,200002196540,100.00,1.50,insn per cycle\n"
            "100000000000,,cycles,200002196541,100.00,,\n"
            "30720.00,MiB,uncore_imc_0/cas_count_read/,10001862824,100.00,,\n"

@@ -211,7 +211,7 @@ def write_process(root: Path, pid: int, cmdline: str, cgroup: str = "0::/\n", *,
                   nofile: int | None = 1024, fds: int = 3, cpus: str = "0-3",
                   files=("cmdline", "cgroup", "stat", "status", "schedstat", "limits",
                          "fd_count", "syscall", "wchan")) -> None:
-    """A process directory as a bundle sample holds it (CONTRACT section 3), every file in
+    """A process directory as a bundle sample holds it (docs/bundle-format.md), every file in
     the kernel's format (the real samples above with this process's values put in)."""
     base = root / "proc" / str(pid)
     comm = cmdline.split("\0")[0].rsplit("/", 1)[-1][:15]

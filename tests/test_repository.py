@@ -38,3 +38,52 @@ def test_no_file_holds_a_merge_conflict_marker():
 def test_the_marker_check_finds_a_conflict():
     assert CONFLICT_MARKER.search("text\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n")
     assert not CONFLICT_MARKER.search("Heading\n===\nthe ======= in a sentence\n")
+
+
+# Documents a clone does not have: the code cites its own docs/ instead.
+OUTSIDE_REFERENCE = re.compile(r"CONTRACT|shared/reference|\b(counters|troubleshooting|style)\.md\b")
+# Another project's document is cited with its repository: `owner/name path`.
+REPOSITORY_DOCUMENT = re.compile(r"(?<![`/\w])((?:docs|runbooks)/[\w.-]+\.md)\b")
+
+
+def source_files():
+    for path in ROOT.rglob("*"):
+        parts = set(path.relative_to(ROOT).parts)
+        if (path.is_file() and path.suffix in {".py", ".md", ".json", ".yaml", ".yml", ".toml"}
+                and not parts & {".git", "node_modules", "__pycache__", "build", "dist"}
+                and not any(part.endswith(".egg-info") for part in parts)
+                and path.stat().st_size < 2_000_000):
+            yield path
+
+
+def test_the_code_cites_no_document_outside_the_repository():
+    outside = []
+    for path in source_files():
+        if path.suffix != ".py" and path.parent.name not in {"fixtures", "schemas", "agent"}:
+            continue  # the documents themselves may name where a format is specified
+        if path == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if OUTSIDE_REFERENCE.search(line):
+                outside.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert outside == []
+
+
+def test_every_document_the_code_cites_is_in_the_repository():
+    missing = set()
+    for path in source_files():
+        if path.suffix != ".py":
+            continue
+        for cited in REPOSITORY_DOCUMENT.findall(path.read_text(encoding="utf-8")):
+            if not (ROOT / cited).is_file() and "<" not in cited:
+                missing.add(f"{path.relative_to(ROOT)}: {cited}")
+    assert missing == set()
+
+
+def test_the_reference_checks_find_what_they_look_for():
+    assert OUTSIDE_REFERENCE.search("(CONTRACT section 3)")
+    assert OUTSIDE_REFERENCE.search("see shared/reference/counters.md 4.3")
+    assert not OUTSIDE_REFERENCE.search("the contract's names, kept in docs/bundle-format.md")
+    assert REPOSITORY_DOCUMENT.findall("(docs/bundle-format.md, runbooks/oom-kill.md)") == [
+        "docs/bundle-format.md", "runbooks/oom-kill.md"]
+    assert REPOSITORY_DOCUMENT.findall("exporter-toolkit `docs/web-configuration.md`") == []

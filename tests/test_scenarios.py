@@ -129,7 +129,7 @@ def test_scenario_bundles_follow_the_bundle_format():
 
 
 def test_irq_overlap_needs_only_what_the_contract_bundle_carries(tmp_path):
-    # CONTRACT section 3 lists /proc/interrupts, not /proc/irq/*/smp_affinity_list: where
+    # docs/bundle-format.md lists /proc/interrupts, not /proc/irq/*/smp_affinity_list: where
     # the interrupts land is enough to diagnose; the masks only add evidence.
     import shutil
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 from . import ParseError
 
-# x86-64 psABI micro-architecture levels as /proc/cpuinfo tokens (shared/reference
-# counters.md 4.2). SSE3 shows as `pni`, LZCNT as `abm`; OSXSAVE has no token and `xsave` is
-# the usual proxy. Each level includes the ones below it.
+# x86-64 psABI micro-architecture levels as /proc/cpuinfo tokens (the levels as binutils'
+# elf/common.h and glibc's loader name them). SSE3 shows as `pni`, LZCNT as `abm`; OSXSAVE
+# has no token and `xsave` is the usual proxy. Each level includes the ones below it.
 PSABI_LEVEL_FLAGS: tuple[tuple[str, frozenset[str]], ...] = (
     ("x86-64", frozenset("cmov cx8 fpu fxsr mmx syscall sse sse2 lm".split())),
     ("x86-64-v2", frozenset("cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3".split())),

@@ -1,4 +1,5 @@
-"""The agent metric schema (CONTRACT section 4): names, label values and histogram buckets.
+"""The agent metric schema (docs/metrics-and-rules.md, Agent signals): names, label values
+and histogram buckets.
 
     # TYPE agent_stage_duration_seconds histogram
     agent_stage_duration_seconds_bucket{pool="chat-online",stage="inference",le="0.5"} 41

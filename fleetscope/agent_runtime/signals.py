@@ -3,7 +3,7 @@
 An agent worker creates one `AgentSignals` for its pool, wraps each session, stage and tool
 call in the helpers below, and serves `exposition()` at `/metrics` (the endpoint fleetscope's
 `agent` collector scrapes as `agent_metrics_url`). Once exported to Prometheus the names and
-labels are exactly those of CONTRACT section 4:
+labels are exactly those of docs/metrics-and-rules.md, Agent signals:
 
     agent_queue_depth{pool,queue}                          gauge
     agent_session_duration_seconds{pool,class}             histogram

@@ -1,4 +1,4 @@
-"""Command outputs a bundle sample carries besides /proc and /sys (CONTRACT section 3):
+"""Command outputs a bundle sample carries besides /proc and /sys (docs/bundle-format.md):
 
     cmd/perf-stat.csv         perf stat -x, -a -e <events> -- sleep <interval>, for the
                               interval ending at this sample (cmd/perf-stat.args: its argv)

@@ -1,4 +1,4 @@
-"""Copying /proc and /sys files into a bundle byte for byte (CONTRACT section 3), for
+"""Copying /proc and /sys files into a bundle byte for byte (docs/bundle-format.md), for
 `bundle record` (record.py) and the network files beside its command outputs (commands.py).
 
     copy_globs("/", ("proc/stat", "sys/devices/system/node/node*/numastat"), "samples/s0000")

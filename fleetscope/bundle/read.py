@@ -1,4 +1,4 @@
-"""Reading a bundle (`fleetscope-bundle/1`, CONTRACT section 3): open, validate, replay.
+"""Reading a bundle (`fleetscope-bundle/1`, docs/bundle-format.md): open, validate, replay.
 
     meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
                  "samples": [{"dir": "samples/s0000", "time": 1764660000.0}, ...],
@@ -64,7 +64,7 @@ class Bundle:
                               self.interval_s)
 
     def config(self, override: Config | None = None) -> Config:
-        """The recorded config (CONTRACT: diagnosis uses it unless --config overrides)."""
+        """The recorded config (diagnosis uses it unless --config overrides)."""
         if override is not None:
             return override
         try:

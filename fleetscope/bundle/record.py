@@ -1,4 +1,4 @@
-"""`fleetscope bundle record`: capture a node's raw evidence into a bundle (CONTRACT §3).
+"""`fleetscope bundle record`: capture a node's raw evidence into a bundle (docs/bundle-format.md).
 
     fleetscope bundle record --seconds 30 --interval 5 -o /tmp/node17.tar.gz
 

@@ -1,4 +1,4 @@
-"""The bundle format `fleetscope-bundle/1` (CONTRACT section 3): its layout names, the sizes
+"""The bundle format `fleetscope-bundle/1` (docs/bundle-format.md): its layout names, the sizes
 its files may have, reading meta.json, and where a sample's files are looked up.
 
     meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
@@ -98,7 +98,7 @@ def bundle_roots(root: str) -> tuple[str, ...]:
 
     A bundle sample directory (`<bundle>/samples/s0003`) holds what changes; what was captured
     once (cpuinfo, topology) sits in `<bundle>/static/`, and is looked up there when a sample
-    lacks it (bundle format, CONTRACT section 3).
+    lacks it (docs/bundle-format.md).
     """
     root = os.path.abspath(root)
     bundle = os.path.dirname(os.path.dirname(root))

@@ -11,8 +11,8 @@
     harm_targets: {online_session_p99_seconds: 1.0}  # where workloads hurt (harm_targets.py)
     binary_dirs: [/opt/agent/bin]  # where a binary the kernel names by its file name may be
 
-Pools, agent endpoints, Redis queues and the platform block are the contract's (CONTRACT
-section 2); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
+Pools, agent endpoints, Redis queues and the platform block are the documented ones
+(README.md, The exporter); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
 Unknown keys are errors at every level (a typo, or an alias bomb parked under a key nobody
 reads), and a document over MAX_CONFIG_NODES values or MAX_CONFIG_DEPTH levels is refused
 before anything walks or serialises it.
