@@ -54,7 +54,6 @@ if not (BUNDLES / "README.md").is_file():
     subprocess.run([sys.executable, str(REPO / "tests" / "fixtures" / "make_bundles.py"),
                     "--out", str(BUNDLES)], check=True, stdout=subprocess.DEVNULL)
 BUNDLE = BUNDLES / "x86-256"
-SAMPLE = BUNDLE / "samples" / "s0000"
 # The default deployment's roots: (label, bundle or None for the live root)
 ROOTS = (("x86-256 fixture", BUNDLE), ("kunpeng-128 fixture", BUNDLES / "kunpeng-128"),
          ("live root /", None))

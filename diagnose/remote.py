@@ -3,11 +3,13 @@
 Prometheus (or anything speaking its query API: VictoriaMetrics, Thanos, Mimir) evaluates
 each rule's condition, and only the label sets that fire come back:
 
-    GET  /api/v1/label/__name__/values?match[]=...     which signals the source has
-    POST /api/v1/query_range  query=<condition PromQL>  one per rule and severity tier,
-                              start, end, step=15s      over the evaluation steps
-    POST /api/v1/query        query=<evidence PromQL with instance=~"n1|n2|...">, time=...
-                                                        evidence, for the firing nodes alone
+    GET /api/v1/label/__name__/values?match[]=...     which signals the source has
+    GET /api/v1/query_range  query=<condition PromQL>  one per rule and severity tier,
+                             start, end, step=15s      over the evaluation steps
+    GET /api/v1/query        query=<evidence PromQL with instance=~"n1|n2|...">, time=...
+                                                       evidence, for the firing nodes alone
+
+(GET throughout: node filters are split so no query passes MAX_QUERY_CHARS.)
 
 Persistence is judged in Python on the returned steps with the in-process engine's own
 function (engine.held_label_sets: held at HOLD_FRACTION of the steps, events at one), so a
@@ -22,9 +24,6 @@ import math
 import re
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -93,7 +92,7 @@ class QueryClient:
                 self.warnings.setdefault(tag, []).extend(warnings)
 
     def request(self, path: str, params: list[tuple[str, str]] | dict,
-                post: bool = False, tag: str = "") -> dict | list:
+                tag: str = "") -> dict | list:
         """The `data` of a successful answer; RemoteError otherwise. The transport is the
         hardened one of diagnose/prometheus.py: one deadline for the whole command (a
         watchdog closes a socket that trickles), answers capped, every shape checked."""
@@ -149,17 +148,10 @@ class QueryClient:
                      end: float) -> list[str]:
         params = [("match[]", m) for m in matches]
         params += [("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
-        data = self.request(f"/api/v1/label/{label}/values", params, post=False)
+        data = self.request(f"/api/v1/label/{label}/values", params)
         if not isinstance(data, list):
             raise RemoteError(f"query engine at {self.base}: label values are not a list")
         return [str(v) for v in data]
-
-
-def _error_text(err: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.loads(err.read(4096)).get("error", ""))[:200] or err.reason
-    except (ValueError, OSError, AttributeError):
-        return str(err.reason)
 
 
 def _result(data, kind: str) -> list[dict]:
@@ -217,13 +209,6 @@ def node_regex(nodes: Iterable[str]) -> str:
     """A matcher value for `instance=~`: the nodes' names, RE2-escaped (the leading `~`
     marks a regex matcher in rules/promql.py)."""
     return "~" + "|".join(re.escape(node) for node in sorted(nodes))
-
-
-def window_grid(end: float, seconds: float, step: float) -> list[int]:
-    """The range query's instants (ms) over a `seconds` window ending at `end`."""
-    count = max(2, int(seconds // step) + 1)
-    first = end - (count - 1) * step
-    return [int(round((first + k * step) * 1000)) for k in range(count)]
 
 
 def evaluation_steps(timestamps: list[int]) -> list[int]:

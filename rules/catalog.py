@@ -127,10 +127,3 @@ def evidence_picks(rule_id: str) -> dict[str, str]:
     except KeyError:  # a document from another version's catalog
         return {}
 
-
-def module_of(rule_id: str):
-    """The rules/builtin module that defines a rule (its thresholds live there)."""
-    for module in builtin_modules():
-        if module.RULE.id == rule_id:
-            return module
-    raise KeyError(rule_id)

@@ -41,7 +41,8 @@ def test_the_marker_check_finds_a_conflict():
 
 
 # Documents a clone does not have: the code cites its own docs/ instead.
-OUTSIDE_REFERENCE = re.compile(r"CONTRACT|shared/reference|\b(counters|troubleshooting|style)\.md\b")
+OUTSIDE_REFERENCE = re.compile(
+    r"CONTRACT|shared/reference|\b(counters|troubleshooting|style)\.md\b")
 # Another project's document is cited with its repository: `owner/name path`.
 REPOSITORY_DOCUMENT = re.compile(r"(?<![`/\w])((?:docs|runbooks)/[\w.-]+\.md)\b")
 

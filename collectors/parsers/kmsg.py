@@ -326,11 +326,6 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
                          tuple(f for f in faults if f.pid))
 
 
-def parse_sigill(text: str, what: str = "kernel log") -> list[SigillCrash]:
-    """Just the SIGILL crashes of `scan_kernel_log`."""
-    return list(scan_kernel_log(text, what).crashes)
-
-
 def boot_time(stat_text: str) -> float | None:
     """`btime` of /proc/stat: the boot time in Unix seconds, or None when absent."""
     for line in stat_text.splitlines():

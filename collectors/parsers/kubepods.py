@@ -41,7 +41,6 @@ from typing import NamedTuple
 from . import ParseError
 from .sysfs import parse_cpulist
 
-QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 QOS_NAMES = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
 
 # A pod UID: a UUID, or 32 hex digits for a static pod (the hash of its manifest).

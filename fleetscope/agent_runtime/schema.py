@@ -66,5 +66,4 @@ METRICS = (QUEUE_DEPTH, SESSION_DURATION, STAGE_DURATION, TOOL_CALLS, HEARTBEAT_
 GENAI_OPERATION = "gen_ai.client.operation.duration"
 GENAI_OPERATION_DURATION = "gen_ai_client_operation_duration_seconds"
 GENAI_TOKENS = "gen_ai.client.token.usage"
-GENAI_TOKEN_USAGE = "gen_ai_client_token_usage"
 GENAI_TOOL_DURATION = "gen_ai_execute_tool_duration_seconds"  # a draft: read, never emitted

@@ -95,8 +95,3 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value, kind)
         return value
-
-
-def redact_command_line(text: str, patterns: tuple[str, ...] = ()) -> str:
-    """A space-joined command line for a report line, redacted."""
-    return " ".join(Redactor(patterns).argv(text.split(" ")))

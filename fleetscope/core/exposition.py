@@ -139,10 +139,6 @@ class Family:
         self.samples.append((label_set, value))
         return self
 
-    def add_named(self, sample_name: str, label_set: LabelSet, value: float) -> Family:
-        self.named_samples.append((sample_name, label_set, value))
-        return self
-
     def __iter__(self) -> Iterator[tuple[str, LabelSet, float]]:
         """Every sample as (sample name, labels, value), in exposition order."""
         yield from self.named_samples

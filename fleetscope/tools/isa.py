@@ -537,8 +537,6 @@ def _scan_x86(scan: BinaryScan, elf, path: str, regions) -> None:
 # Checking against a CPU
 # ---------------------------------------------------------------------------------------
 
-STATES = ("present", "missing", "unknown")
-
 
 @dataclass
 class CheckResult:
