@@ -31,16 +31,9 @@ from typing import Any
 
 import yaml
 
+from .config_error import ConfigError
 from .harm_targets import HarmTargetError, HarmTargets, parse_harm_targets
 from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
-
-
-class ConfigError(ValueError):
-    """The config file is unreadable or invalid; the message is one line for the user."""
-
-    def __init__(self, message: str):
-        # Keys and values quoted from a hostile file must not break the one line.
-        super().__init__("".join(c if c.isprintable() else "?" for c in message)[:500])
 
 
 @dataclass(frozen=True)

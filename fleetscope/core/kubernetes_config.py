@@ -22,6 +22,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from .config_error import ConfigError
+
 POD_KEYS = ("namespace", "pod", "container", "qos")
 MATCH_KEYS = frozenset({"cgroup", "cmdline", *POD_KEYS})
 QOS_VALUES = ("guaranteed", "burstable", "besteffort")
@@ -44,24 +46,18 @@ class KubernetesPaths:
         return path.strip("/")
 
 
-def _error(message: str) -> Exception:
-    from .config import ConfigError  # config imports this module
-
-    return ConfigError(message)
-
-
 def pod_terms(where: str, match: dict) -> dict[str, str | None]:
     """Pool keyword arguments from a pool's `match` (validated: one-line errors)."""
     terms: dict[str, str | None] = {}
     for key in ("namespace", "pod", "container"):
         value = match.get(key)
         if value is not None and (not isinstance(value, str) or not value):
-            raise _error(f"{where}.match.{key} must be a non-empty glob string")
+            raise ConfigError(f"{where}.match.{key} must be a non-empty glob string")
         terms[f"{key}_glob"] = value
     qos = match.get("qos")
     if qos is not None:
         if not isinstance(qos, str) or qos.lower() not in QOS_VALUES:
-            raise _error(f"{where}.match.qos must be one of {', '.join(QOS_VALUES)}, "
+            raise ConfigError(f"{where}.match.qos must be one of {', '.join(QOS_VALUES)}, "
                          f"got {str(qos)[:40]!r}")
         qos = qos.lower()
     terms["qos"] = qos
@@ -70,7 +66,7 @@ def pod_terms(where: str, match: dict) -> dict[str, str | None]:
 
 def _absolute(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/") or ".." in value.split("/"):
-        raise _error(f"kubernetes.{key} must be an absolute path on the node, got "
+        raise ConfigError(f"kubernetes.{key} must be an absolute path on the node, got "
                      f"{str(value)[:60]!r}")
     return value.rstrip("/") or "/"
 
@@ -79,17 +75,17 @@ def kubernetes_paths(raw: Any) -> KubernetesPaths:
     if raw is None:
         return KubernetesPaths()
     if not isinstance(raw, dict):
-        raise _error("kubernetes must be a mapping (pod_logs, container_logs, kubelet_root, "
+        raise ConfigError("kubernetes must be a mapping (pod_logs, container_logs, kubelet_root, "
                      "runtime_state)")
     known = {"pod_logs", "container_logs", "kubelet_root", "runtime_state"}
     unknown = set(raw) - known
     if unknown:
-        raise _error(f"kubernetes has unknown keys: {', '.join(sorted(map(str, unknown)))} "
+        raise ConfigError(f"kubernetes has unknown keys: {', '.join(sorted(map(str, unknown)))} "
                      f"(known: {', '.join(sorted(known))})")
     defaults = KubernetesPaths()
     state = raw.get("runtime_state", list(defaults.runtime_state))
     if not isinstance(state, list):
-        raise _error("kubernetes.runtime_state must be a list of directories")
+        raise ConfigError("kubernetes.runtime_state must be a list of directories")
     return KubernetesPaths(
         pod_logs=_absolute("pod_logs", raw.get("pod_logs", defaults.pod_logs)),
         container_logs=_absolute("container_logs",

@@ -86,13 +86,13 @@ def decode(arch: str, code: bytes, address: int = 0) -> tuple[str, list[str], st
 
 
 def _decode_a64(word: bytes, address: int) -> tuple[str, tuple[str, ...]]:
-    from fleetscope.tools.isa import _a64_classify, _capstone
+    from fleetscope.tools.isa_extensions import classify_a64, load_capstone
 
-    capstone = _capstone()
+    capstone = load_capstone()
     arch = getattr(capstone, "CS_ARCH_ARM64", None) or capstone.CS_ARCH_AARCH64
     md = capstone.Cs(arch, capstone.CS_MODE_ARM)
     for _, _, mnemonic, op_str in md.disasm_lite(word, address):
-        return f"{mnemonic} {op_str}".strip(), _a64_classify(mnemonic, op_str)
+        return f"{mnemonic} {op_str}".strip(), classify_a64(mnemonic, op_str)
     return "", ()
 
 
@@ -251,7 +251,7 @@ def crashed_binaries(crashes, boot: float | None, now: float, lookback: float, *
     instruction: from bytes a bundle recorded, from the binary when `locate(name)` finds it,
     from an arm64 `Code:` word."""
     from fleetscope.collectors.parsers.kmsg import wall_clock
-    from fleetscope.tools.isa import extension_of
+    from fleetscope.tools.isa_extensions import extension_of
 
     groups: dict[str, list] = {}
     for crash in crashes:

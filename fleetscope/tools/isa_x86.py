@@ -22,7 +22,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-# iced-x86 CpuidFeature name -> extension name (fleetscope/tools/isa.py EXTENSIONS).
+# iced-x86 CpuidFeature name -> extension name (fleetscope/tools/isa_extensions.py EXTENSIONS).
 FEATURE_EXTENSION = {
     "SSE3": "SSE3", "SSSE3": "SSSE3", "SSE4_1": "SSE4.1", "SSE4_2": "SSE4.2",
     "POPCNT": "POPCNT", "CMPXCHG16B": "CMPXCHG16B", "AVX": "AVX", "AVX2": "AVX2",
@@ -721,7 +721,7 @@ def analyse(image: Image, hwcaps_level: int = 0) -> X86Scan:
             use.reason = reason
             _merge(scan.dispatched, name, use)
     if hwcaps_level:
-        from fleetscope.tools.isa import EXTENSIONS
+        from fleetscope.tools.isa_extensions import EXTENSIONS
 
         for name in list(scan.needed):
             extension = EXTENSIONS.get(("x86_64", name))
