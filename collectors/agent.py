@@ -426,6 +426,8 @@ def _redis_client(url: str, timeout: float) -> Any:
 
 class AgentCollector(Collector):
     name = "agent"
+    missing_hints = (("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues "
+                                "(a bundle carries them as agent.prom)"),)
 
     def __init__(self, config):
         super().__init__(config)

@@ -117,6 +117,9 @@ class Collector:
     """Base class: subclasses set `name` and implement `collect`."""
 
     name = ""
+    # (metric-name prefix, why its series are usually absent) for the series this collector
+    # writes: the reason a rule that reads them gives when it cannot be evaluated.
+    missing_hints: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, config: Any):
         self.config = config
@@ -130,6 +133,12 @@ class Collector:
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         raise NotImplementedError
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        """The usual reason `prefix`'s series are absent; a collector narrows it where the
+        series the source does have say more."""
+        return dict(cls.missing_hints)[prefix]
 
 
 class Scrape:

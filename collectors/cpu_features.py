@@ -116,6 +116,7 @@ def read_kmsg(kmsg: _Kmsg | None, scrape: Scrape) -> tuple[_Kmsg | None, str]:
 
 class CpuFeaturesCollector(Collector):
     name = "cpu_features"
+    missing_hints = (("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),)
 
     def __init__(self, config):
         super().__init__(config)

@@ -70,6 +70,8 @@ def row_kind(row: IrqRow) -> str:
 
 class IrqCollector(Collector):
     name = "irq"
+    missing_hints = (("fleetscope_irq_online_pool",
+                      "no online pool in the config, or no process matched it"),)
 
     def __init__(self, config):
         super().__init__(config)

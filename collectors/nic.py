@@ -128,6 +128,8 @@ def run_ethtool(host: EvidenceSource, interfaces: list[str], timeout: float
 
 class NicCollector(Collector):
     name = "nic"
+    missing_hints = (("fleetscope_nic_pfc", "no PFC counters: no ethtool -S output for a RoCE "
+                                            "NIC"),)
 
     def __init__(self, config):
         super().__init__(config)

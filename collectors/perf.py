@@ -535,6 +535,11 @@ class _Live:
 
 class PerfCollector(Collector):
     name = "perf"
+    missing_hints = (
+        ("fleetscope_memory_bandwidth", "perf cannot count memory traffic here: no uncore PMU "
+                                        "access (VM, perf_event_paranoid) or perf missing"),
+        ("fleetscope_llc_", "perf cannot count last-level cache events here"),
+    )
 
     def __init__(self, config):
         super().__init__(config)

@@ -345,6 +345,20 @@ def _usable_cgroup(path: str) -> bool:
 
 class PoolsCollector(Collector):
     name = "pools"
+    missing_hints = (
+        ("fleetscope_pool_", "no workload pools in the config, or no process matched them"),
+        ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root "
+                                            "or CAP_SYS_PTRACE), or a bundle recorded without "
+                                            "them"),
+    )
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        if not any(name.startswith("fleetscope_pool_") for name in present):
+            # No pool series at all: no pool is configured (or none matched), whatever the
+            # narrower family's usual reason.
+            prefix = "fleetscope_pool_"
+        return super().why_missing(prefix, present)
 
     def __init__(self, config):
         super().__init__(config)

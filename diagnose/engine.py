@@ -21,21 +21,6 @@ from fleetscope.rules.promql import Labels, Series, Vector, strip_name
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
-# Why a family of signals is usually missing, for not_evaluated reasons.
-MISSING_HINTS = (
-    ("fleetscope_pool_", "no workload pools in the config, or no process matched them"),
-    ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root or "
-                                        "CAP_SYS_PTRACE), or a bundle recorded without them"),
-    ("fleetscope_irq_online_pool", "no online pool in the config, or no process matched it"),
-    ("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues (a bundle "
-               "carries them as agent.prom)"),
-    ("fleetscope_memory_bandwidth", "perf cannot count memory traffic here: no uncore PMU "
-                                    "access (VM, perf_event_paranoid) or perf missing"),
-    ("fleetscope_llc_", "perf cannot count last-level cache events here"),
-    ("fleetscope_rdma_", "no RDMA device"),
-    ("fleetscope_nic_pfc", "no PFC counters: no ethtool -S output for a RoCE NIC"),
-    ("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),
-)
 MAX_ALSO = 3  # label sets named in a merged finding's summary
 SUBJECT_KINDS = ("pids", "cgroups", "cpus", "numa_nodes", "interfaces", "devices", "binaries",
                  "pods")
@@ -78,26 +63,25 @@ class Finding:
         }
 
 
-def _usual_reason(name: str) -> tuple[str, str]:
-    """(prefix, hint) of the most specific MISSING_HINTS entry for a metric name."""
-    matches = [(prefix, hint) for prefix, hint in MISSING_HINTS if name.startswith(prefix)]
-    return max(matches, key=lambda item: len(item[0]), default=("", ""))
+def _hint_owners() -> tuple[tuple[str, type], ...]:
+    """(metric-name prefix, the collector that writes those series), from the collectors."""
+    from fleetscope.collectors import COLLECTORS
+
+    return tuple((prefix, collector) for collector in COLLECTORS.values()
+                 for prefix, _ in collector.missing_hints)
 
 
-def _hint(prefix: str, hint: str, series: Series) -> str:
-    """The usual reason, unless the source shows a narrower one: RDMA ports that exist but
-    export no hw_counters (the ECN/CNP counters) are not 'no RDMA device'."""
-    if prefix == "fleetscope_rdma_" and series.names() & {"fleetscope_rdma_device_info",
-                                                           "fleetscope_rdma_port_state"}:
-        return ("RDMA devices present, but their ports have no hw_counters directory "
-                "(the ECN/CNP counters: mlx5_ib or hns_roce_hw_v2 with a kernel that "
-                "exposes them)")
-    if prefix.startswith("fleetscope_pool_") and not any(
-            name.startswith("fleetscope_pool_") for name in series.names()):
-        # No pool series at all: no pool is configured (or none matched), whatever the
-        # narrower family's usual reason.
-        return dict(MISSING_HINTS)["fleetscope_pool_"]
-    return hint
+def missing_reason(missing: list[str], present: set[str]) -> str:
+    """A not_evaluated reason: the absent signals, and for each the likeliest reason its
+    collector gives, narrowed by the signals the source does have."""
+    hints = set()
+    for name in missing:
+        owners = [(prefix, owner) for prefix, owner in _hint_owners() if name.startswith(prefix)]
+        if owners:
+            prefix, owner = max(owners, key=lambda item: len(item[0]))
+            hints.add(owner.why_missing(prefix, present))
+    reason = f"signals absent from this source: {', '.join(missing)}"
+    return reason + (f" ({'; '.join(sorted(hints))})" if hints else "")
 
 
 def _matches(finding_labels: dict[str, str], labels: tuple) -> bool:
@@ -252,12 +236,8 @@ def evaluate(series: Series, hostname: str, *,
             series_read = alerts
         missing = missing_signals(rule, series_read)
         if missing:
-            hints = sorted({_hint(*_usual_reason(name), series) for name in missing
-                            if _usual_reason(name)[1]})
-            reason = f"signals absent from this source: {', '.join(missing)}"
             not_evaluated.append({"rule": rule.id,
-                                  "reason": reason + (f" ({'; '.join(hints)})" if hints
-                                                      else "")})
+                                  "reason": missing_reason(missing, series.names())})
             continue
         if rule.needs_rates and span_ms <= 0:
             not_evaluated.append({"rule": rule.id,

@@ -313,7 +313,8 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     for rule in rules:
         missing = engine.missing_signals(rule, names)
         if missing:
-            not_evaluated.append({"rule": rule.id, "reason": _missing_reason(missing, names)})
+            not_evaluated.append({"rule": rule.id,
+                                  "reason": engine.missing_reason(missing, names.names())})
             continue
         if rule.needs_rates and stamps[-1] == stamps[0]:
             not_evaluated.append({"rule": rule.id,
@@ -424,8 +425,8 @@ def alerts_diagnosis(base: str, seconds: float, *, deadline_seconds: float = DEA
     now = time.time() if now is None else now
     window = (now - seconds, now)
     names = _present_names(client, [], window)
-    not_evaluated = [{"rule": rule.id, "reason": _missing_reason(missing, names)} for rule in rules
-                     if (missing := engine.missing_signals(rule, names))]
+    not_evaluated = [{"rule": rule.id, "reason": engine.missing_reason(missing, names.names())}
+                     for rule in rules if (missing := engine.missing_signals(rule, names))]
     candidates = alert_candidates(firing, now, rules)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         _fetch_evidence(client, pool, candidates, {})
@@ -536,15 +537,6 @@ def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _missing_reason(missing: list[str], names: Series) -> str:
-    """As the in-process engine words it: each absent metric's likeliest reason, given what
-    the source does have (no pool series at all: no pools configured)."""
-    hints = sorted({engine._hint(*engine._usual_reason(name), names) for name in missing
-                    if engine._usual_reason(name)[1]})
-    reason = f"signals absent from this source: {', '.join(missing)}"
-    return reason + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:

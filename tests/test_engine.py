@@ -128,6 +128,31 @@ def test_rdma_ports_without_hw_counters_are_not_called_no_device():
     assert "no RDMA device" in not_evaluated[0]["reason"]
 
 
+def test_the_reason_for_a_missing_signal_is_its_collectors():
+    from fleetscope.collectors import COLLECTORS
+    from fleetscope.collectors.base import Collector
+
+    class DeviceCollector(Collector):
+        name = "throwaway_device"
+        missing_hints = (("demo_device_", "no demo device on this node"),
+                         ("demo_device_queue", "the demo driver exports no queues"))
+
+    rule = _rule(condition=Max(Selector("demo_device_queue_depth"), by=("instance",)) > 1)
+    COLLECTORS[DeviceCollector.name] = DeviceCollector
+    try:
+        _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
+                                           rules=(rule,))
+    finally:
+        del COLLECTORS[DeviceCollector.name]
+    # the most specific prefix of the collector that writes the series
+    assert not_evaluated[0]["reason"] == ("signals absent from this source: "
+                                          "demo_device_queue_depth (the demo driver exports "
+                                          "no queues)")
+    _, not_evaluated = engine.evaluate(_series({(("pool", "p"),): [1.0] * 3}), "n",
+                                       rules=(rule,))
+    assert "(" not in not_evaluated[0]["reason"]  # no collector owns it: no guess
+
+
 def test_a_summary_reads_seconds_as_the_evidence_table_does():
     rule = _rule(summary="pool {pool}: silent for {value:duration} ({value:.0f} s)")
     assert rule.render_summary({"pool": "chat"}, 1349.2) == \
