@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core import units
 
-from .promql import Expr, SetOp
+from .promql import Delta, Expr, Rate, SetOp
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
 NODE = NODE_LABELS
@@ -167,8 +167,10 @@ class Rule:
 
     @property
     def needs_rates(self) -> bool:
-        text = " ".join(condition.promql() for _, condition, _ in self.severities())
-        return any(f"{fn}(" in text for fn in ("rate", "increase", "delta"))
+        """Whether a condition takes a rate, an increase or a delta (no answer from one
+        sample)."""
+        return any(isinstance(node, (Rate, Delta)) for _, condition, _ in self.severities()
+                   for node in condition.walk())
 
     @property
     def alert_name(self) -> str:

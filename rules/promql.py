@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
 
 LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
 # Range windows up to this are rates of what is happening now; longer ones look back over
@@ -115,6 +115,15 @@ class Expr:
     def metrics(self) -> set[str]:
         """Metric names this expression reads (to report rules whose inputs are absent)."""
         raise NotImplementedError
+
+    def walk(self) -> Iterator[Expr]:
+        """This node and every node under it."""
+        yield self
+        for item in fields(self) if is_dataclass(self) else ():
+            child = getattr(self, item.name)
+            for node in child if isinstance(child, (tuple, list)) else (child,):
+                if isinstance(node, Expr):
+                    yield from node.walk()
 
     # Operators build nodes, so rules read like the PromQL they become.
     def __gt__(self, other): return Compare(">", self, _wrap(other))  # noqa: E704

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule, Tier
-from fleetscope.rules.promql import Max, Selector, Series
+from fleetscope.rules.promql import Delta, Max, Rate, Selector, Series
 
 STEP_MS = 1000
 
@@ -31,6 +31,16 @@ def _rule(**overrides) -> Rule:
                   evidence=(Evidence("demo", expr, 10, "things"),))
     fields.update(overrides)
     return Rule(**fields)
+
+
+def test_a_rule_needs_rates_when_a_condition_takes_one_anywhere_in_it():
+    gauge = Max(Selector("demo_gauge", {"note": "rate(not a function)"}), by=("instance",))
+    assert not _rule(condition=gauge > 1).needs_rates  # a label value is not a rate()
+    nested = Max(Rate(Selector("demo_total"), 60) * 2, by=("instance",)) > gauge
+    assert _rule(condition=nested).needs_rates
+    assert _rule(condition=Delta(Selector("demo_depth"), 300) > 5).needs_rates
+    tiered = _rule(tiers=(Tier("info", Rate(Selector("demo_total"), 60) > 1, "s"),))
+    assert tiered.needs_rates  # a lesser tier's condition counts too
 
 
 def test_one_bursty_interval_is_not_a_finding():
