@@ -1,9 +1,9 @@
 """Per-rule evidence views: which series prove each rule, drawn with their thresholds.
 
-    views_for("offline-preemption")  -> the rule's own `views` (rules/builtin/<rule>.py):
-                                        the victim (online pools' run-queue delay per
-                                        process), the antagonist (offline pools' CPU use),
-                                        steal, pressure
+    views_for(a rule with views)     -> the rule's own `views` (rules/builtin/<rule>.py),
+                                        e.g. offline preemption's victim (online pools'
+                                        run-queue delay per process), antagonist (offline
+                                        pools' CPU use), steal, pressure
     views_for(a rule without views)  -> one panel per `evidence` expression of the rule, so a
                                         new rule still draws
 

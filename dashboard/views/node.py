@@ -6,9 +6,9 @@ import streamlit as st
 
 from fleetscope.core import units
 from fleetscope.dashboard import charts, data, state
-from fleetscope.rules.builtin.memory_bandwidth_saturation import BANDWIDTH_RATIO
-from fleetscope.rules.builtin.numa_remote_access import NUMA_REMOTE_RATIO
-from fleetscope.rules.builtin.offline_preemption import STEAL_P90
+from fleetscope.rules.builtin import memory_bandwidth_saturation as bandwidth_rule
+from fleetscope.rules.builtin import numa_remote_access as numa_rule
+from fleetscope.rules.builtin import offline_preemption as steal_rule
 
 snap = state.snapshot()
 all_nodes = state.nodes(snap)
@@ -114,8 +114,8 @@ if not memory.empty:
 remote = data.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
-                                 threshold=NUMA_REMOTE_RATIO, unit="ratio",
-                                 threshold_label="numa-remote-access fires"),
+                                 threshold=numa_rule.NUMA_REMOTE_RATIO, unit="ratio",
+                                 threshold_label=f"{numa_rule.RULE.id} fires"),
                     key="numa_remote")
 
 st.subheader("Steal and run delay")
@@ -123,8 +123,8 @@ left, right = st.columns(2)
 steal = data.timeline(history, "fleetscope_cpu_core_steal_ratio")
 if not steal.empty:
     left.plotly_chart(charts.lines(steal, "Steal across cores", colour="stat",
-                                   threshold=STEAL_P90, unit="ratio",
-                                   threshold_label="offline-preemption: p90 steal"),
+                                   threshold=steal_rule.STEAL_P90, unit="ratio",
+                                   threshold_label=f"{steal_rule.RULE.id}: p90 steal"),
                       key="steal")
 delay = data.timeline(history, "fleetscope_pool_run_delay_seconds_total")
 if not delay.empty:
@@ -144,14 +144,14 @@ else:
     st.caption(f"DRAM bandwidth now {units.format_value(now, 'bytes/s')}"
                + (f" of the platform peak {units.format_value(peak_value, 'bytes/s')} "
                   f"({units.format_value(now / peak_value, 'ratio')}; "
-                  f"memory-bandwidth-saturation fires above "
-                  f"{units.format_value(BANDWIDTH_RATIO, 'ratio')} of it)"
+                  f"{bandwidth_rule.RULE.id} fires above "
+                  f"{units.format_value(bandwidth_rule.BANDWIDTH_RATIO, 'ratio')} of it)"
                   if peak_value else " (no platform peak known)"))
     # the line is where the rule fires, not the peak: a node firing at 92 % sits above it
     st.plotly_chart(charts.lines(
         total, "DRAM bandwidth (read + write) against the peak", colour="series",
-        threshold=peak_value * BANDWIDTH_RATIO if peak_value else None, unit="bytes/s",
-        threshold_label="memory-bandwidth-saturation fires",
+        threshold=peak_value * bandwidth_rule.BANDWIDTH_RATIO if peak_value else None,
+        unit="bytes/s", threshold_label=f"{bandwidth_rule.RULE.id} fires",
         reference=(peak_value, "platform peak") if peak_value else None), key="bandwidth")
 
 st.subheader("NIC")
