@@ -502,18 +502,13 @@ print(json.dumps({"findings": [f.to_json() for f in findings], "nodes": nodes,
 """
 
 
-# What an injected fault shows besides its own rule, as its scenario describes it (the
-# `scenario` of the rule's module): its symptoms, never a second fault.
-ALSO_SHOWN = {
-    "thread-oversubscription": {"cpu-saturation"},  # "every online core busy"
-    "roce-congestion": {"slow-dependency"},  # "Redis (state_io) latency x10"
-}
-
-
 def injected(profile: str) -> set[str]:
     """The ground truth of a node: the rule whose fault its profile injects (a fault profile
-    is named by its rule id) and what that fault shows besides; nothing on a healthy node."""
-    return set() if profile in HEALTHY else {profile} | ALSO_SHOWN.get(profile, set())
+    is named by its rule id) and what that fault shows besides (its rule's `proof`);
+    nothing on a healthy node."""
+    from fleetscope.rules.catalog import by_id
+
+    return set() if profile in HEALTHY else {profile, *by_id(profile).proof.also_shown}
 
 
 def score(document: dict, fleet: list[Node]) -> dict[str, list[str]]:

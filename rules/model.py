@@ -105,11 +105,14 @@ class Proof:
     """The scenario bundle that proves the rule (tests/test_scenarios.py): `scenario(kit)`
     builds it with the scenario kit (tests/fixtures/make_scenarios.py), and its diagnosis
     must lead with this rule, with a summary matching `summary` and, where given, the
-    subjects `subjects` = (kind, expected list or None for "not empty")."""
+    subjects `subjects` = (kind, expected list or None for "not empty"). `also_shown`: the
+    rules the fault's symptoms raise besides this one (never a second fault), which a fleet
+    of such nodes may also show."""
 
     scenario: Callable
     summary: str
     subjects: tuple[str, list | None] | None = None
+    also_shown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

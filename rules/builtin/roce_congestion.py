@@ -73,5 +73,6 @@ RULE = Rule(
     ),
     fleet=FleetFault(("chat",), "rack", 40),
     proof=Proof(scenario, summary=r"RoCE congestion signals at \d+(\.\d+)?/s",
-                subjects=("devices", ["mlx5_0"])),
+                subjects=("devices", ["mlx5_0"]),
+                also_shown=("slow-dependency",)),  # the scenario's Redis latency x10
 )

@@ -134,5 +134,6 @@ RULE = Rule(
               "1/s", NONVOLUNTARY_SWITCHES),
     ),
     fleet=FleetFault(("batch",), 12, 90),
-    proof=Proof(scenario, summary=r"pool chat-online: 6\.0 runnable threads per physical core"),
+    proof=Proof(scenario, summary=r"pool chat-online: 6\.0 runnable threads per physical core",
+                also_shown=("cpu-saturation",)),  # every online core busy
 )
