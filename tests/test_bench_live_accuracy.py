@@ -56,3 +56,18 @@ def test_errored_scenarios_are_found_in_the_report(tmp_path):
 def test_a_run_without_a_report_is_an_error(tmp_path):
     assert _bench().errored_tests(tmp_path / "missing.xml") == [
         ("(pytest run)", "no report: the run itself failed")]
+
+
+def test_a_record_without_false_alarms_is_tabled_not_a_crash(capsys):
+    # Reproduced: a scenario that logged no false_alarms key stopped the table (KeyError)
+    # before the scenarios after it were printed.
+    entries = [
+        {"scenario": "kubernetes-cgroupfs", "expected": "offline-preemption", "correct": True,
+         "wall_seconds": 30.0, "primary": "offline-preemption", "findings": []},
+        {"scenario": "oom-kill", "expected": "oom-kill", "correct": True, "wall_seconds": 25.0,
+         "primary": "oom-kill", "false_alarms": ["cpu-saturation"], "findings": []},
+    ]
+    assert _bench().print_table(entries, {}) is False  # the false alarm after it counts
+    table = capsys.readouterr().out
+    assert "kubernetes-cgroupfs" in table and "oom-kill" in table
+    assert "runs right: 1/2" in table
