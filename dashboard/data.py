@@ -31,7 +31,7 @@ from fleetscope.core import units
 from fleetscope.core.runbooks import runbook_dir
 from fleetscope.dashboard import evidence_views, fleet_eval
 from fleetscope.diagnose import engine
-from fleetscope.rules.catalog import CATALOG, WINDOW, by_id, evidence_picks
+from fleetscope.rules.catalog import CATALOG, WINDOW, evidence_picks
 from fleetscope.rules.promql import (
     Rate,
     Selector,
@@ -930,28 +930,6 @@ def runbook_ids() -> list[str]:
     ids = [rule.id for rule in CATALOG if (RUNBOOKS / f"{rule.id}.md").is_file()]
     return ids + sorted(p.stem for p in RUNBOOKS.glob("*.md")
                         if p.stem not in ids and p.stem != "README")
-
-
-def finding_metrics(rule_id: str) -> list[str]:
-    """The metrics a rule reads, in a stable order: what its evidence charts plot."""
-    return sorted(by_id(rule_id).condition.metrics())
-
-
-def finding_timelines(rule_id: str, series: Series, labels: dict | None = None
-                      ) -> list[tuple[str, pd.DataFrame]]:
-    """Each metric the rule reads over time on the finding's node, narrowed to the finding's
-    labels (pool, binary, ...) where the metric has them."""
-    out = []
-    for name in finding_metrics(rule_id):
-        frame = timeline(series, name)
-        if frame.empty:
-            continue
-        for key, value in (labels or {}).items():
-            if key in frame and key != "instance":
-                frame = frame[frame[key] == value]
-        if not frame.empty:
-            out.append((name, frame))
-    return out
 
 
 def evidence_frame(finding: dict) -> pd.DataFrame:

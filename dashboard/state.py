@@ -136,11 +136,6 @@ def open_node(node: str, rule: str | None = None) -> None:
     st.switch_page(page("node"), query_params=params)
 
 
-def open_finding(rule: str, node: str | None = None) -> None:
-    st.switch_page(page("findings"), query_params={"rule": rule, **({"node": node} if node
-                                                                     else {})})
-
-
 def resolve_node(asked: str | None, instances) -> str | None:
     """The instance a link names: itself, or the one instance whose host is `asked` (tickets
     and pages carry the host name without the exporter's port); None when there is none."""
