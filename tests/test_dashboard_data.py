@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval
+from fleetscope.dashboard import data, fleet_eval, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -326,12 +326,12 @@ def test_inference_is_a_third_of_online_session_time(snapshot):
 
 
 def test_rules_table_yaml_and_runbooks():
-    table = data.rule_table()
+    table = rulebook.rule_table()
     assert len(table) == len(CATALOG) and set(table["rule"]) >= set(RULE_IDS)
-    rules = yaml.safe_load(data.rules_yaml())["groups"][0]["rules"]
+    rules = yaml.safe_load(rulebook.rules_yaml())["groups"][0]["rules"]
     assert {r["labels"]["fleetscope_rule"] for r in rules} >= set(RULE_IDS)
-    assert data.runbook("roce-congestion").startswith("# roce-congestion")
-    assert "not found" in data.runbook("no-such-rule")
+    assert rulebook.runbook("roce-congestion").startswith("# roce-congestion")
+    assert "not found" in rulebook.runbook("no-such-rule")
 
 
 @pytest.mark.parametrize("spec, kind", [("demo", "demo"), ("demo:64", "demo"),

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fleetscope.core import units
-from fleetscope.dashboard import data, evidence_views, fleet_eval
+from fleetscope.dashboard import data, evidence_views, fleet_eval, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -252,12 +252,12 @@ def test_health_signal_on_the_heatmap(fleet):
 
 # -- runbooks and the clock ----------------------------------------------------------------
 def test_runbook_links_point_inside_the_console():
-    text = data.runbook_markdown("isa-mismatch")
+    text = rulebook.runbook_markdown("isa-mismatch")
     assert "](/runbook?rule=cold-start)" in text and ".md)" not in text
-    assert data.related_runbooks("isa-mismatch")[:2] == ["cold-start", "queue-backlog"]
+    assert rulebook.related_runbooks("isa-mismatch")[:2] == ["cold-start", "queue-backlog"]
     for rule in CATALOG:
-        for other in data.related_runbooks(rule.id):
-            assert other in data.runbook_ids(), (rule.id, other)
+        for other in rulebook.related_runbooks(rule.id):
+            assert other in rulebook.runbook_ids(), (rule.id, other)
 
 
 def test_the_demo_clock_ends_now():
@@ -300,21 +300,22 @@ def test_bundle_show_reads_its_window_in_local_time_with_the_zone():
 
 
 def test_commands_are_filled_from_the_findings_subjects_prose_is_left_alone():
-    values = data.placeholder_values({"pids": [6387, 6390], "binaries": ["/opt/bin/llama-server"],
-                                      "pods": ["batch/etl-7f9c/etl"], "cgroups": ["/x"]})
+    values = rulebook.placeholder_values({"pids": [6387, 6390],
+                                          "binaries": ["/opt/bin/llama-server"],
+                                          "pods": ["batch/etl-7f9c/etl"], "cgroups": ["/x"]})
     assert values == {"PID": "6387", "ONLINE_PID": "6387", "BINARY": "/opt/bin/llama-server",
                       "POD": "etl"}
     runbook = ("The PID is the worker's.\n\n```bash\nfleetscope stacks PID\n"
                "gdb BINARY CORE\nkubectl logs POD\n```\nthen `cat /proc/PID/status`; "
                "PIDS and APID stay\n")
-    filled = data.fill_commands(runbook, values)
+    filled = rulebook.fill_commands(runbook, values)
     assert "The PID is the worker's." in filled  # prose keeps its words
     assert "fleetscope stacks 6387\ngdb /opt/bin/llama-server CORE\nkubectl logs etl" in filled
     assert "`cat /proc/6387/status`" in filled and "PIDS and APID stay" in filled
     action = "fleetscope stacks PID shows the blocking call"
-    assert data.fill_commands(action, values, code_only=False) == \
+    assert rulebook.fill_commands(action, values, code_only=False) == \
         "fleetscope stacks 6387 shows the blocking call"
-    assert data.fill_commands(runbook, {}) == runbook
+    assert rulebook.fill_commands(runbook, {}) == runbook
 
 
 @pytest.mark.parametrize("cores, step", [(2, 1), (128, 4)])

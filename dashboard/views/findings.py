@@ -3,7 +3,7 @@ rule's evidence view), its action and its runbook."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, data, rulebook, state
 from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()
@@ -68,8 +68,8 @@ st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {finding['nod
 st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})")
 st.markdown(f"**Likely cause:** {finding['cause']}")
 subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
-filled = data.placeholder_values(subjects)  # the commands name this finding's own subjects
-st.markdown(f"**Action:** {data.fill_commands(finding['action'], filled, code_only=False)}")
+filled = rulebook.placeholder_values(subjects)  # the commands name this finding's own subjects
+st.markdown(f"**Action:** {rulebook.fill_commands(finding['action'], filled, code_only=False)}")
 if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
     st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
 if subjects:
@@ -104,4 +104,4 @@ st.subheader("Runbook")
 if filled:
     st.caption("Commands filled from this finding: " + ", ".join(
         f"{word} = {value}" for word, value in filled.items()))
-st.markdown(data.fill_commands(data.runbook_markdown(rule), filled))
+st.markdown(rulebook.fill_commands(rulebook.runbook_markdown(rule), filled))
