@@ -18,7 +18,6 @@ same code draws a simulated fleet, a bundle and a Prometheus server.
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 from collections.abc import Callable
@@ -28,17 +27,13 @@ import pandas as pd
 
 from fleetscope.core import units
 from fleetscope.dashboard import evidence_views, fleet_eval
+from fleetscope.dashboard.frames import last_rate, latest, local_times, recorded, timeline
 from fleetscope.diagnose import engine
-from fleetscope.rules.catalog import WINDOW, evidence_picks
+from fleetscope.rules.catalog import evidence_picks
 from fleetscope.rules.promql import (
-    Rate,
-    Selector,
     Series,
-    bucket_bound,
-    bucket_quantile,
-    extrapolated_delta,
 )
-from fleetscope.rules.recording import NODE_SIGNALS, SESSIONS, STAGE_SECONDS, Recording
+from fleetscope.rules.recording import NODE_SIGNALS, SESSIONS, STAGE_SECONDS
 
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
 DEFAULT_SOURCE = "demo"
@@ -313,50 +308,12 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
 
 
 # -- frames from series --------------------------------------------------------------------
-# Tiles and rules read the same numbers: every value below is an expression of
-# rules/promql.py (the tree the rule engine evaluates), at the source's last sample, with
-# the rate window the rules use (WINDOW, capped like the engine's by series.max_window_ms).
-def _rows(vector: dict) -> pd.DataFrame:
-    rows = [{**{k: v for k, v in labels if k != "__name__"}, "value": value}
-            for labels, value in vector.items()]
-    return pd.DataFrame(rows, columns=None if rows else ["instance", "value"])
-
-
-def _instant(series: Series, expr, name: str) -> pd.DataFrame:
-    at_ms = series.last_sample_ms([name])
-    return _rows({} if at_ms is None else expr.evaluate(series, at_ms))
-
-
-def latest(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
-    """`name{matchers}` now (Prometheus's instant selector at the last sample, 5-minute
-    look-back): one row per label set, column `value`."""
-    return _instant(series, Selector(name, matchers or None), name)
-
-
-def last_rate(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
-    """`rate(name{matchers}[WINDOW])` now, as the rules compute it (extrapolated, counter
-    resets counted from 0)."""
-    return _instant(series, Rate(Selector(name, matchers or None), WINDOW), name)
 
 
 def _per_instance(frame: pd.DataFrame, how: str = "max") -> pd.Series:
     if frame.empty or "instance" not in frame:
         return pd.Series(dtype=float)
     return frame.groupby("instance")["value"].agg(how)
-
-
-def histogram_quantile(q: float, buckets: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Prometheus's histogram_quantile over a frame of bucket rates (`le`, `value`), summed
-    by `by`: rules.promql.bucket_quantile, the function the HistogramQuantile node uses.
-    Returns `by` columns and `value`."""
-    if buckets.empty:
-        return pd.DataFrame(columns=[*by, "value"])
-    frame = buckets.assign(bound=buckets["le"].map(lambda le: bucket_bound(str(le))))
-    table = frame.groupby([*by, "bound"])["value"].sum().reset_index()
-    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
-             "value": bucket_quantile(q, zip(group["bound"], group["value"], strict=True))}
-            for key, group in table.groupby(by, sort=True)]
-    return pd.DataFrame(rows, columns=[*by, "value"])
 
 
 def _stepping(record: dict) -> str:
@@ -405,16 +362,6 @@ def node_table(snapshot: Snapshot) -> pd.DataFrame:
                          columns=["instance", "node_pool", "rack", "cpu_model", "stepping",
                                   "arch", "kernel"])
     return table.sort_values(["node_pool", "rack", "instance"]).reset_index(drop=True)
-
-
-def recorded(snapshot: Snapshot, recording: Recording) -> pd.DataFrame:
-    """A recording rule's vector as a frame (labels..., value): what the query engine
-    answered for a Prometheus source, else the same expression over the snapshot's series
-    at its last sample of those metrics."""
-    if snapshot.aggregates is not None:
-        return _rows(snapshot.aggregates.get(recording.record, {}))
-    at_ms = snapshot.series.last_sample_ms(recording.expr.metrics())
-    return _rows({} if at_ms is None else recording.expr.evaluate(snapshot.series, at_ms))
 
 
 def node_signals(snapshot: Snapshot) -> pd.DataFrame:
@@ -642,45 +589,13 @@ def heatmap(nodes: pd.DataFrame, signals: pd.DataFrame, signal: str) -> dict:
 
 
 # -- one node ------------------------------------------------------------------------------
-def _frame_of(series: Series, name: str, matchers: dict | None, counter: bool) -> pd.DataFrame:
-    """Long frame: labels..., time (datetime), value: the instant selector at each sample,
-    or `rate(...[WINDOW])` at each sample after the first when `counter` (the rule engine's
-    extrapolated rate, so a chart and a rule read the same number at the same time)."""
-    rows = []
-    window_ms = series.window_ms(WINDOW)
-    for labels, points in Selector(name, matchers or None).matching(series):
-        as_dict = dict(labels)
-        if counter:
-            times = [t for t, _ in points]
-            for index in range(1, len(points)):
-                end = times[index]
-                first = bisect.bisect_left(times, end - window_ms, 0, index)
-                value = extrapolated_delta(points[first:index + 1], end - window_ms, end, True)
-                if value is not None:
-                    rows.append({**as_dict, "t_ms": end, "value": value})
-        else:
-            rows.extend({**as_dict, "t_ms": t, "value": v} for t, v in points)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return pd.DataFrame(columns=["time", "value"])
-    frame["time"] = local_times(frame["t_ms"])
-    return frame.drop(columns="t_ms")
-
-
-def is_counter(name: str) -> bool:
-    return name.endswith(("_total", "_sum", "_count", "_bucket"))
-
-
-def timeline(series: Series, name: str, matchers: dict | None = None) -> pd.DataFrame:
-    """A metric over time: gauges as they are, counters as per-second rates."""
-    return _frame_of(series, name, matchers, is_counter(name))
 
 
 def per_core_busy(series: Series) -> pd.DataFrame:
     """cpu x time busy fraction from fleetscope_cpu_seconds_total (per_core: full): busy is
     every mode but idle and iowait, over all modes. Empty when the source has no per-core
     series."""
-    frame = _frame_of(series, "fleetscope_cpu_seconds_total", None, True)
+    frame = timeline(series, "fleetscope_cpu_seconds_total")
     if frame.empty:
         return frame
     frame["idle"] = frame["mode"].isin(["idle", "iowait"])
@@ -705,7 +620,7 @@ def core_summary(busy: pd.DataFrame) -> dict:
 
 def numa_view(series: Series) -> pd.DataFrame:
     """Per NUMA node: CPUs, busy, run-queue wait per CPU and pages allocated off-node /s."""
-    secs = _frame_of(series, "fleetscope_cpu_numa_node_seconds_total", None, True)
+    secs = timeline(series, "fleetscope_cpu_numa_node_seconds_total")
     if secs.empty:
         return pd.DataFrame()
     last = secs[secs["time"] == secs["time"].max()]
@@ -904,13 +819,6 @@ def history_window(series: Series) -> tuple | None:
     first, last = local_times([stamps[0], stamps[-1]])
     # wall-clock times without the offset: what plotly draws the (local) data at
     return first.tz_localize(None).to_pydatetime(), last.tz_localize(None).to_pydatetime()
-
-
-def local_times(t_ms) -> pd.Series:
-    """Epoch milliseconds -> datetimes in the console's zone (charts show wall-clock time)."""
-    index = t_ms.index if isinstance(t_ms, pd.Series) else None
-    stamps = pd.to_datetime(pd.Series(t_ms, index=index), unit="ms", utc=True)
-    return stamps.dt.tz_convert(units.console_zone())
 
 
 def source_from_env() -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval, rulebook
+from fleetscope.dashboard import data, fleet_eval, frames, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -193,14 +193,14 @@ def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
 def test_histogram_quantile_interpolates_like_prometheus():
     buckets = pd.DataFrame({"instance": ["a"] * 4, "le": ["0.1", "0.5", "1", "+Inf"],
                             "value": [50.0, 90.0, 100.0, 100.0]})
-    out = data.histogram_quantile(0.5, buckets, ["instance"])
+    out = frames.histogram_quantile(0.5, buckets, ["instance"])
     assert out["value"].iloc[0] == pytest.approx(0.1)
-    out = data.histogram_quantile(0.7, buckets, ["instance"])
+    out = frames.histogram_quantile(0.7, buckets, ["instance"])
     assert out["value"].iloc[0] == pytest.approx(0.1 + 0.4 * (70 - 50) / 40)
     tail = pd.DataFrame({"instance": ["a"] * 2, "le": ["1", "+Inf"], "value": [10.0, 20.0]})
-    assert data.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
+    assert frames.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
     empty = pd.DataFrame({"instance": ["a"], "le": ["+Inf"], "value": [0.0]})
-    assert math.isnan(data.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
+    assert math.isnan(frames.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
 
 
 def test_rates_and_latest_read_series_like_prometheus():
@@ -208,10 +208,10 @@ def test_rates_and_latest_read_series_like_prometheus():
     for t, v in ((0, 10.0), (60_000, 70.0), (120_000, 10.0)):  # a reset at the end
         series.add("x_total", {"instance": "n"}, t, v)
     series.add("g", {"instance": "n", "stat": "p50"}, 0, 0.5)
-    assert data.last_rate(series, "x_total")["value"].iloc[0] == pytest.approx(10 / 60)
-    assert data.latest(series, "g", {"stat": "p50"})["value"].iloc[0] == 0.5
-    assert data.latest(series, "g", {"stat": "max"}).empty
-    frame = data.timeline(series, "x_total")
+    assert frames.last_rate(series, "x_total")["value"].iloc[0] == pytest.approx(10 / 60)
+    assert frames.latest(series, "g", {"stat": "p50"})["value"].iloc[0] == 0.5
+    assert frames.latest(series, "g", {"stat": "max"}).empty
+    frame = frames.timeline(series, "x_total")
     assert frame["value"].tolist() == pytest.approx([1.0, 10 / 60])
 
 
@@ -269,7 +269,7 @@ def test_console_tiles_and_rules_read_the_same_number():
     (rule_p99,) = p99.evaluate(series, 300_000).values()
     assert signals.loc["n1", "P99 session latency (online)"] == pytest.approx(rule_p99)
     assert 1 < rule_p99 < 4  # the rank falls in the (1, 4] bucket: interpolated, not a bound
-    assert data.latest(series, "fleetscope_nic_pfc_pause_frames_total")["value"].tolist() == \
+    assert frames.latest(series, "fleetscope_nic_pfc_pause_frames_total")["value"].tolist() == \
         [values[-1]]
 
 

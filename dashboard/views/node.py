@@ -5,7 +5,7 @@ memory bandwidth against the peak and the NIC counters."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, data, frames, state
 from fleetscope.rules.builtin.memory_bandwidth_saturation import BANDWIDTH_RATIO
 from fleetscope.rules.builtin.numa_remote_access import NUMA_REMOTE_RATIO
 from fleetscope.rules.builtin.offline_preemption import STEAL_P90
@@ -97,7 +97,7 @@ else:
     if summary["hogs"]:
         st.warning(f"pinned hogs (busy > 90 % over the last 10 samples): cpus {summary['hogs']}")
     st.plotly_chart(charts.core_heatmap(busy), key="core_heatmap")
-spread = data.timeline(history, "fleetscope_cpu_core_busy_ratio")
+spread = frames.timeline(history, "fleetscope_cpu_core_busy_ratio")
 if not spread.empty:
     st.plotly_chart(charts.lines(spread, "Busy across cores (min / p50 / p90 / max)",
                                  colour="stat", unit="ratio"), key="busy_spread")
@@ -111,7 +111,7 @@ else:
 memory = data.pool_memory(history)
 if not memory.empty:
     st.dataframe(data.bytes_display(memory), hide_index=True, key="pool_memory")
-remote = data.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
+remote = frames.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
                                  threshold=NUMA_REMOTE_RATIO, unit="ratio",
@@ -120,20 +120,20 @@ if not remote.empty:
 
 st.subheader("Steal and run delay")
 left, right = st.columns(2)
-steal = data.timeline(history, "fleetscope_cpu_core_steal_ratio")
+steal = frames.timeline(history, "fleetscope_cpu_core_steal_ratio")
 if not steal.empty:
     left.plotly_chart(charts.lines(steal, "Steal across cores", colour="stat",
                                    threshold=STEAL_P90, unit="ratio",
                                    threshold_label="offline-preemption: p90 steal"),
                       key="steal")
-delay = data.timeline(history, "fleetscope_pool_run_delay_seconds_total")
+delay = frames.timeline(history, "fleetscope_pool_run_delay_seconds_total")
 if not delay.empty:
     right.plotly_chart(charts.lines(delay, "Run-queue delay per pool", colour="pool",
                                     unit="s/s"), key="run_delay")
 
 st.subheader("Memory bandwidth")
-bandwidth = data.timeline(history, "fleetscope_memory_bandwidth_bytes_per_second")
-peak = data.latest(history, "fleetscope_memory_bandwidth_peak_bytes_per_second")
+bandwidth = frames.timeline(history, "fleetscope_memory_bandwidth_bytes_per_second")
+peak = frames.latest(history, "fleetscope_memory_bandwidth_peak_bytes_per_second")
 if bandwidth.empty:
     st.info("No memory-bandwidth series (perf uncore counters) from this source.")
 else:
@@ -156,14 +156,14 @@ else:
 
 st.subheader("NIC")
 left, right = st.columns(2)
-pfc = data.timeline(history, "fleetscope_nic_pfc_pause_frames_total")
+pfc = frames.timeline(history, "fleetscope_nic_pfc_pause_frames_total")
 if not pfc.empty:
     left.plotly_chart(charts.lines(pfc, "PFC pause frames", unit="frames/s"), key="pfc")
-rdma = data.timeline(history, "fleetscope_rdma_hw_stats_total")
+rdma = frames.timeline(history, "fleetscope_rdma_hw_stats_total")
 if not rdma.empty:
     right.plotly_chart(charts.lines(rdma, "RDMA congestion counters", unit="1/s"),
                        key="rdma")
-port = data.timeline(history, "fleetscope_nic_port_bytes_total")
+port = frames.timeline(history, "fleetscope_nic_port_bytes_total")
 if not port.empty:
     st.plotly_chart(charts.lines(port, "NIC port traffic", unit="bytes/s"), key="port_bytes")
 if pfc.empty and rdma.empty and port.empty:
