@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fleetscope.core import units
-from fleetscope.dashboard import data, evidence_views, fleet_eval, rulebook
+from fleetscope.dashboard import data, evidence_frames, evidence_views, fleet_eval, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -64,7 +64,7 @@ def test_a_moment_reads_as_a_local_time_and_its_distance_from_the_threshold(monk
         "14.9 min after it"
     assert units.over_threshold(look_back_start - 60, look_back_start,
                                 unit=units.TIME_UNIT) == "60 s before it"
-    frame = data.evidence_frame({"rule": "isa-mismatch", "evidence": [
+    frame = evidence_frames.evidence_frame({"rule": "isa-mismatch", "evidence": [
         {"signal": "latest SIGILL", "value": crash, "threshold": look_back_start,
          "unit": units.TIME_UNIT}]})
     assert frame["ratio"].isna().all()  # no "1.0000006x" bar for a moment
@@ -105,7 +105,7 @@ def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
          "threshold": 0.9, "unit": "ratio"},
         {"signal": "open fds of that process", "value": 993.0, "threshold": 0, "unit": "fds"},
         {"signal": "its soft limit", "value": 1024.0, "threshold": 65535, "unit": "fds"}]}
-    frame = data.evidence_frame(finding).set_index("signal")
+    frame = evidence_frames.evidence_frame(finding).set_index("signal")
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "value"] == "97 %"
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "threshold"] == "> 90 %"
     assert frame.loc["open fds of that process", "threshold"] == "–"
@@ -152,9 +152,9 @@ def test_a_rule_without_a_declaration_gets_its_evidence_expressions(monkeypatch)
                                                                  "ratio")]
     fleet = Fleet(nodes=64)
     history = fleet.node_series(fleet.instances[0], 10, per_core=False)
-    (panel, frame), = data.evidence_panels(new.id, history)
+    (panel, frame), = evidence_frames.evidence_panels(new.id, history)
     assert len(frame) == 11 and frame["value"].between(0, 1).all()
-    assert data.evidence_panels("no-such-rule", history) == []
+    assert evidence_frames.evidence_panels("no-such-rule", history) == []
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,8 @@ def test_preemption_shows_the_victim_and_the_antagonist(fleet):
     mixed = [i for i in fleet.faults["offline-preemption"] if i not in fleet.steal_nodes]
     history = fleet.node_series(fleet.instances[mixed[0]], 120, per_core=False)
     panels = {p.role + ":" + p.title: f for p, f in
-              data.evidence_panels("offline-preemption", history, {"pool": "chat-online"})}
+              evidence_frames.evidence_panels("offline-preemption", history,
+                                              {"pool": "chat-online"})}
     victim = panels["victim:Online pool run-queue delay per process"]
     antagonist = panels["antagonist:Offline pools' CPU use"]
     assert set(victim["series"]) == {"chat-online"}
@@ -182,7 +183,7 @@ def test_preemption_shows_the_victim_and_the_antagonist(fleet):
 
 
 def test_isa_mismatch_draws_the_crash_timeline_per_binary(fleet):
-    panels = dict((p.title, f) for p, f in data.evidence_panels(
+    panels = dict((p.title, f) for p, f in evidence_frames.evidence_panels(
         "isa-mismatch", history_of(fleet, "isa-mismatch")))
     crashes = panels["SIGILL crashes in the kernel log so far, per binary"]
     assert set(crashes["series"]) == {"llama-server"}
@@ -192,7 +193,7 @@ def test_isa_mismatch_draws_the_crash_timeline_per_binary(fleet):
 
 
 def test_roce_draws_pfc_and_ecn_per_port_with_thresholds(fleet):
-    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+    panels = {p.title: (p, f) for p, f in evidence_frames.evidence_panels(
         "roce-congestion", history_of(fleet, "roce-congestion"))}
     panel, pfc = panels["PFC pause frames per interface"]
     assert panel.threshold == 100 and pfc["series"].nunique() == 2
@@ -202,7 +203,7 @@ def test_roce_draws_pfc_and_ecn_per_port_with_thresholds(fleet):
 
 
 def test_numa_draws_the_remote_share_per_pool(fleet):
-    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+    panels = {p.title: (p, f) for p, f in evidence_frames.evidence_panels(
         "numa-remote-access", history_of(fleet, "numa-remote-access"))}
     panel, share = panels["Share of each pool's memory on remote NUMA nodes"]
     assert panel.unit == "ratio" and share["value"].iloc[-1] > panel.threshold

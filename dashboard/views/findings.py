@@ -3,7 +3,7 @@ rule's evidence view), its action and its runbook."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, rulebook, state
+from fleetscope.dashboard import charts, evidence_frames, rulebook, state
 from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()
@@ -81,7 +81,7 @@ links[0].page_link(state.page("node"), label=f"Open node {finding['node']}",
                    query_params={"node": finding["node"], "rule": finding["rule"]})
 links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
                    icon=":material/menu_book:", query_params={"rule": finding["rule"]})
-evidence = data.evidence_frame(finding)
+evidence = evidence_frames.evidence_frame(finding)
 left, right = st.columns([3, 2])
 left.dataframe(evidence.drop(columns="ratio"), hide_index=True, key="evidence_table",
                column_config={"signal": st.column_config.TextColumn(width="large"),
@@ -91,8 +91,8 @@ if evidence["ratio"].notna().any():
                        config=charts.STATIC)
 
 history = state.node_history(snap, finding["node"])
-window = data.history_window(history)
-panels = data.evidence_panels(rule, history, finding.get("labels"))
+window = evidence_frames.history_window(history)
+panels = evidence_frames.evidence_panels(rule, history, finding.get("labels"))
 if not panels:
     st.info("No history of this rule's signals on the node from this source.")
 cols = st.columns(2)

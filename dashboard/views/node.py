@@ -5,7 +5,7 @@ memory bandwidth against the peak and the NIC counters."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, frames, state
+from fleetscope.dashboard import charts, data, evidence_frames, frames, state
 from fleetscope.rules.builtin.memory_bandwidth_saturation import BANDWIDTH_RATIO
 from fleetscope.rules.builtin.numa_remote_access import NUMA_REMOTE_RATIO
 from fleetscope.rules.builtin.offline_preemption import STEAL_P90
@@ -44,7 +44,7 @@ st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** �
            f"{units.local_time(snap.window[1])}")
 
 history = state.node_history(snap, instance)
-window = data.history_window(history)
+window = evidence_frames.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
 open_rule = st.query_params.get("rule")
 if open_rule and open_rule not in {f["rule"] for f in mine}:
@@ -64,10 +64,11 @@ for number, finding in enumerate(mine):
         if subjects:
             st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                                    for k, v in subjects.items()))
-        st.dataframe(data.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
+        st.dataframe(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
                      key=f"node_evidence_{number}")
         if is_open:  # the charts of the finding asked for (the others on a click)
-            panels = data.evidence_panels(finding["rule"], history, finding.get("labels"))
+            panels = evidence_frames.evidence_panels(finding["rule"], history,
+                                                     finding.get("labels"))
             for chart_number, (panel, frame) in enumerate(panels):
                 st.plotly_chart(charts.evidence_chart(panel, frame, window),
                                 key=f"node_panel_{number}_{chart_number}")
