@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from fleetscope.dashboard import data
+from fleetscope.dashboard import data, node_frames
 
 TTL_LIVE = 60  # seconds: how stale a Prometheus view may get
 _PINNED_KEY = "_fleetscope_snapshot"  # this run's snapshot (session state)
@@ -102,7 +102,7 @@ def node_history(snap: data.Snapshot, instance: str):
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def per_core(key: str, instance: str, _snap: data.Snapshot):
-    return data.per_core_busy(node_history(_snap, instance))
+    return node_frames.per_core_busy(node_history(_snap, instance))
 
 
 def filters() -> dict:

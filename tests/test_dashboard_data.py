@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval, frames, rulebook
+from fleetscope.dashboard import data, fleet_eval, frames, node_frames, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -299,22 +299,23 @@ def test_heatmap_is_a_rack_by_position_grid(snapshot):
 
 def test_per_core_view_shows_the_pinned_hogs_of_an_imbalanced_node(fleet):
     name = fleet.instances[fleet.faults["core-imbalance"][0]]
-    busy = data.per_core_busy(fleet.node_series(name, minutes=20))
+    busy = node_frames.per_core_busy(fleet.node_series(name, minutes=20))
     assert busy.shape == (128, 20)
-    summary = data.core_summary(busy)
+    summary = node_frames.core_summary(busy)
     assert summary["hogs"] == list(range(16))
     assert summary["spread"] > 0.5
     calm = fleet.instances[0]
-    assert data.core_summary(data.per_core_busy(fleet.node_series(calm, 20)))["hogs"] == []
+    calm_busy = node_frames.per_core_busy(fleet.node_series(calm, 20))
+    assert node_frames.core_summary(calm_busy)["hogs"] == []
 
 
 def test_numa_view_shows_off_node_pages_of_a_remote_numa_node(fleet):
     remote = fleet.instances[fleet.faults["numa-remote-access"][0]]
-    view = data.numa_view(fleet.node_series(remote, 10, per_core=False))
+    view = node_frames.numa_view(fleet.node_series(remote, 10, per_core=False))
     assert list(view["numa_node"]) == ["0-3"]  # four alike NUMA nodes: one row that says so
-    calm = data.numa_view(fleet.node_series(fleet.instances[0], 10, per_core=False))
+    calm = node_frames.numa_view(fleet.node_series(fleet.instances[0], 10, per_core=False))
     assert view["pages off-node /s"].sum() > 10 * calm["pages off-node /s"].sum()
-    assert data.pool_memory(fleet.node_series(remote, 10, False))["remote"].max() > 0
+    assert node_frames.pool_memory(fleet.node_series(remote, 10, False))["remote"].max() > 0
 
 
 def test_inference_is_a_third_of_online_session_time(snapshot):
@@ -356,6 +357,6 @@ def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core()
     rules = {f["rule"] for f in snap.findings}
     assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= rules
     assert snap.findings[0]["severity"] == "critical"
-    busy = data.per_core_busy(snap.node_loader("kunpeng-920-128"))
+    busy = node_frames.per_core_busy(snap.node_loader("kunpeng-920-128"))
     assert busy.shape[0] == 128
     assert {n["rule"] for n in snap.not_evaluated} >= {"queue-backlog"}

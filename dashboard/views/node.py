@@ -5,7 +5,7 @@ memory bandwidth against the peak and the NIC counters."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, evidence_frames, frames, state
+from fleetscope.dashboard import charts, evidence_frames, frames, node_frames, state
 from fleetscope.rules.builtin.memory_bandwidth_saturation import BANDWIDTH_RATIO
 from fleetscope.rules.builtin.numa_remote_access import NUMA_REMOTE_RATIO
 from fleetscope.rules.builtin.offline_preemption import STEAL_P90
@@ -89,7 +89,7 @@ if busy.empty:
     st.info("This source has no per-core series (the exporter's `per_core: summary`); the "
             "busy distribution across cores is below.")
 else:
-    summary = data.core_summary(busy)
+    summary = node_frames.core_summary(busy)
     cols = st.columns(4)
     cols[0].metric("median core busy", f"{summary['median']:.0%}")
     cols[1].metric("busiest core", f"{summary['max']:.0%}")
@@ -104,14 +104,14 @@ if not spread.empty:
                                  colour="stat", unit="ratio"), key="busy_spread")
 
 st.subheader("NUMA")
-numa = data.numa_view(history)
+numa = node_frames.numa_view(history)
 if numa.empty:
     st.info("No per-NUMA-node series from this source.")
 else:
-    st.dataframe(data.numa_display(numa), hide_index=True, key="numa_table")
-memory = data.pool_memory(history)
+    st.dataframe(node_frames.numa_display(numa), hide_index=True, key="numa_table")
+memory = node_frames.pool_memory(history)
 if not memory.empty:
-    st.dataframe(data.bytes_display(memory), hide_index=True, key="pool_memory")
+    st.dataframe(node_frames.bytes_display(memory), hide_index=True, key="pool_memory")
 remote = frames.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
