@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from fleetscope.dashboard import data, node_frames
+from fleetscope.dashboard import data, fleet_frames, node_frames
 
 TTL_LIVE = 60  # seconds: how stale a Prometheus view may get
 _PINNED_KEY = "_fleetscope_snapshot"  # this run's snapshot (session state)
@@ -66,17 +66,17 @@ def _key(snap: data.Snapshot) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _nodes(key: str, _snap: data.Snapshot):
-    return data.node_table(_snap)
+    return fleet_frames.node_table(_snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _signals(key: str, _snap: data.Snapshot):
-    return data.node_signals(_snap)
+    return fleet_frames.node_signals(_snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _findings(key: str, _snap: data.Snapshot):
-    return data.findings_frame(_snap.findings)
+    return fleet_frames.findings_frame(_snap.findings)
 
 
 def nodes(snap: data.Snapshot):
@@ -113,7 +113,7 @@ def filters() -> dict:
 
 
 def filtered_nodes(snap: data.Snapshot):
-    return data.filter_nodes(nodes(snap), **filters())
+    return fleet_frames.filter_nodes(nodes(snap), **filters())
 
 
 # -- navigation ----------------------------------------------------------------------------

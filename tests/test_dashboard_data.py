@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval, frames, node_frames, rulebook
+from fleetscope.dashboard import data, fleet_eval, fleet_frames, frames, node_frames, rulebook
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -167,7 +167,7 @@ def test_the_fleet_is_deterministic_and_a_node_history_ends_on_the_fleet_scrape(
 
 
 def test_the_fleet_has_pools_racks_and_several_cpu_models_and_steppings(snapshot):
-    nodes = data.node_table(snapshot)
+    nodes = fleet_frames.node_table(snapshot)
     assert len(nodes) == 256
     assert set(nodes["node_pool"]) == {"chat", "codegen", "batch", "mixed"}
     assert nodes["rack"].nunique() == 16
@@ -177,8 +177,8 @@ def test_the_fleet_has_pools_racks_and_several_cpu_models_and_steppings(snapshot
 
 
 def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
-    signals = data.node_signals(snapshot)
-    assert list(signals.columns) == list(data.SIGNALS)
+    signals = fleet_frames.node_signals(snapshot)
+    assert list(signals.columns) == list(fleet_frames.SIGNALS)
     congested = {fleet.instances[i] for i in fleet.faults["roce-congestion"]}
     pauses = signals["PFC pauses /s"]
     assert pauses[list(congested)].min() > 100 > pauses.drop(list(congested)).max()
@@ -251,7 +251,7 @@ def test_console_tiles_and_rules_read_the_same_number():
     rule_value = next(e["value"] for e in found[0].to_json()["evidence"]
                       if e["signal"] == "PFC pause frames")
     snapshot = data.Snapshot("bundle", "n1", series, [], [], (0, 300))
-    signals = data.node_signals(snapshot)
+    signals = fleet_frames.node_signals(snapshot)
     tile = signals.loc["n1", "PFC pauses /s"]
     assert tile == pytest.approx(rule_value, rel=1e-6)
     # Prometheus's rate over the rule's 60 s window ending at the last scrape: the reset
@@ -274,24 +274,24 @@ def test_console_tiles_and_rules_read_the_same_number():
 
 
 def test_findings_counts_and_health_worst_first(snapshot):
-    findings = data.findings_frame(snapshot.findings)
-    counts = data.rule_counts(findings)
+    findings = fleet_frames.findings_frame(snapshot.findings)
+    counts = fleet_frames.rule_counts(findings)
     assert set(counts["rule"]) == set(RULE_IDS)
     assert (counts["nodes"] > 0).all()
     severities = counts["severity"].tolist()
-    assert severities == sorted(severities, key=data.SEVERITY_ORDER.get)
-    nodes = data.node_table(snapshot)
-    by_pool = data.health_by(nodes, findings, "node_pool")
+    assert severities == sorted(severities, key=fleet_frames.SEVERITY_ORDER.get)
+    nodes = fleet_frames.node_table(snapshot)
+    by_pool = fleet_frames.health_by(nodes, findings, "node_pool")
     assert by_pool["nodes"].sum() == 256
     assert (by_pool[["critical", "warning", "ok"]].sum(axis=1) == by_pool["nodes"]).all()
-    chat = data.filter_nodes(nodes, pools=["chat"])
+    chat = fleet_frames.filter_nodes(nodes, pools=["chat"])
     assert set(chat["node_pool"]) == {"chat"}
-    assert set(data.findings_for(findings, chat)["node"]) <= set(chat["instance"])
+    assert set(fleet_frames.findings_for(findings, chat)["node"]) <= set(chat["instance"])
 
 
 def test_heatmap_is_a_rack_by_position_grid(snapshot):
-    nodes = data.node_table(snapshot)
-    grid = data.heatmap(nodes, data.node_signals(snapshot), "busy (median core)")
+    nodes = fleet_frames.node_table(snapshot)
+    grid = fleet_frames.heatmap(nodes, fleet_frames.node_signals(snapshot), "busy (median core)")
     assert grid["z"].shape == (16, 16)
     assert grid["y"][0].startswith("batch / ")
     assert grid["text"][0][0].endswith(":9105")
@@ -350,10 +350,10 @@ def test_parse_source_rejects(spec):
 
 def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core():
     snap = data.load(f"bundle:{BUNDLES / 'kunpeng-128'}")
-    nodes = data.node_table(snap)
+    nodes = fleet_frames.node_table(snap)
     assert nodes["instance"].tolist() == ["kunpeng-920-128"]
     assert nodes["cpu_model"].iloc[0] == "HiSilicon Kunpeng 920"
-    assert nodes["node_pool"].iloc[0] == data.UNLABELLED
+    assert nodes["node_pool"].iloc[0] == fleet_frames.UNLABELLED
     rules = {f["rule"] for f in snap.findings}
     assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= rules
     assert snap.findings[0]["severity"] == "critical"

@@ -10,7 +10,14 @@ import pandas as pd
 import pytest
 
 from fleetscope.core import units
-from fleetscope.dashboard import data, evidence_frames, evidence_views, fleet_eval, rulebook
+from fleetscope.dashboard import (
+    data,
+    evidence_frames,
+    evidence_views,
+    fleet_eval,
+    fleet_frames,
+    rulebook,
+)
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -212,40 +219,40 @@ def test_numa_draws_the_remote_share_per_pool(fleet):
 # -- fleet grouping ------------------------------------------------------------------------
 def test_grouping_puts_every_crashing_node_on_its_stepping(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    findings = data.findings_frame(snap.findings)
-    table = data.rule_grouping(nodes, findings, "isa-mismatch", "CPU model / stepping")
+    nodes = fleet_frames.node_table(snap)
+    findings = fleet_frames.findings_frame(snap.findings)
+    table = fleet_frames.rule_grouping(nodes, findings, "isa-mismatch", "CPU model / stepping")
     crashing = set(findings.loc[findings["rule"] == "isa-mismatch", "node"])
     assert table["firing"].sum() == len(crashing)
     steppings = set(nodes.loc[nodes["instance"].isin(crashing), "stepping"])
     assert steppings <= {"0xd01 r1p0", "0xd01 r1p1"}  # only the steppings without SVE crash
     assert all(group.endswith(tuple(steppings)) for group in table["group"])
     assert table["share of firing"].sum() == pytest.approx(1.0)
-    racks = data.rule_grouping(nodes, findings, "roce-congestion", "rack")
+    racks = fleet_frames.rule_grouping(nodes, findings, "roce-congestion", "rack")
     assert len(racks) == 1 and racks["share of group"].iloc[0] == 1.0  # one whole rack
-    summary = data.grouping_summary(nodes, findings, "roce-congestion")
+    summary = fleet_frames.grouping_summary(nodes, findings, "roce-congestion")
     assert re.search(r"\(100%\) are in (rack|kernel|CPU model / stepping|node pool) ", summary)
-    kernels = data.rule_grouping(nodes, findings, "roce-congestion", "kernel")
+    kernels = fleet_frames.rule_grouping(nodes, findings, "roce-congestion", "kernel")
     assert kernels["group"].str.startswith("5.10.0-").all()
 
 
 def test_worst_node_of_a_rack_is_a_critical_one(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    findings = data.findings_frame(snap.findings)
-    health = data.node_health(nodes, findings)
+    nodes = fleet_frames.node_table(snap)
+    findings = fleet_frames.findings_frame(snap.findings)
+    health = fleet_frames.node_health(nodes, findings)
     rack = health.loc[health["health"] == "critical", "rack"].iloc[0]
-    worst = data.worst_node(health, rack)
+    worst = fleet_frames.worst_node(health, rack)
     assert health.set_index("instance").loc[worst, "health"] == "critical"
-    assert data.worst_node(health, "no-such-rack") is None
+    assert fleet_frames.worst_node(health, "no-such-rack") is None
 
 
 def test_health_signal_on_the_heatmap(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    health = data.node_health(nodes, data.findings_frame(snap.findings))
-    signals = data.with_health(data.node_signals(snap), health)
-    grid = data.heatmap(nodes, signals, "health")
+    nodes = fleet_frames.node_table(snap)
+    health = fleet_frames.node_health(nodes, fleet_frames.findings_frame(snap.findings))
+    signals = fleet_frames.with_health(fleet_frames.node_signals(snap), health)
+    grid = fleet_frames.heatmap(nodes, signals, "health")
     flat = pd.Series(grid["z"].ravel()).dropna()
     assert set(flat) == {0.0, 1.0, 2.0}
     assert (flat == 2).sum() == (health["health"] == "critical").sum()
