@@ -1,4 +1,5 @@
-"""Data shaping for the console: sources in, pandas frames out. No streamlit here.
+"""The console's sources: what it draws from, loaded into a `Snapshot`. No streamlit or
+pandas here.
 
 Every source ends as the same thing, a `rules.promql.Series` named as the exporter's metrics
 with an `instance` label on every series, plus the findings the rule engine makes of it:
@@ -12,8 +13,9 @@ with an `instance` label on every series, plus the findings the rule engine make
                          there: diagnose/remote.py), the node table and recorded signals as
                          instant queries, a node's history when it is opened
 
-The pages call the functions below on a `Snapshot` and draw the frames they return, so the
-same code draws a simulated fleet, a bundle and a Prometheus server.
+The pages draw frames made from a `Snapshot` (fleet_frames.py, node_frames.py,
+evidence_frames.py, latency_frames.py; frames.py holds what they share), so the same code
+draws a simulated fleet, a bundle and a Prometheus server.
 """
 
 from __future__ import annotations
@@ -22,21 +24,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pandas as pd
-
 from fleetscope.dashboard import fleet_eval
-from fleetscope.dashboard.fleet_frames import UNLABELLED, node_table
-from fleetscope.dashboard.frames import recorded
 from fleetscope.diagnose import engine
-from fleetscope.rules.promql import (
-    Series,
-)
-from fleetscope.rules.recording import SESSIONS, STAGE_SECONDS
+from fleetscope.rules.promql import Series
 
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
 DEFAULT_SOURCE = "demo"
-
-
 # What the fleet view asks every node for: the rule inputs, the heatmap signals, metadata.
 FLEET_METRICS = sorted(fleet_eval.metrics())
 # And one node, over time, for the node view.
@@ -71,7 +64,6 @@ class Snapshot:
     aggregates: dict[str, dict] | None = None
 
 
-# -- sources -------------------------------------------------------------------------------
 def parse_source(spec: str) -> tuple[str, str]:
     """`demo`, `demo:N`, `bundle:PATH`, `prometheus:URL` -> (kind, argument)."""
     spec = (spec or DEFAULT_SOURCE).strip()
@@ -277,55 +269,6 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
     return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
                     _to_json(answered.findings), answered.not_evaluated, answered.window,
                     node_loader, notes=[how], aggregates=aggregates)
-
-
-# -- frames from series --------------------------------------------------------------------
-
-
-# -- latency breakdown ---------------------------------------------------------------------
-def stage_breakdown(snapshot: Snapshot, nodes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Where session time goes, per workload pool: seconds per second spent in each stage
-    (rate of agent_stage_duration_seconds_sum) and its share of the pool's total."""
-    spent = recorded(snapshot, STAGE_SECONDS)
-    if spent.empty or "stage" not in spent:
-        return pd.DataFrame(columns=["node_pool", "pool", "stage", "seconds_per_second",
-                                     "share", "seconds_per_session"])
-    pools = node_table(snapshot) if nodes is None else nodes
-    pool_of = dict(zip(pools["instance"], pools["node_pool"], strict=True))
-    if nodes is not None:
-        spent = spent[spent["instance"].isin(set(nodes["instance"]))]
-    # The sidebar's node pools (chat, batch, mixed...) first, the workload pools inside.
-    spent = spent.assign(node_pool=spent["instance"].map(lambda i: pool_of.get(i, UNLABELLED)))
-    keys = ["node_pool", "pool"]
-    table = spent.groupby([*keys, "stage"])["value"].sum().rename("seconds_per_second")
-    table = table.reset_index()
-    table["share"] = table["seconds_per_second"] / table.groupby(keys)[
-        "seconds_per_second"].transform("sum")
-    counts = recorded(snapshot, SESSIONS)
-    if nodes is not None and not counts.empty:
-        counts = counts[counts["instance"].isin(set(nodes["instance"]))]
-    if counts.empty:
-        sessions = pd.Series(dtype=float)
-    else:
-        counts = counts.assign(node_pool=counts["instance"].map(
-            lambda i: pool_of.get(i, UNLABELLED)))
-        sessions = counts.groupby(keys)["value"].sum()
-    table["seconds_per_session"] = table["seconds_per_second"] / pd.Series(
-        [sessions.get((a, b), float("nan")) for a, b in zip(table["node_pool"], table["pool"],
-                                                             strict=True)], index=table.index)
-    stages = ["queue_wait", "context_assembly", "inference", "tool_call", "state_io",
-              "model_load", "other"]
-    table["order"] = table["stage"].map({s: i for i, s in enumerate(stages)}).fillna(99)
-    return table.sort_values([*keys, "order"]).drop(columns="order").reset_index(drop=True)
-
-
-def inference_share(breakdown: pd.DataFrame) -> pd.DataFrame:
-    """Per node pool and workload pool: the share of session time that is model inference."""
-    if breakdown.empty:
-        return pd.DataFrame(columns=["node_pool", "pool", "inference share"])
-    inference = breakdown[breakdown["stage"] == "inference"]
-    return inference[["node_pool", "pool", "share"]].rename(
-        columns={"share": "inference share"}).reset_index(drop=True)
 
 
 def source_from_env() -> str:

@@ -12,7 +12,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval, fleet_frames, frames, node_frames, rulebook
+from fleetscope.dashboard import (
+    data,
+    fleet_eval,
+    fleet_frames,
+    frames,
+    latency_frames,
+    node_frames,
+    rulebook,
+)
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -319,8 +327,8 @@ def test_numa_view_shows_off_node_pages_of_a_remote_numa_node(fleet):
 
 
 def test_inference_is_a_third_of_online_session_time(snapshot):
-    breakdown = data.stage_breakdown(snapshot)
-    shares = data.inference_share(breakdown).set_index("pool")["inference share"]
+    breakdown = latency_frames.stage_breakdown(snapshot)
+    shares = latency_frames.inference_share(breakdown).set_index("pool")["inference share"]
     assert 0.3 <= shares["chat-online"].min() <= shares["chat-online"].max() <= 0.45
     assert 0.3 <= shares["codegen-online"] <= 0.45
     assert breakdown.groupby(["node_pool", "pool"])["share"].sum().round(9).eq(1).all()
