@@ -1,4 +1,5 @@
-"""The console's caches and shared widgets (streamlit); the data itself comes from data.py.
+"""The console's caches and shared widgets (streamlit); the sources and frames come from
+data.py and the *_frames.py modules.
 
 `st.cache_resource` holds each source's loaded `Snapshot` (one per source, shared by every
 session: a 4,096-node fleet is built once) and one node's history; `st.cache_data` holds the

@@ -1,4 +1,5 @@
-"""The console's data shaping (dashboard/data.py) and the simulated fleet, with pandas."""
+"""The console's sources and frames (dashboard/data.py, the *_frames.py modules) and the
+simulated fleet, with pandas."""
 
 from __future__ import annotations
 
