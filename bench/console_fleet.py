@@ -41,26 +41,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4096)
     args = parser.parse_args()
-    from fleetscope.dashboard import data
+    from fleetscope.dashboard import data, fleet_frames
 
     spec = f"demo:{args.nodes}"
     print(f"fleet: {args.nodes:,} nodes x 128 cores; load average before the run "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print("data functions (no cache):")
     snap, load_s = timed("build fleet, rules + recordings (load)", data.load, spec)
-    nodes, a = timed("node_table", data.node_table, snap)
-    signals, b = timed("node_signals (8 recorded signals)", data.node_signals, snap)
-    findings, c = timed("findings_frame", data.findings_frame, snap.findings)
-    _, d = timed("rule_counts", data.rule_counts, findings)
-    _, e = timed("health_by pool + rack", lambda: (data.health_by(nodes, findings, "node_pool"),
-                                                   data.health_by(nodes, findings, "rack")))
-    health = data.node_health(nodes, findings)
+    nodes, a = timed("node_table", fleet_frames.node_table, snap)
+    signals, b = timed("node_signals (8 recorded signals)", fleet_frames.node_signals, snap)
+    findings, c = timed("findings_frame", fleet_frames.findings_frame, snap.findings)
+    _, d = timed("rule_counts", fleet_frames.rule_counts, findings)
+    _, e = timed("health_by pool + rack",
+                 lambda: (fleet_frames.health_by(nodes, findings, "node_pool"),
+                          fleet_frames.health_by(nodes, findings, "rack")))
+    health = fleet_frames.node_health(nodes, findings)
     _, f = timed("heatmap grid (health signal)",
-                 lambda: data.heatmap(nodes, data.with_health(signals, health), "health"))
+                 lambda: fleet_frames.heatmap(nodes, fleet_frames.with_health(signals, health),
+                                              "health"))
     first_rule = findings["rule"].iloc[0]
     _, g = timed("grouping of one rule (4 dimensions)",
-                 lambda: [data.rule_grouping(nodes, findings, first_rule, d)
-                          for d in data.GROUPINGS] + [data.grouping_summary(
+                 lambda: [fleet_frames.rule_grouping(nodes, findings, first_rule, d)
+                          for d in fleet_frames.GROUPINGS] + [fleet_frames.grouping_summary(
                               nodes, findings, first_rule)])
     page_s = a + b + c + d + e + f + g
     print(f"  {'Fleet page frames, given the load':<38} {page_s:7.3f} s")

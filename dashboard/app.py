@@ -4,7 +4,7 @@
 
 One entry point: it loads the source (cached), draws the sidebar (source, filters by pool,
 rack and CPU model) and hands over to the page chosen with st.navigation. The pages in
-dashboard/views/ only render; the frames come from dashboard/data.py.
+dashboard/views/ only render; the frames come from the *_frames.py modules beside them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from fleetscope.core import units
-from fleetscope.dashboard import data
+from fleetscope.dashboard import fleet_frames
 
 HEALTH_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "ok": "#2ca02c"}
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#1f77b4"}
@@ -64,8 +64,8 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
     """One row per rack (every row labelled), one cell per node. A transparent marker sits
     on every cell: Plotly's selection does not select heatmap cells, markers it does, so a
     click on a cell selects its node (st.plotly_chart on_select)."""
-    low, high = data.SIGNAL_RANGE.get(signal, (None, None))
-    unit = data.SIGNALS[signal][0]
+    low, high = fleet_frames.SIGNAL_RANGE.get(signal, (None, None))
+    unit = fleet_frames.SIGNALS[signal][0]
     colourbar = {"title": {"text": units.unit_words(unit)}, "len": 320, "lenmode": "pixels",
                  "y": 1, "yanchor": "top"}
     colourbar.update({k: v for k, v in units.axis(unit).items() if k != "title"})
@@ -73,8 +73,8 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
         colourbar.update({"tickvals": [0, 1, 2], "ticktext": ["ok", "warning", "critical"]})
     z = [[None if v != v else float(v) for v in row] for row in grid["z"].tolist()]
     heat = go.Heatmap(z=z, x=grid["x"], y=grid["y"], zmin=low, zmax=high,
-                      colorscale=data.SIGNAL_COLOURS.get(signal, "YlOrRd"), hoverongaps=False,
-                      colorbar=colourbar, hoverinfo="skip")
+                      colorscale=fleet_frames.SIGNAL_COLOURS.get(signal, "YlOrRd"),
+                      hoverongaps=False, colorbar=colourbar, hoverinfo="skip")
     xs, ys, names, texts = [], [], [], []
     for r, row in enumerate(grid["text"]):
         for c, name in enumerate(row):

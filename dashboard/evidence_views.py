@@ -9,7 +9,7 @@
 
 Each panel is a rules.promql expression evaluated over the finding's node history at every
 sample (the same expressions the engine and the exported alerts use), with the threshold the
-rule fires on. No streamlit or pandas here: data.py evaluates, charts.py draws.
+rule fires on. No streamlit or pandas here: evidence_frames.py evaluates, charts.py draws.
 """
 
 from __future__ import annotations

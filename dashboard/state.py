@@ -1,4 +1,5 @@
-"""The console's caches and shared widgets (streamlit); the data itself comes from data.py.
+"""The console's caches and shared widgets (streamlit); the sources and frames come from
+data.py and the *_frames.py modules.
 
 `st.cache_resource` holds each source's loaded `Snapshot` (one per source, shared by every
 session: a 4,096-node fleet is built once) and one node's history; `st.cache_data` holds the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from fleetscope.dashboard import data
+from fleetscope.dashboard import data, fleet_frames, node_frames
 
 TTL_LIVE = 60  # seconds: how stale a Prometheus view may get
 _PINNED_KEY = "_fleetscope_snapshot"  # this run's snapshot (session state)
@@ -66,17 +67,17 @@ def _key(snap: data.Snapshot) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _nodes(key: str, _snap: data.Snapshot):
-    return data.node_table(_snap)
+    return fleet_frames.node_table(_snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _signals(key: str, _snap: data.Snapshot):
-    return data.node_signals(_snap)
+    return fleet_frames.node_signals(_snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=2)
 def _findings(key: str, _snap: data.Snapshot):
-    return data.findings_frame(_snap.findings)
+    return fleet_frames.findings_frame(_snap.findings)
 
 
 def nodes(snap: data.Snapshot):
@@ -102,7 +103,7 @@ def node_history(snap: data.Snapshot, instance: str):
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def per_core(key: str, instance: str, _snap: data.Snapshot):
-    return data.per_core_busy(node_history(_snap, instance))
+    return node_frames.per_core_busy(node_history(_snap, instance))
 
 
 def filters() -> dict:
@@ -113,7 +114,7 @@ def filters() -> dict:
 
 
 def filtered_nodes(snap: data.Snapshot):
-    return data.filter_nodes(nodes(snap), **filters())
+    return fleet_frames.filter_nodes(nodes(snap), **filters())
 
 
 # -- navigation ----------------------------------------------------------------------------
@@ -134,11 +135,6 @@ def open_node(node: str, rule: str | None = None) -> None:
     /node?node=NAME&rule=ID, so the address bar holds what a ticket needs."""
     params = {"node": node, **({"rule": rule} if rule else {})}
     st.switch_page(page("node"), query_params=params)
-
-
-def open_finding(rule: str, node: str | None = None) -> None:
-    st.switch_page(page("findings"), query_params={"rule": rule, **({"node": node} if node
-                                                                     else {})})
 
 
 def resolve_node(asked: str | None, instances) -> str | None:

@@ -102,7 +102,7 @@ def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touch
     console's rule list and evidence views, the simulated fleet's faults and the scenario
     generator all see the rule, and none of them once it is gone."""
     pytest.importorskip("pandas")
-    from fleetscope.dashboard import data, evidence_views
+    from fleetscope.dashboard import evidence_views, rulebook
     from fleetscope.dashboard.fleet_sim import Fleet
 
     rule = _throwaway_rule()
@@ -122,7 +122,7 @@ def test_a_rule_registered_in_a_test_appears_everywhere_with_no_other_file_touch
         assert alerts[rule.id]["expr"] == rule.condition.promql()
         assert alerts[rule.id]["annotations"]["runbook_url"].endswith(f"/{rule.id}.md")
         jsonschema.validate(_finding(rule.id), diagnosis_schema())
-        table = data.rule_table()
+        table = rulebook.rule_table()
         assert rule.id in set(table["rule"]) and len(table) == before + 1
         assert f"| [{rule.id}]({rule.id}.md) | warning | a symptom only a test has |" in \
             _cli("rules", "list", "--format", "markdown")

@@ -1,4 +1,5 @@
-"""The console's data shaping (dashboard/data.py) and the simulated fleet, with pandas."""
+"""The console's sources and frames (dashboard/data.py, the *_frames.py modules) and the
+simulated fleet, with pandas."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from fleetscope.dashboard import data, fleet_eval
+from fleetscope.dashboard import (
+    data,
+    fleet_eval,
+    fleet_frames,
+    frames,
+    latency_frames,
+    node_frames,
+    rulebook,
+)
 from fleetscope.dashboard.fleet_sim import Fleet, faults
 from fleetscope.diagnose import engine
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
@@ -167,7 +176,7 @@ def test_the_fleet_is_deterministic_and_a_node_history_ends_on_the_fleet_scrape(
 
 
 def test_the_fleet_has_pools_racks_and_several_cpu_models_and_steppings(snapshot):
-    nodes = data.node_table(snapshot)
+    nodes = fleet_frames.node_table(snapshot)
     assert len(nodes) == 256
     assert set(nodes["node_pool"]) == {"chat", "codegen", "batch", "mixed"}
     assert nodes["rack"].nunique() == 16
@@ -177,8 +186,8 @@ def test_the_fleet_has_pools_racks_and_several_cpu_models_and_steppings(snapshot
 
 
 def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
-    signals = data.node_signals(snapshot)
-    assert list(signals.columns) == list(data.SIGNALS)
+    signals = fleet_frames.node_signals(snapshot)
+    assert list(signals.columns) == list(fleet_frames.SIGNALS)
     congested = {fleet.instances[i] for i in fleet.faults["roce-congestion"]}
     pauses = signals["PFC pauses /s"]
     assert pauses[list(congested)].min() > 100 > pauses.drop(list(congested)).max()
@@ -193,14 +202,14 @@ def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
 def test_histogram_quantile_interpolates_like_prometheus():
     buckets = pd.DataFrame({"instance": ["a"] * 4, "le": ["0.1", "0.5", "1", "+Inf"],
                             "value": [50.0, 90.0, 100.0, 100.0]})
-    out = data.histogram_quantile(0.5, buckets, ["instance"])
+    out = frames.histogram_quantile(0.5, buckets, ["instance"])
     assert out["value"].iloc[0] == pytest.approx(0.1)
-    out = data.histogram_quantile(0.7, buckets, ["instance"])
+    out = frames.histogram_quantile(0.7, buckets, ["instance"])
     assert out["value"].iloc[0] == pytest.approx(0.1 + 0.4 * (70 - 50) / 40)
     tail = pd.DataFrame({"instance": ["a"] * 2, "le": ["1", "+Inf"], "value": [10.0, 20.0]})
-    assert data.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
+    assert frames.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
     empty = pd.DataFrame({"instance": ["a"], "le": ["+Inf"], "value": [0.0]})
-    assert math.isnan(data.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
+    assert math.isnan(frames.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
 
 
 def test_rates_and_latest_read_series_like_prometheus():
@@ -208,10 +217,10 @@ def test_rates_and_latest_read_series_like_prometheus():
     for t, v in ((0, 10.0), (60_000, 70.0), (120_000, 10.0)):  # a reset at the end
         series.add("x_total", {"instance": "n"}, t, v)
     series.add("g", {"instance": "n", "stat": "p50"}, 0, 0.5)
-    assert data.last_rate(series, "x_total")["value"].iloc[0] == pytest.approx(10 / 60)
-    assert data.latest(series, "g", {"stat": "p50"})["value"].iloc[0] == 0.5
-    assert data.latest(series, "g", {"stat": "max"}).empty
-    frame = data.timeline(series, "x_total")
+    assert frames.last_rate(series, "x_total")["value"].iloc[0] == pytest.approx(10 / 60)
+    assert frames.latest(series, "g", {"stat": "p50"})["value"].iloc[0] == 0.5
+    assert frames.latest(series, "g", {"stat": "max"}).empty
+    frame = frames.timeline(series, "x_total")
     assert frame["value"].tolist() == pytest.approx([1.0, 10 / 60])
 
 
@@ -251,7 +260,7 @@ def test_console_tiles_and_rules_read_the_same_number():
     rule_value = next(e["value"] for e in found[0].to_json()["evidence"]
                       if e["signal"] == "PFC pause frames")
     snapshot = data.Snapshot("bundle", "n1", series, [], [], (0, 300))
-    signals = data.node_signals(snapshot)
+    signals = fleet_frames.node_signals(snapshot)
     tile = signals.loc["n1", "PFC pauses /s"]
     assert tile == pytest.approx(rule_value, rel=1e-6)
     # Prometheus's rate over the rule's 60 s window ending at the last scrape: the reset
@@ -269,29 +278,29 @@ def test_console_tiles_and_rules_read_the_same_number():
     (rule_p99,) = p99.evaluate(series, 300_000).values()
     assert signals.loc["n1", "P99 session latency (online)"] == pytest.approx(rule_p99)
     assert 1 < rule_p99 < 4  # the rank falls in the (1, 4] bucket: interpolated, not a bound
-    assert data.latest(series, "fleetscope_nic_pfc_pause_frames_total")["value"].tolist() == \
+    assert frames.latest(series, "fleetscope_nic_pfc_pause_frames_total")["value"].tolist() == \
         [values[-1]]
 
 
 def test_findings_counts_and_health_worst_first(snapshot):
-    findings = data.findings_frame(snapshot.findings)
-    counts = data.rule_counts(findings)
+    findings = fleet_frames.findings_frame(snapshot.findings)
+    counts = fleet_frames.rule_counts(findings)
     assert set(counts["rule"]) == set(RULE_IDS)
     assert (counts["nodes"] > 0).all()
     severities = counts["severity"].tolist()
-    assert severities == sorted(severities, key=data.SEVERITY_ORDER.get)
-    nodes = data.node_table(snapshot)
-    by_pool = data.health_by(nodes, findings, "node_pool")
+    assert severities == sorted(severities, key=fleet_frames.SEVERITY_ORDER.get)
+    nodes = fleet_frames.node_table(snapshot)
+    by_pool = fleet_frames.health_by(nodes, findings, "node_pool")
     assert by_pool["nodes"].sum() == 256
     assert (by_pool[["critical", "warning", "ok"]].sum(axis=1) == by_pool["nodes"]).all()
-    chat = data.filter_nodes(nodes, pools=["chat"])
+    chat = fleet_frames.filter_nodes(nodes, pools=["chat"])
     assert set(chat["node_pool"]) == {"chat"}
-    assert set(data.findings_for(findings, chat)["node"]) <= set(chat["instance"])
+    assert set(fleet_frames.findings_for(findings, chat)["node"]) <= set(chat["instance"])
 
 
 def test_heatmap_is_a_rack_by_position_grid(snapshot):
-    nodes = data.node_table(snapshot)
-    grid = data.heatmap(nodes, data.node_signals(snapshot), "busy (median core)")
+    nodes = fleet_frames.node_table(snapshot)
+    grid = fleet_frames.heatmap(nodes, fleet_frames.node_signals(snapshot), "busy (median core)")
     assert grid["z"].shape == (16, 16)
     assert grid["y"][0].startswith("batch / ")
     assert grid["text"][0][0].endswith(":9105")
@@ -299,39 +308,40 @@ def test_heatmap_is_a_rack_by_position_grid(snapshot):
 
 def test_per_core_view_shows_the_pinned_hogs_of_an_imbalanced_node(fleet):
     name = fleet.instances[fleet.faults["core-imbalance"][0]]
-    busy = data.per_core_busy(fleet.node_series(name, minutes=20))
+    busy = node_frames.per_core_busy(fleet.node_series(name, minutes=20))
     assert busy.shape == (128, 20)
-    summary = data.core_summary(busy)
+    summary = node_frames.core_summary(busy)
     assert summary["hogs"] == list(range(16))
     assert summary["spread"] > 0.5
     calm = fleet.instances[0]
-    assert data.core_summary(data.per_core_busy(fleet.node_series(calm, 20)))["hogs"] == []
+    calm_busy = node_frames.per_core_busy(fleet.node_series(calm, 20))
+    assert node_frames.core_summary(calm_busy)["hogs"] == []
 
 
 def test_numa_view_shows_off_node_pages_of_a_remote_numa_node(fleet):
     remote = fleet.instances[fleet.faults["numa-remote-access"][0]]
-    view = data.numa_view(fleet.node_series(remote, 10, per_core=False))
+    view = node_frames.numa_view(fleet.node_series(remote, 10, per_core=False))
     assert list(view["numa_node"]) == ["0-3"]  # four alike NUMA nodes: one row that says so
-    calm = data.numa_view(fleet.node_series(fleet.instances[0], 10, per_core=False))
+    calm = node_frames.numa_view(fleet.node_series(fleet.instances[0], 10, per_core=False))
     assert view["pages off-node /s"].sum() > 10 * calm["pages off-node /s"].sum()
-    assert data.pool_memory(fleet.node_series(remote, 10, False))["remote"].max() > 0
+    assert node_frames.pool_memory(fleet.node_series(remote, 10, False))["remote"].max() > 0
 
 
 def test_inference_is_a_third_of_online_session_time(snapshot):
-    breakdown = data.stage_breakdown(snapshot)
-    shares = data.inference_share(breakdown).set_index("pool")["inference share"]
+    breakdown = latency_frames.stage_breakdown(snapshot)
+    shares = latency_frames.inference_share(breakdown).set_index("pool")["inference share"]
     assert 0.3 <= shares["chat-online"].min() <= shares["chat-online"].max() <= 0.45
     assert 0.3 <= shares["codegen-online"] <= 0.45
     assert breakdown.groupby(["node_pool", "pool"])["share"].sum().round(9).eq(1).all()
 
 
 def test_rules_table_yaml_and_runbooks():
-    table = data.rule_table()
+    table = rulebook.rule_table()
     assert len(table) == len(CATALOG) and set(table["rule"]) >= set(RULE_IDS)
-    rules = yaml.safe_load(data.rules_yaml())["groups"][0]["rules"]
+    rules = yaml.safe_load(rulebook.rules_yaml())["groups"][0]["rules"]
     assert {r["labels"]["fleetscope_rule"] for r in rules} >= set(RULE_IDS)
-    assert data.runbook("roce-congestion").startswith("# roce-congestion")
-    assert "not found" in data.runbook("no-such-rule")
+    assert rulebook.runbook("roce-congestion").startswith("# roce-congestion")
+    assert "not found" in rulebook.runbook("no-such-rule")
 
 
 @pytest.mark.parametrize("spec, kind", [("demo", "demo"), ("demo:64", "demo"),
@@ -349,13 +359,13 @@ def test_parse_source_rejects(spec):
 
 def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core():
     snap = data.load(f"bundle:{BUNDLES / 'kunpeng-128'}")
-    nodes = data.node_table(snap)
+    nodes = fleet_frames.node_table(snap)
     assert nodes["instance"].tolist() == ["kunpeng-920-128"]
     assert nodes["cpu_model"].iloc[0] == "HiSilicon Kunpeng 920"
-    assert nodes["node_pool"].iloc[0] == data.UNLABELLED
+    assert nodes["node_pool"].iloc[0] == fleet_frames.UNLABELLED
     rules = {f["rule"] for f in snap.findings}
     assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= rules
     assert snap.findings[0]["severity"] == "critical"
-    busy = data.per_core_busy(snap.node_loader("kunpeng-920-128"))
+    busy = node_frames.per_core_busy(snap.node_loader("kunpeng-920-128"))
     assert busy.shape[0] == 128
     assert {n["rule"] for n in snap.not_evaluated} >= {"queue-backlog"}

@@ -10,7 +10,14 @@ import pandas as pd
 import pytest
 
 from fleetscope.core import units
-from fleetscope.dashboard import data, evidence_views, fleet_eval
+from fleetscope.dashboard import (
+    data,
+    evidence_frames,
+    evidence_views,
+    fleet_eval,
+    fleet_frames,
+    rulebook,
+)
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -64,7 +71,7 @@ def test_a_moment_reads_as_a_local_time_and_its_distance_from_the_threshold(monk
         "14.9 min after it"
     assert units.over_threshold(look_back_start - 60, look_back_start,
                                 unit=units.TIME_UNIT) == "60 s before it"
-    frame = data.evidence_frame({"rule": "isa-mismatch", "evidence": [
+    frame = evidence_frames.evidence_frame({"rule": "isa-mismatch", "evidence": [
         {"signal": "latest SIGILL", "value": crash, "threshold": look_back_start,
          "unit": units.TIME_UNIT}]})
     assert frame["ratio"].isna().all()  # no "1.0000006x" bar for a moment
@@ -105,7 +112,7 @@ def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
          "threshold": 0.9, "unit": "ratio"},
         {"signal": "open fds of that process", "value": 993.0, "threshold": 0, "unit": "fds"},
         {"signal": "its soft limit", "value": 1024.0, "threshold": 65535, "unit": "fds"}]}
-    frame = data.evidence_frame(finding).set_index("signal")
+    frame = evidence_frames.evidence_frame(finding).set_index("signal")
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "value"] == "97 %"
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "threshold"] == "> 90 %"
     assert frame.loc["open fds of that process", "threshold"] == "–"
@@ -152,9 +159,9 @@ def test_a_rule_without_a_declaration_gets_its_evidence_expressions(monkeypatch)
                                                                  "ratio")]
     fleet = Fleet(nodes=64)
     history = fleet.node_series(fleet.instances[0], 10, per_core=False)
-    (panel, frame), = data.evidence_panels(new.id, history)
+    (panel, frame), = evidence_frames.evidence_panels(new.id, history)
     assert len(frame) == 11 and frame["value"].between(0, 1).all()
-    assert data.evidence_panels("no-such-rule", history) == []
+    assert evidence_frames.evidence_panels("no-such-rule", history) == []
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +178,8 @@ def test_preemption_shows_the_victim_and_the_antagonist(fleet):
     mixed = [i for i in fleet.faults["offline-preemption"] if i not in fleet.steal_nodes]
     history = fleet.node_series(fleet.instances[mixed[0]], 120, per_core=False)
     panels = {p.role + ":" + p.title: f for p, f in
-              data.evidence_panels("offline-preemption", history, {"pool": "chat-online"})}
+              evidence_frames.evidence_panels("offline-preemption", history,
+                                              {"pool": "chat-online"})}
     victim = panels["victim:Online pool run-queue delay per process"]
     antagonist = panels["antagonist:Offline pools' CPU use"]
     assert set(victim["series"]) == {"chat-online"}
@@ -182,7 +190,7 @@ def test_preemption_shows_the_victim_and_the_antagonist(fleet):
 
 
 def test_isa_mismatch_draws_the_crash_timeline_per_binary(fleet):
-    panels = dict((p.title, f) for p, f in data.evidence_panels(
+    panels = dict((p.title, f) for p, f in evidence_frames.evidence_panels(
         "isa-mismatch", history_of(fleet, "isa-mismatch")))
     crashes = panels["SIGILL crashes in the kernel log so far, per binary"]
     assert set(crashes["series"]) == {"llama-server"}
@@ -192,7 +200,7 @@ def test_isa_mismatch_draws_the_crash_timeline_per_binary(fleet):
 
 
 def test_roce_draws_pfc_and_ecn_per_port_with_thresholds(fleet):
-    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+    panels = {p.title: (p, f) for p, f in evidence_frames.evidence_panels(
         "roce-congestion", history_of(fleet, "roce-congestion"))}
     panel, pfc = panels["PFC pause frames per interface"]
     assert panel.threshold == 100 and pfc["series"].nunique() == 2
@@ -202,7 +210,7 @@ def test_roce_draws_pfc_and_ecn_per_port_with_thresholds(fleet):
 
 
 def test_numa_draws_the_remote_share_per_pool(fleet):
-    panels = {p.title: (p, f) for p, f in data.evidence_panels(
+    panels = {p.title: (p, f) for p, f in evidence_frames.evidence_panels(
         "numa-remote-access", history_of(fleet, "numa-remote-access"))}
     panel, share = panels["Share of each pool's memory on remote NUMA nodes"]
     assert panel.unit == "ratio" and share["value"].iloc[-1] > panel.threshold
@@ -211,40 +219,40 @@ def test_numa_draws_the_remote_share_per_pool(fleet):
 # -- fleet grouping ------------------------------------------------------------------------
 def test_grouping_puts_every_crashing_node_on_its_stepping(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    findings = data.findings_frame(snap.findings)
-    table = data.rule_grouping(nodes, findings, "isa-mismatch", "CPU model / stepping")
+    nodes = fleet_frames.node_table(snap)
+    findings = fleet_frames.findings_frame(snap.findings)
+    table = fleet_frames.rule_grouping(nodes, findings, "isa-mismatch", "CPU model / stepping")
     crashing = set(findings.loc[findings["rule"] == "isa-mismatch", "node"])
     assert table["firing"].sum() == len(crashing)
     steppings = set(nodes.loc[nodes["instance"].isin(crashing), "stepping"])
     assert steppings <= {"0xd01 r1p0", "0xd01 r1p1"}  # only the steppings without SVE crash
     assert all(group.endswith(tuple(steppings)) for group in table["group"])
     assert table["share of firing"].sum() == pytest.approx(1.0)
-    racks = data.rule_grouping(nodes, findings, "roce-congestion", "rack")
+    racks = fleet_frames.rule_grouping(nodes, findings, "roce-congestion", "rack")
     assert len(racks) == 1 and racks["share of group"].iloc[0] == 1.0  # one whole rack
-    summary = data.grouping_summary(nodes, findings, "roce-congestion")
+    summary = fleet_frames.grouping_summary(nodes, findings, "roce-congestion")
     assert re.search(r"\(100%\) are in (rack|kernel|CPU model / stepping|node pool) ", summary)
-    kernels = data.rule_grouping(nodes, findings, "roce-congestion", "kernel")
+    kernels = fleet_frames.rule_grouping(nodes, findings, "roce-congestion", "kernel")
     assert kernels["group"].str.startswith("5.10.0-").all()
 
 
 def test_worst_node_of_a_rack_is_a_critical_one(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    findings = data.findings_frame(snap.findings)
-    health = data.node_health(nodes, findings)
+    nodes = fleet_frames.node_table(snap)
+    findings = fleet_frames.findings_frame(snap.findings)
+    health = fleet_frames.node_health(nodes, findings)
     rack = health.loc[health["health"] == "critical", "rack"].iloc[0]
-    worst = data.worst_node(health, rack)
+    worst = fleet_frames.worst_node(health, rack)
     assert health.set_index("instance").loc[worst, "health"] == "critical"
-    assert data.worst_node(health, "no-such-rack") is None
+    assert fleet_frames.worst_node(health, "no-such-rack") is None
 
 
 def test_health_signal_on_the_heatmap(fleet):
     snap = data.load("demo:256")
-    nodes = data.node_table(snap)
-    health = data.node_health(nodes, data.findings_frame(snap.findings))
-    signals = data.with_health(data.node_signals(snap), health)
-    grid = data.heatmap(nodes, signals, "health")
+    nodes = fleet_frames.node_table(snap)
+    health = fleet_frames.node_health(nodes, fleet_frames.findings_frame(snap.findings))
+    signals = fleet_frames.with_health(fleet_frames.node_signals(snap), health)
+    grid = fleet_frames.heatmap(nodes, signals, "health")
     flat = pd.Series(grid["z"].ravel()).dropna()
     assert set(flat) == {0.0, 1.0, 2.0}
     assert (flat == 2).sum() == (health["health"] == "critical").sum()
@@ -252,12 +260,12 @@ def test_health_signal_on_the_heatmap(fleet):
 
 # -- runbooks and the clock ----------------------------------------------------------------
 def test_runbook_links_point_inside_the_console():
-    text = data.runbook_markdown("isa-mismatch")
+    text = rulebook.runbook_markdown("isa-mismatch")
     assert "](/runbook?rule=cold-start)" in text and ".md)" not in text
-    assert data.related_runbooks("isa-mismatch")[:2] == ["cold-start", "queue-backlog"]
+    assert rulebook.related_runbooks("isa-mismatch")[:2] == ["cold-start", "queue-backlog"]
     for rule in CATALOG:
-        for other in data.related_runbooks(rule.id):
-            assert other in data.runbook_ids(), (rule.id, other)
+        for other in rulebook.related_runbooks(rule.id):
+            assert other in rulebook.runbook_ids(), (rule.id, other)
 
 
 def test_the_demo_clock_ends_now():
@@ -300,21 +308,22 @@ def test_bundle_show_reads_its_window_in_local_time_with_the_zone():
 
 
 def test_commands_are_filled_from_the_findings_subjects_prose_is_left_alone():
-    values = data.placeholder_values({"pids": [6387, 6390], "binaries": ["/opt/bin/llama-server"],
-                                      "pods": ["batch/etl-7f9c/etl"], "cgroups": ["/x"]})
+    values = rulebook.placeholder_values({"pids": [6387, 6390],
+                                          "binaries": ["/opt/bin/llama-server"],
+                                          "pods": ["batch/etl-7f9c/etl"], "cgroups": ["/x"]})
     assert values == {"PID": "6387", "ONLINE_PID": "6387", "BINARY": "/opt/bin/llama-server",
                       "POD": "etl"}
     runbook = ("The PID is the worker's.\n\n```bash\nfleetscope stacks PID\n"
                "gdb BINARY CORE\nkubectl logs POD\n```\nthen `cat /proc/PID/status`; "
                "PIDS and APID stay\n")
-    filled = data.fill_commands(runbook, values)
+    filled = rulebook.fill_commands(runbook, values)
     assert "The PID is the worker's." in filled  # prose keeps its words
     assert "fleetscope stacks 6387\ngdb /opt/bin/llama-server CORE\nkubectl logs etl" in filled
     assert "`cat /proc/6387/status`" in filled and "PIDS and APID stay" in filled
     action = "fleetscope stacks PID shows the blocking call"
-    assert data.fill_commands(action, values, code_only=False) == \
+    assert rulebook.fill_commands(action, values, code_only=False) == \
         "fleetscope stacks 6387 shows the blocking call"
-    assert data.fill_commands(runbook, {}) == runbook
+    assert rulebook.fill_commands(runbook, {}) == runbook
 
 
 @pytest.mark.parametrize("cores, step", [(2, 1), (128, 4)])

@@ -3,7 +3,7 @@ rule's evidence view), its action and its runbook."""
 
 import streamlit as st
 
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, evidence_frames, rulebook, state
 from fleetscope.rules.catalog import CATALOG
 
 snap = state.snapshot()
@@ -68,8 +68,8 @@ st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {finding['nod
 st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})")
 st.markdown(f"**Likely cause:** {finding['cause']}")
 subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
-filled = data.placeholder_values(subjects)  # the commands name this finding's own subjects
-st.markdown(f"**Action:** {data.fill_commands(finding['action'], filled, code_only=False)}")
+filled = rulebook.placeholder_values(subjects)  # the commands name this finding's own subjects
+st.markdown(f"**Action:** {rulebook.fill_commands(finding['action'], filled, code_only=False)}")
 if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
     st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
 if subjects:
@@ -81,7 +81,7 @@ links[0].page_link(state.page("node"), label=f"Open node {finding['node']}",
                    query_params={"node": finding["node"], "rule": finding["rule"]})
 links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
                    icon=":material/menu_book:", query_params={"rule": finding["rule"]})
-evidence = data.evidence_frame(finding)
+evidence = evidence_frames.evidence_frame(finding)
 left, right = st.columns([3, 2])
 left.dataframe(evidence.drop(columns="ratio"), hide_index=True, key="evidence_table",
                column_config={"signal": st.column_config.TextColumn(width="large"),
@@ -91,8 +91,8 @@ if evidence["ratio"].notna().any():
                        config=charts.STATIC)
 
 history = state.node_history(snap, finding["node"])
-window = data.history_window(history)
-panels = data.evidence_panels(rule, history, finding.get("labels"))
+window = evidence_frames.history_window(history)
+panels = evidence_frames.evidence_panels(rule, history, finding.get("labels"))
 if not panels:
     st.info("No history of this rule's signals on the node from this source.")
 cols = st.columns(2)
@@ -104,4 +104,4 @@ st.subheader("Runbook")
 if filled:
     st.caption("Commands filled from this finding: " + ", ".join(
         f"{word} = {value}" for word, value in filled.items()))
-st.markdown(data.fill_commands(data.runbook_markdown(rule), filled))
+st.markdown(rulebook.fill_commands(rulebook.runbook_markdown(rule), filled))

@@ -7,7 +7,7 @@ a heatmap of every node (a click on a cell or a rack row opens it)."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, fleet_frames, state
 from fleetscope.rules.catalog import CATALOG
 
 MAX_INCIDENTS = 12
@@ -15,8 +15,8 @@ SEVERITY_TEXT = {"critical": ":red[**critical**]", "warning": ":orange[**warning
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
-findings = data.findings_for(state.findings(snap), nodes)
-health = data.node_health(nodes, findings)
+findings = fleet_frames.findings_for(state.findings(snap), nodes)
+health = fleet_frames.node_health(nodes, findings)
 
 st.title("Fleet")
 cols = st.columns(6)
@@ -50,13 +50,13 @@ if len(nodes) == 1:
 if snap.not_evaluated:
     with st.expander(f"Not evaluated on this source ({len(snap.not_evaluated)}): their "
                      "signals are missing", expanded=len(nodes) == 1):
-        st.dataframe(data.not_evaluated_table(snap.not_evaluated), hide_index=True,
+        st.dataframe(fleet_frames.not_evaluated_table(snap.not_evaluated), hide_index=True,
                      key="not_evaluated", column_config={
                          "rule": st.column_config.TextColumn("rule", width="small"),
                          "missing": st.column_config.TextColumn("missing", width="large")})
 
 st.subheader("Incidents")
-incidents = data.incidents(nodes, findings)
+incidents = fleet_frames.incidents(nodes, findings)
 if incidents.empty:
     st.success("No rule fires at warning or worse on these nodes.")
 for _, incident in incidents.head(MAX_INCIDENTS).iterrows():
@@ -89,18 +89,18 @@ else:
 if len(nodes) == 1:
     st.stop()  # groupings, racks and a heatmap of one node say nothing the verdict does not
 
-counts = data.rule_counts(findings)
+counts = fleet_frames.rule_counts(findings)
 if not counts.empty:
     left, right = st.columns([2, 3])
     with left:
         st.markdown("**Where each rule fires**")
         rule = st.selectbox("Rule", counts["rule"].tolist(), key="fleet_group_rule")
-        dimension = st.radio("Group by", list(data.GROUPINGS), horizontal=True,
+        dimension = st.radio("Group by", list(fleet_frames.GROUPINGS), horizontal=True,
                              key="fleet_group_by")
-        summary = data.grouping_summary(nodes, findings, rule)
+        summary = fleet_frames.grouping_summary(nodes, findings, rule)
         if summary:
             st.info(summary)
-    grouping = data.rule_grouping(nodes, findings, rule, dimension)
+    grouping = fleet_frames.rule_grouping(nodes, findings, rule, dimension)
     right.plotly_chart(charts.grouping_bars(grouping.head(20), rule, dimension),
                        key="grouping_bars", config=charts.STATIC)
     with st.expander("Nodes per firing rule", expanded=False):
@@ -108,10 +108,10 @@ if not counts.empty:
         st.dataframe(counts, hide_index=True, key="rule_counts")
 
 left, right = st.columns(2)
-by_pool = data.health_by(nodes, findings, "node_pool")
+by_pool = fleet_frames.health_by(nodes, findings, "node_pool")
 left.plotly_chart(charts.health_bars(by_pool, "node_pool"), key="health_pool",
                   config=charts.STATIC)
-by_rack = data.health_by(nodes, findings, "rack").head(12)
+by_rack = fleet_frames.health_by(nodes, findings, "rack").head(12)
 with right:
     st.markdown("**Worst racks** (click a row to open its worst node)")
     event = st.dataframe(by_rack, hide_index=True, key="health_rack", on_select="rerun",
@@ -119,16 +119,16 @@ with right:
     row = state.selected_row(event)
     if row is not None:
         rack = by_rack.iloc[row]["rack"]
-        worst = data.worst_node(health, rack)
+        worst = fleet_frames.worst_node(health, rack)
         if worst:
             state.open_node(worst)
 
-signal = st.selectbox("Heatmap signal", list(data.SIGNALS), key="fleet_signal")
-st.caption(f"{data.SIGNALS[signal][1]}"
-           + (f" ({units.unit_words(data.SIGNALS[signal][0])})" if data.SIGNALS[signal][0]
-              else "") + "; blank = no data")
-signals = data.with_health(state.signals(snap), health)
-grid = data.heatmap(nodes, signals, signal)
+signal = st.selectbox("Heatmap signal", list(fleet_frames.SIGNALS), key="fleet_signal")
+signal_unit, signal_meaning = fleet_frames.SIGNALS[signal]
+st.caption(signal_meaning + (f" ({units.unit_words(signal_unit)})" if signal_unit else "")
+           + "; blank = no data")
+signals = fleet_frames.with_health(state.signals(snap), health)
+grid = fleet_frames.heatmap(nodes, signals, signal)
 event = st.plotly_chart(charts.fleet_heatmap(grid, signal), key="fleet_heatmap",
                         on_select="rerun", selection_mode="points")
 point = state.selected_point(event)

@@ -5,17 +5,17 @@ session; the rest is queueing, context, tools and state."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, latency_frames, state
 
 snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
-breakdown = data.stage_breakdown(snap, nodes)
+breakdown = latency_frames.stage_breakdown(snap, nodes)
 st.title("Latency breakdown")
 if breakdown.empty:
     st.info("No agent stage timings (agent_stage_duration_seconds) from this source: the "
             "agent runtime's metrics are not scraped.")
     st.stop()
-shares = data.inference_share(breakdown)
+shares = latency_frames.inference_share(breakdown)
 st.caption("Share of session time that is model inference, per node pool · workload pool")
 cols = st.columns(max(1, min(4, len(shares))))
 for number, row in enumerate(shares.itertuples(index=False)):

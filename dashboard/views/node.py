@@ -5,7 +5,7 @@ memory bandwidth against the peak and the NIC counters."""
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, data, state
+from fleetscope.dashboard import charts, evidence_frames, frames, node_frames, state
 from fleetscope.rules.builtin import memory_bandwidth_saturation as bandwidth_rule
 from fleetscope.rules.builtin import numa_remote_access as numa_rule
 from fleetscope.rules.builtin import offline_preemption as steal_rule
@@ -44,7 +44,7 @@ st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** �
            f"{units.local_time(snap.window[1])}")
 
 history = state.node_history(snap, instance)
-window = data.history_window(history)
+window = evidence_frames.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
 open_rule = st.query_params.get("rule")
 if open_rule and open_rule not in {f["rule"] for f in mine}:
@@ -64,10 +64,11 @@ for number, finding in enumerate(mine):
         if subjects:
             st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                                    for k, v in subjects.items()))
-        st.dataframe(data.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
+        st.dataframe(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
                      key=f"node_evidence_{number}")
         if is_open:  # the charts of the finding asked for (the others on a click)
-            panels = data.evidence_panels(finding["rule"], history, finding.get("labels"))
+            panels = evidence_frames.evidence_panels(finding["rule"], history,
+                                                     finding.get("labels"))
             for chart_number, (panel, frame) in enumerate(panels):
                 st.plotly_chart(charts.evidence_chart(panel, frame, window),
                                 key=f"node_panel_{number}_{chart_number}")
@@ -88,7 +89,7 @@ if busy.empty:
     st.info("This source has no per-core series (the exporter's `per_core: summary`); the "
             "busy distribution across cores is below.")
 else:
-    summary = data.core_summary(busy)
+    summary = node_frames.core_summary(busy)
     cols = st.columns(4)
     cols[0].metric("median core busy", f"{summary['median']:.0%}")
     cols[1].metric("busiest core", f"{summary['max']:.0%}")
@@ -97,21 +98,21 @@ else:
     if summary["hogs"]:
         st.warning(f"pinned hogs (busy > 90 % over the last 10 samples): cpus {summary['hogs']}")
     st.plotly_chart(charts.core_heatmap(busy), key="core_heatmap")
-spread = data.timeline(history, "fleetscope_cpu_core_busy_ratio")
+spread = frames.timeline(history, "fleetscope_cpu_core_busy_ratio")
 if not spread.empty:
     st.plotly_chart(charts.lines(spread, "Busy across cores (min / p50 / p90 / max)",
                                  colour="stat", unit="ratio"), key="busy_spread")
 
 st.subheader("NUMA")
-numa = data.numa_view(history)
+numa = node_frames.numa_view(history)
 if numa.empty:
     st.info("No per-NUMA-node series from this source.")
 else:
-    st.dataframe(data.numa_display(numa), hide_index=True, key="numa_table")
-memory = data.pool_memory(history)
+    st.dataframe(node_frames.numa_display(numa), hide_index=True, key="numa_table")
+memory = node_frames.pool_memory(history)
 if not memory.empty:
-    st.dataframe(data.bytes_display(memory), hide_index=True, key="pool_memory")
-remote = data.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
+    st.dataframe(node_frames.bytes_display(memory), hide_index=True, key="pool_memory")
+remote = frames.timeline(history, "fleetscope_pool_numa_remote_memory_ratio")
 if not remote.empty:
     st.plotly_chart(charts.lines(remote, "Pool memory on remote NUMA nodes", colour="pool",
                                  threshold=numa_rule.NUMA_REMOTE_RATIO, unit="ratio",
@@ -120,20 +121,20 @@ if not remote.empty:
 
 st.subheader("Steal and run delay")
 left, right = st.columns(2)
-steal = data.timeline(history, "fleetscope_cpu_core_steal_ratio")
+steal = frames.timeline(history, "fleetscope_cpu_core_steal_ratio")
 if not steal.empty:
     left.plotly_chart(charts.lines(steal, "Steal across cores", colour="stat",
                                    threshold=steal_rule.STEAL_P90, unit="ratio",
                                    threshold_label=f"{steal_rule.RULE.id}: p90 steal"),
                       key="steal")
-delay = data.timeline(history, "fleetscope_pool_run_delay_seconds_total")
+delay = frames.timeline(history, "fleetscope_pool_run_delay_seconds_total")
 if not delay.empty:
     right.plotly_chart(charts.lines(delay, "Run-queue delay per pool", colour="pool",
                                     unit="s/s"), key="run_delay")
 
 st.subheader("Memory bandwidth")
-bandwidth = data.timeline(history, "fleetscope_memory_bandwidth_bytes_per_second")
-peak = data.latest(history, "fleetscope_memory_bandwidth_peak_bytes_per_second")
+bandwidth = frames.timeline(history, "fleetscope_memory_bandwidth_bytes_per_second")
+peak = frames.latest(history, "fleetscope_memory_bandwidth_peak_bytes_per_second")
 if bandwidth.empty:
     st.info("No memory-bandwidth series (perf uncore counters) from this source.")
 else:
@@ -156,14 +157,14 @@ else:
 
 st.subheader("NIC")
 left, right = st.columns(2)
-pfc = data.timeline(history, "fleetscope_nic_pfc_pause_frames_total")
+pfc = frames.timeline(history, "fleetscope_nic_pfc_pause_frames_total")
 if not pfc.empty:
     left.plotly_chart(charts.lines(pfc, "PFC pause frames", unit="frames/s"), key="pfc")
-rdma = data.timeline(history, "fleetscope_rdma_hw_stats_total")
+rdma = frames.timeline(history, "fleetscope_rdma_hw_stats_total")
 if not rdma.empty:
     right.plotly_chart(charts.lines(rdma, "RDMA congestion counters", unit="1/s"),
                        key="rdma")
-port = data.timeline(history, "fleetscope_nic_port_bytes_total")
+port = frames.timeline(history, "fleetscope_nic_port_bytes_total")
 if not port.empty:
     st.plotly_chart(charts.lines(port, "NIC port traffic", unit="bytes/s"), key="port_bytes")
 if pfc.empty and rdma.empty and port.empty:

@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-from fleetscope.dashboard import data
+from fleetscope.dashboard import rulebook
 
 st.title("Rules")
-table = data.rule_table()
+table = rulebook.rule_table()
 st.metric("rules in the catalog", len(table))
 st.dataframe(table, hide_index=True, key="rule_table")
-text = data.rules_yaml()
+text = rulebook.rules_yaml()
 st.download_button("Download the Prometheus rule file", text, file_name="fleetscope-rules.yml",
                    mime="application/yaml", key="rules_download")
 with st.expander("fleetscope-rules.yml"):

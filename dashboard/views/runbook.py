@@ -3,9 +3,9 @@ other runbooks rewritten to stay here (and the "Related" ones as buttons)."""
 
 import streamlit as st
 
-from fleetscope.dashboard import data, state
+from fleetscope.dashboard import rulebook, state
 
-ids = data.runbook_ids()
+ids = rulebook.runbook_ids()
 st.title("Runbooks")
 if not ids:
     st.error("No runbooks beside the console (runbooks/ of the fleetscope checkout).")
@@ -17,7 +17,7 @@ state.from_url("rule", "runbook_rule", set(ids))
 rule = st.selectbox("Runbook", ids, key="runbook_rule",
                     on_change=state.to_url("rule", "runbook_rule"))
 state.keep_in_url(rule=rule)
-related = data.related_runbooks(rule)
+related = rulebook.related_runbooks(rule)
 if related:
     st.markdown("**Related runbooks**")
     cols = st.columns(min(4, len(related)))
@@ -26,4 +26,4 @@ if related:
                                            icon=":material/menu_book:",
                                            query_params={"rule": other})
 st.divider()
-st.markdown(data.runbook_markdown(rule))
+st.markdown(rulebook.runbook_markdown(rule))

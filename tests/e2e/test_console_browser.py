@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.dashboard.data import runbook
+from fleetscope.dashboard.rulebook import runbook
 from fleetscope.rules.catalog import CATALOG, RULE_IDS
 from tests.conftest import require_tool
 

@@ -1,0 +1,87 @@
+"""A finding's evidence as the Node and Findings pages show it: its evidence table in units
+people read, and its rule's evidence views (evidence_views.py declares them, this module
+evaluates them on a node's history, charts.py draws them). No streamlit here."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from fleetscope.core import units
+from fleetscope.dashboard import evidence_views
+from fleetscope.dashboard.frames import local_times
+from fleetscope.rules.catalog import evidence_picks
+from fleetscope.rules.promql import Series
+
+
+def evidence_frame(finding: dict) -> pd.DataFrame:
+    """The finding's evidence for people: value and threshold in their units, and how far
+    past the threshold the value is in words (the ratio stays numeric for the bars)."""
+    rows = []
+    picks = evidence_picks(finding.get("rule", ""))
+    for e in finding.get("evidence", []):
+        pick = e.get("pick") or picks.get(e["signal"], "max")
+        # how far past the threshold, 1 at it and more when firing, whichever side fires
+        # (a floor: threshold over value); a moment against a moment is no ratio: words only
+        ratio = None
+        if e["threshold"] and e["unit"] != units.TIME_UNIT:
+            if pick != "min":
+                ratio = e["value"] / e["threshold"]
+            elif e["value"] > 0:
+                ratio = e["threshold"] / e["value"]
+        rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
+                     "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
+                     if e["threshold"] else "–",
+                     "over threshold": units.over_threshold(e["value"], e["threshold"], pick,
+                                                            e["unit"]),
+                     "ratio": ratio})
+    return pd.DataFrame(rows, columns=["signal", "value", "threshold", "over threshold",
+                                       "ratio"])
+
+
+def panel_frame(panel: evidence_views.Panel, series: Series, labels: dict | None = None
+                ) -> pd.DataFrame:
+    """A panel's expression at every sample of `series`: time, series (legend), value;
+    narrowed to the finding's labels (pool, binary, ...) where the panel says so."""
+    keep = {k: v for k, v in (labels or {}).items() if k not in ("instance", "__name__")}
+    rows = []
+    for stamp in series.timestamps():
+        for key, value in panel.expr.evaluate(series, stamp).items():
+            as_dict = {k: v for k, v in key if k not in ("__name__", "instance")}
+            if panel.narrow and any(as_dict.get(k, v) != v for k, v in keep.items()):
+                continue
+            if value != value or math.isinf(value):
+                continue
+            rows.append({"t_ms": stamp, "series": " · ".join(
+                f"{v}" for _, v in sorted(as_dict.items())) or "value", "value": value})
+    if not rows:
+        return pd.DataFrame(columns=["time", "series", "value"])
+    frame = pd.DataFrame(rows)
+    frame["time"] = local_times(frame.pop("t_ms"))
+    return frame[["time", "series", "value"]]
+
+
+def evidence_panels(rule_id: str, series: Series, labels: dict | None = None
+                    ) -> list[tuple[evidence_views.Panel, pd.DataFrame]]:
+    """The rule's evidence views (dashboard/evidence_views.py) on one node's history; panels
+    without data are left out."""
+    out = []
+    for panel in evidence_views.views_for(rule_id):
+        try:
+            frame = panel_frame(panel, series, labels)
+        except (ArithmeticError, ValueError, KeyError, TypeError):
+            continue  # a panel must never break the page it is on
+        if not frame.empty:
+            out.append((panel, frame))
+    return out
+
+
+def history_window(series: Series) -> tuple | None:
+    """First and last sample of a node's history, as the charts' time axis range."""
+    stamps = series.timestamps()
+    if len(stamps) < 2:
+        return None
+    first, last = local_times([stamps[0], stamps[-1]])
+    # wall-clock times without the offset: what plotly draws the (local) data at
+    return first.tz_localize(None).to_pydatetime(), last.tz_localize(None).to_pydatetime()
