@@ -19,8 +19,6 @@ from fleetscope.rules.promql import (
     Rate,
     Selector,
     Series,
-    bucket_bound,
-    bucket_quantile,
     extrapolated_delta,
 )
 from fleetscope.rules.recording import Recording
@@ -50,20 +48,6 @@ def last_rate(series: Series, name: str, matchers: dict | None = None) -> pd.Dat
     """`rate(name{matchers}[WINDOW])` now, as the rules compute it (extrapolated, counter
     resets counted from 0)."""
     return _instant(series, Rate(Selector(name, matchers or None), WINDOW), name)
-
-
-def histogram_quantile(q: float, buckets: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Prometheus's histogram_quantile over a frame of bucket rates (`le`, `value`), summed
-    by `by`: rules.promql.bucket_quantile, the function the HistogramQuantile node uses.
-    Returns `by` columns and `value`."""
-    if buckets.empty:
-        return pd.DataFrame(columns=[*by, "value"])
-    frame = buckets.assign(bound=buckets["le"].map(lambda le: bucket_bound(str(le))))
-    table = frame.groupby([*by, "bound"])["value"].sum().reset_index()
-    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
-             "value": bucket_quantile(q, zip(group["bound"], group["value"], strict=True))}
-            for key, group in table.groupby(by, sort=True)]
-    return pd.DataFrame(rows, columns=[*by, "value"])
 
 
 def recorded(snapshot: Snapshot, recording: Recording) -> pd.DataFrame:

@@ -3,13 +3,11 @@ simulated fleet, with pandas."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import subprocess
 import sys
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -197,19 +195,6 @@ def test_node_signals_show_the_faults_where_they_were_injected(snapshot, fleet):
     assert p99.notna().sum() > 100 and (p99.dropna() > 0).all()
     backlog = [fleet.instances[i] for i in fleet.faults["queue-backlog"]]
     assert signals.loc[backlog, "queue depth"].min() > 50
-
-
-def test_histogram_quantile_interpolates_like_prometheus():
-    buckets = pd.DataFrame({"instance": ["a"] * 4, "le": ["0.1", "0.5", "1", "+Inf"],
-                            "value": [50.0, 90.0, 100.0, 100.0]})
-    out = frames.histogram_quantile(0.5, buckets, ["instance"])
-    assert out["value"].iloc[0] == pytest.approx(0.1)
-    out = frames.histogram_quantile(0.7, buckets, ["instance"])
-    assert out["value"].iloc[0] == pytest.approx(0.1 + 0.4 * (70 - 50) / 40)
-    tail = pd.DataFrame({"instance": ["a"] * 2, "le": ["1", "+Inf"], "value": [10.0, 20.0]})
-    assert frames.histogram_quantile(0.99, tail, ["instance"])["value"].iloc[0] == 1.0
-    empty = pd.DataFrame({"instance": ["a"], "le": ["+Inf"], "value": [0.0]})
-    assert math.isnan(frames.histogram_quantile(0.99, empty, ["instance"])["value"].iloc[0])
 
 
 def test_rates_and_latest_read_series_like_prometheus():
