@@ -69,6 +69,23 @@ def test_the_sigill_reader_reads_the_logs_the_source_has(tmp_path):
     assert scrape.sources[("cpu_features", KMSG)] == (True, "")
 
 
+def test_the_fork_log_reader_reads_the_logs_the_source_has(tmp_path):
+    from fleetscope.collectors.fork_limits import ForkLimitsCollector
+
+    root = _log_tree(tmp_path)
+    line = "cgroup: fork rejected by pids controller in /system.slice/{}.service"
+    (root / DMESG).write_text(f"[  100.000000] {line.format('recorded')}\n")
+    with (root / "dev" / "kmsg").open("a") as ring:
+        ring.write(f"6,2,200,-;{line.format('ring')}\n")
+    for source, cgroup in ((RecordedSample(str(root)), "recorded"),
+                           (LiveHost(str(root)), "ring")):
+        collector = ForkLimitsCollector(parse_config({}))
+        parsed = samples(render(list(collector.collect(Scrape(source)))))
+        collector.close()
+        assert [key for key in parsed if "fork_rejected_total" in key] == [
+            f'fleetscope_pids_fork_rejected_total{{cgroup="/system.slice/{cgroup}.service"}}']
+
+
 def test_a_source_without_kernel_logs_reads_none(tmp_path):
     class NoLogs(RecordedSample):
         kernel_logs = ()
