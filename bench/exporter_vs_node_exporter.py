@@ -192,7 +192,10 @@ def main() -> int:
         sys.exit("node_exporter not found: apt-get install prometheus-node-exporter")
     version = subprocess.run([node_exporter, "--version"], capture_output=True, text=True)
     workdir = Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
-    recorded = json.loads((BUNDLE / "meta.json").read_text()).get("config", {})
+    from fleetscope.bundle.read import open_bundle
+
+    with open_bundle(str(BUNDLE)) as bundle:
+        recorded = bundle.config_raw
     configs = {}
     for index, (name, per_core, collectors, _) in enumerate(FLEETSCOPE):
         config = {**recorded, "per_core": per_core}

@@ -52,10 +52,12 @@ SCENARIOS = (Path(os.environ["FLEETSCOPE_TEST_GENERATED"]) / "scenarios"
 
 
 def _scenario_dirs() -> list[Path]:
+    from fleetscope.core.bundle_format import META
+
     if not (SCENARIOS / "README.md").is_file():
         subprocess.run([sys.executable, str(REPO / "tests" / "fixtures" / "make_scenarios.py"),
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
-    return sorted(p for p in SCENARIOS.iterdir() if (p / "meta.json").exists())
+    return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
 GENERATOR = 3  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back

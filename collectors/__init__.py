@@ -41,4 +41,4 @@ COLLECTORS[ListenCollector.name] = ListenCollector
 COLLECTORS[HarmCollector.name] = HarmCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
-           "RecordedSample", "Scrape", "bundle_roots", "evidence_source"]
+           "RecordedSample", "Scrape", "evidence_source"]

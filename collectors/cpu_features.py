@@ -13,8 +13,9 @@ Sources, each optional on its own:
   ring so crashes already logged count, then read record by record until EAGAIN on every
   scrape (the one reader of the live kernel log: the other fatal traps it holds are exported
   from here too, collectors/fatal_traps.py). Reading it needs CAP_SYSLOG (root) when
-  kernel.dmesg_restrict is 1. Without it (a bundle, a fixture tree) `dmesg.txt` at the root
-  is read instead; a bundle keeps it in static/, found through the scrape's fallback root.
+  kernel.dmesg_restrict is 1, and `dmesg.txt` at the root is read when it cannot be. A
+  recorded source (a bundle, a fixture tree) has `dmesg.txt` alone (the source's
+  `kernel_logs` say which logs it has); a bundle keeps it in static/, its fallback root.
 - /proc/sys/debug/exception-trace (show_unhandled_signals): when 0 the kernel logs no SIGILL
   and the crash counter cannot move.
 - /proc/stat `btime`: the kernel log's timestamps are seconds since boot; boot time plus them
@@ -34,7 +35,8 @@ import errno
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
@@ -43,12 +45,12 @@ from .fatal_traps import fatal_trap_families
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
 from .parsers.kmsg import KernelLogScan, SigillCrash, boot_time, scan_kernel_log, wall_clock
+from .source import DMESG, KMSG
 
+T = TypeVar("T")
 MAX_BINARIES = 50
 MAX_VARIANTS = 16  # distinct CPU variants exported; more than this is not a real machine
 CPUINFO_MEMO = "proc/cpuinfo:CpuInfo"  # the parsed record, shared with any other reader
-KMSG = "dev/kmsg"
-DMESG = "dmesg.txt"
 EXCEPTION_TRACE = "proc/sys/debug/exception-trace"
 KMSG_HINT = (
     "reading /dev/kmsg needs CAP_SYSLOG (run as root) when kernel.dmesg_restrict=1; "
@@ -112,6 +114,23 @@ def read_kmsg(kmsg: _Kmsg | None, scrape: Scrape) -> tuple[_Kmsg | None, str]:
     except OSError as err:
         kmsg.close()
         raise NotAvailable(f"/{KMSG}: {err.strerror or err}") from None
+
+
+def read_kernel_log(scrape: Scrape, readers: dict[str, Callable[[], T]]) -> tuple[str, T]:
+    """(the name, what its reader returned) of the first kernel log the scrape's source has
+    (`kernel_logs`: the ring then dmesg.txt live, dmesg.txt recorded) that can be read.
+    NotAvailable says why none could, with how to get one; a ParseError carries the log's
+    name as `kernel_log`."""
+    missing = []
+    for name in scrape.evidence.kernel_logs:
+        try:
+            return name, readers[name]()
+        except NotAvailable as err:
+            missing.append(str(err))
+        except ParseError as err:
+            err.kernel_log = name
+            raise
+    raise NotAvailable(f"{'; '.join(missing)}: {KMSG_HINT}")
 
 
 class CpuFeaturesCollector(Collector):
@@ -211,22 +230,17 @@ class CpuFeaturesCollector(Collector):
     # -- the kernel log ---------------------------------------------------------------------
 
     def _sigill(self, scrape: Scrape) -> Iterator[Family]:
-        source = KMSG
         try:
             with self._lock:
                 boot = _boot_time(scrape)
-                try:
-                    counts, last, suppressed, faults = self._read_kmsg(scrape, boot)
-                except NotAvailable as kmsg_error:
-                    source = DMESG
-                    try:
-                        counts, last, suppressed, faults = self._read_dmesg(scrape, boot)
-                    except NotAvailable as dmesg_error:
-                        scrape.sources[(self.name, KMSG)] = (
-                            False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
-                        return
+                source, (counts, last, suppressed, faults) = read_kernel_log(scrape, {
+                    KMSG: lambda: self._read_kmsg(scrape, boot),
+                    DMESG: lambda: self._read_dmesg(scrape, boot)})
+        except NotAvailable as err:
+            scrape.sources[(self.name, KMSG)] = (False, str(err))
+            return
         except ParseError as err:  # not kernel log text (NUL bytes)
-            scrape.sources[(self.name, source)] = (False, str(err))
+            scrape.sources[(self.name, err.kernel_log)] = (False, str(err))
             scrape.errors.setdefault(self.name, str(err))
             return
         scrape.sources[(self.name, source)] = (True, "")

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
-from .cpu_features import DMESG, KMSG, KMSG_HINT, _Kmsg
+from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log
 from .parsers import ParseError
 from .parsers.kmsg import boot_time
 from .parsers.pids_log import fork_rejections
@@ -72,18 +72,15 @@ class ForkLimitsCollector(Collector):
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with self._lock:
             try:
-                if not scrape.evidence.live:  # a recorded sample has no ring to read
-                    raise NotAvailable(f"/{KMSG}: not recorded")
-                text, source = self._log.read_new(scrape.path(KMSG)), KMSG
-                counts, last = self._counts, self._last
-            except NotAvailable as kmsg_error:
-                try:
-                    text, source = scrape.read_text(DMESG), DMESG
-                except NotAvailable as dmesg_error:
-                    scrape.sources[(self.name, KMSG)] = (
-                        False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
-                    return
-                counts, last = {}, {}  # the whole log each time: counted afresh
+                # The ring is read on from where it was; dmesg.txt is the whole log each
+                # time, counted afresh.
+                source, (text, counts, last) = read_kernel_log(scrape, {
+                    KMSG: lambda: (self._log.read_new(scrape.path(KMSG)), self._counts,
+                                   self._last),
+                    DMESG: lambda: (scrape.read_text(DMESG), {}, {})})
+            except NotAvailable as err:
+                scrape.sources[(self.name, KMSG)] = (False, str(err))
+                return
             rejected = fork_rejections(text) if "fork rejected" in text else []
             boot = None
             if rejected:

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
-from .cpu_features import DMESG, KMSG, KMSG_HINT, _Kmsg, read_kmsg
+from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log, read_kmsg
 from .parsers import ParseError
 from .parsers.oom import (
     OomKill,
@@ -165,21 +165,16 @@ class MemoryCollector(Collector):
     # -- the kernel log ---------------------------------------------------------------------
 
     def _kernel_log(self, scrape: Scrape) -> Iterator[Family]:
-        source = KMSG
         boot = _boot_time(scrape)
         try:
-            try:
-                kills, last = self._read_kmsg(scrape, boot)
-            except NotAvailable as kmsg_error:
-                source = DMESG
-                try:
-                    kills, last = self._read_dmesg(scrape, boot)
-                except NotAvailable as dmesg_error:
-                    scrape.sources[(self.name, KMSG)] = (
-                        False, f"{kmsg_error}; {dmesg_error}: {KMSG_HINT}")
-                    return
+            source, (kills, last) = read_kernel_log(scrape, {
+                KMSG: lambda: self._read_kmsg(scrape, boot),
+                DMESG: lambda: self._read_dmesg(scrape, boot)})
+        except NotAvailable as err:
+            scrape.sources[(self.name, KMSG)] = (False, str(err))
+            return
         except ParseError as err:
-            scrape.sources[(self.name, source)] = (False, str(err))
+            scrape.sources[(self.name, err.kernel_log)] = (False, str(err))
             scrape.errors.setdefault(self.name, str(err))
             return
         scrape.sources[(self.name, source)] = (True, "")

@@ -15,8 +15,8 @@ or a run where no event could be counted, the next one waits a minute.
 On a recorded sample (a fixture tree or a bundle sample) perf is not run: the collector reads
 `cmd/perf-stat.csv` (the bundle's perf output for the interval ending at that sample) and
 takes the window length from `cmd/perf-stat.args` (the perf command line, one argument per
-line: the `sleep N` at its end), or else from the sample's interval (the bundle's meta.json
-`interval_s`, as the evidence source carries it; docs/bundle-format.md: the perf window is the
+line: the `sleep N` at its end), or else from the sample's interval (the bundle's recorded
+interval, as the evidence source carries it; docs/bundle-format.md: the perf window is the
 sample interval). A recorded window is reported with age 0: it ends at the sample.
 
 Events are chosen from what the kernel offers under /sys/bus/event_source/devices (names
@@ -638,7 +638,7 @@ class PerfCollector(Collector):
         interval = scrape.evidence.interval_s
         if interval is None:
             raise NotAvailable(f"/{RECORDED_CSV} has no window length: no /{RECORDED_ARGS} "
-                               "and no bundle meta.json interval_s")
+                               "and no recorded sample interval")
         return interval
 
     def _read_recorded(self, scrape: Scrape) -> Window:

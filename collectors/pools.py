@@ -146,33 +146,24 @@ def physical_cores(scrape: Scrape) -> int:
     return scrape.memo("physical_cores", lambda: _read_physical_cores(scrape))
 
 
-def _is_procfs(scrape: Scrape, root: str) -> bool:
-    """Whether proc/ under this root is a mounted procfs: its files report size 0, a fixture
-    tree's do not (one stat a scrape)."""
-    def check() -> bool:
-        try:
-            return os.stat(os.path.join(root, "proc/stat")).st_size == 0
-        except OSError:
-            return False
-    return scrape.memo(f"procfs:{root}", check)
-
-
 def open_fds(scrape: Scrape, pid: int) -> int:
     """Open file descriptors of a process.
 
     On a live host: the size Linux 6.2+ reports for proc/<pid>/fd (fs/proc/fd.c
     proc_fd_getattr(): the number of open fds, one stat() instead of a listing), else the
-    listing's length (older kernels report size 0, and so does a process without fds; in a
-    fixture tree the size is the directory's). A bundle has no fd directory but
-    proc/<pid>/fd_count (docs/bundle-format.md); it is looked up when fd/ is absent, which
-    spares a live scrape a failed open per process.
+    listing's length (older kernels report size 0, and so does a process without fds). A
+    recording's fd/ (a fixture tree) is listed: its size is the directory's. A bundle has no
+    fd directory but proc/<pid>/fd_count (docs/bundle-format.md); it is looked up when fd/ is
+    absent, which spares a live scrape a failed open per process.
     """
+    live = scrape.evidence.live  # a live host's proc/ is procfs; a recording's is not
     for root in scrape.roots:
         path = os.path.join(root, f"proc/{pid}/fd")
         try:
-            size = os.stat(path).st_size
-            if size > 0 and _is_procfs(scrape, root):
-                return size
+            if live:
+                size = os.stat(path).st_size
+                if size > 0:
+                    return size
             return len(os.listdir(path))
         except (FileNotFoundError, NotADirectoryError):
             continue

@@ -44,7 +44,7 @@ import struct
 from collections.abc import Hashable
 from typing import NamedTuple
 
-from .base import NotAvailable, Scrape, check_relative
+from .base import NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.net_tcp import (
     INET_DIAG_INFO,
@@ -97,44 +97,10 @@ POLL_NR = {"x86_64": 7, "aarch64": 73}
 
 
 def read_proc(scrape: Scrape, relative: str, single: bool = False) -> str:
-    """Scrape.read_text through os.open/os.read: skipping Python's buffered file object
-    halves the cost of a small /proc file (7 us instead of 11 here), which is most of a
-    500-process scrape. Same roots, same errors.
-
-    `single`: the file is one seq_file record (stat, status, schedstat, syscall, wchan,
-    limits, cgroup: single_open() renders it whole) or cmdline, so a read shorter than asked
-    is the whole file and the empty read at the end is spared. Multi-record files (net/tcp)
-    come a page at a time and are read to the end.
-
-    Under a recorded root (a bundle, a fixture tree) the guarded read of Scrape.read_text: a
-    FIFO or a link to /dev/zero planted at proc/<pid>/cmdline is refused, not read forever.
-    """
-    for root in scrape.roots:
-        if scrape.guarded(root):
-            text = scrape.read_guarded(root, check_relative(relative))
-            if text is None:
-                continue
-            return text
-        try:  # root + relative: os.path.join costs a microsecond a call
-            fd = os.open(root + relative if root[-1:] == "/" else f"{root}/{relative}",
-                         os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as err:
-            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
-        try:
-            data = os.read(fd, 65536)
-            if data and not (single and len(data) < 65536):
-                chunks = [data]
-                while chunks[-1]:
-                    chunks.append(os.read(fd, 65536))
-                data = b"".join(chunks)
-        except OSError as err:  # ESRCH: the task exited between open and read
-            raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
-        finally:
-            os.close(fd)
-        return data.decode("utf-8", "replace")
-    raise NotAvailable(f"/{relative} does not exist")
+    """A per-process file through the scrape's source (collectors/source.py Reader.read_proc):
+    a live host's fast path, a recorded root's checked read. `single`: the file is one
+    seq_file record, so a short read is the whole file."""
+    return scrape.read_proc(relative, single)
 
 
 class TaskReading(NamedTuple):
@@ -206,24 +172,7 @@ def _arch(scrape: Scrape) -> str:
 def _cpuinfo_head(scrape: Scrape) -> str | None:
     """The first CPU's block says the architecture (parsers/cpuinfo.py); 4 KiB spare a
     256-CPU render. None: no cpuinfo under the roots."""
-    for root in scrape.roots:
-        if scrape.guarded(root):
-            try:
-                text = scrape.read_guarded(root, "proc/cpuinfo")
-            except (NotAvailable, ParseError):
-                continue
-            if text is not None:
-                return text[:4096]
-            continue
-        try:
-            fd = os.open(os.path.join(root, "proc/cpuinfo"), os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            return os.read(fd, 4096).decode("utf-8", "replace")
-        finally:
-            os.close(fd)
-    return None
+    return scrape.reader.read_head("proc/cpuinfo", 4096)
 
 
 class NetworkWait(NamedTuple):
@@ -314,7 +263,7 @@ def polled_fds(scrape: Scrape, pid: int, tid: int, syscall: TaskSyscall) -> list
     if not 0 < count <= MAX_POLLED_FDS:
         return []
     # Process memory is the live node's alone: a bundle's mem would be a planted file.
-    for root in (r for r in scrape.roots if not scrape.guarded(r)):
+    for root in (r for r in scrape.roots if not scrape.reader.guarded(r)):
         try:
             fd = os.open(os.path.join(root, f"proc/{pid}/mem"), os.O_RDONLY)
         except FileNotFoundError:

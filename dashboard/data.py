@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetscope.dashboard import fleet_eval
-from fleetscope.diagnose import engine
 from fleetscope.rules.promql import Series
 
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
@@ -156,13 +155,10 @@ def with_instance(series: Series, instance: str) -> Series:
 
 def load_bundle(path: str) -> Snapshot:
     import logging
-    from dataclasses import replace
 
-    from fleetscope.bundle.read import BundleError, open_bundle, replay_config
-    from fleetscope.core.bundle_format import bundle_roots
-    from fleetscope.diagnose.enrich import Enricher
-    from fleetscope.diagnose.evidence import add_families, bundle_series
-    from fleetscope.exporter import Exporter
+    from fleetscope.bundle.read import BundleError, open_bundle
+    from fleetscope.diagnose.bundle_diagnosis import diagnose_bundle
+    from fleetscope.diagnose.evidence import bundle_series
 
     logging.getLogger("fleetscope.exporter").setLevel(logging.ERROR)
     try:
@@ -174,19 +170,13 @@ def load_bundle(path: str) -> Snapshot:
             config = bundle.config()
         except BundleError as err:
             raise SourceError(str(err)) from None
-        series = bundle_series(bundle, config)
+        diagnosed = diagnose_bundle(bundle, config)
+        series, found, not_evaluated = (diagnosed.series, diagnosed.findings,
+                                        diagnosed.not_evaluated)
         first, last = _span(series)
-        series.max_window_ms = (last - first) or None
-        enricher = Enricher(config, bundle_roots(bundle.samples[0].directory),
-                            bundle_roots(bundle.samples[-1].directory), series)
-        found, not_evaluated = engine.evaluate(series, bundle.hostname, enrich=enricher)
-        # The node view also wants every core: the same replay with `per_core: full`.
-        exporter = Exporter(bundle.source(bundle.samples[0]),
-                            replace(replay_config(config), per_core="full"))
-        history = Series()
-        for sample in bundle.samples:
-            families = exporter.collect(now=sample.time, source=bundle.source(sample))
-            add_families(history, families, int(round(sample.time * 1000)))
+        # The node view also wants every core: the rules read the per-core summary, so the
+        # samples are replayed once more with `per_core: full`.
+        history = bundle_series(bundle, config, per_core="full")
         hostname = bundle.hostname
         samples = len(bundle.samples)
     history.max_window_ms = series.max_window_ms  # the engine's: charts rate as rules do

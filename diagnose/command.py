@@ -14,14 +14,15 @@ import sys
 import time
 
 from fleetscope.bundle.read import BundleError, open_bundle
-from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.collectors.source import LiveHost
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.core.diagnose_options import LIVE_SECONDS, PROMETHEUS_SECONDS
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
+from .bundle_diagnosis import diagnose_bundle
 from .enrich import Enricher
-from .evidence import SamplingHealth, bundle_series, live_series
+from .evidence import SamplingHealth, live_series
 
 EXIT_UNKNOWN = 3
 
@@ -94,6 +95,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     warned: dict[str, list[str]] = {}  # metric -> warnings of its answers (partial data)
     try:
         enricher = None
+        diagnosed = None  # a bundle's findings (diagnose/bundle_diagnosis.py)
         if args.bundle:
             try:
                 bundle = open_bundle(args.bundle)
@@ -104,11 +106,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                 bundle_config = bundle.config(config)
             except BundleError as err:
                 return _fail(str(err))
-            series = bundle_series(bundle, bundle_config, progress)
+            diagnosed = diagnose_bundle(bundle, bundle_config, progress)
+            series = diagnosed.series
             nodes = [bundle.hostname]
             window = (bundle.samples[0].time, bundle.samples[-1].time)
-            enricher = Enricher(bundle_config, bundle_roots(bundle.samples[0].directory),
-                                bundle_roots(bundle.samples[-1].directory), series)
             source = "bundle"
         elif args.prometheus and args.evaluate == "local":
             # Every series the rules read fetched, the rules evaluated here.
@@ -143,10 +144,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         else:
             import socket
 
-            enricher = Enricher(config or Config(), ("/",), ("/",), live=True)
+            node = LiveHost("/")
+            enricher = Enricher(config or Config(), node, node)
             enricher.snapshot()
             health = SamplingHealth(0, args.seconds)
-            series = live_series(config or Config(), args.seconds, 1.0, progress=progress,
+            series = live_series(config or Config(), args.seconds, 1.0, node, progress=progress,
                                  health=health)
             enricher.series = series
             nodes = [socket.gethostname()]
@@ -159,6 +161,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if answered is not None:
         findings, not_evaluated = answered.findings, answered.not_evaluated
         partial = answered.partial
+    elif diagnosed is not None:
+        findings, not_evaluated = diagnosed.findings, diagnosed.not_evaluated
     else:
         findings, not_evaluated = engine.evaluate(
             series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)

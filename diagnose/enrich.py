@@ -3,7 +3,7 @@ finding)`): the raw evidence the metrics deliberately do not carry (which pids, 
 CPUs, NUMA nodes), from a bundle's first and last samples or the live node. Metrics stay per
 pool; a finding names the processes.
 
-    Enricher(config, first_roots, last_roots, series, live)(finding)
+    Enricher(config, first, last, series, samples)(finding)
         -> finding.rule.enrich(enricher, finding), never losing the finding over it
 
 What several rules need is here: the pool's processes, the top CPU consumers and how they
@@ -24,7 +24,8 @@ from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
 from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import pool_processes, program_name
-from fleetscope.core.bundle_format import META, bundle_roots, load_meta
+from fleetscope.collectors.source import DMESG, KMSG, EvidenceSource
+from fleetscope.core.bundle_format import isa_check_file
 from fleetscope.core.config import Config
 from fleetscope.rules.promql import Series
 
@@ -41,16 +42,20 @@ def _read(scrape: Scrape, path: str, parser):
 
 
 class Enricher:
-    """Called once per finding by the engine; `first`/`last` are the raw evidence roots. The
-    rule's own `enrich` does the naming; this is what it reads through."""
+    """Called once per finding by the engine; `first`/`last` are the sources of the window's
+    start and end (the same LiveHost for the live node), `samples` a recording's every
+    (source, time), in order. The rule's own `enrich` does the naming; this is what it reads
+    through."""
 
-    def __init__(self, config: Config, first: tuple[str, ...], last: tuple[str, ...],
-                 series: Series | None = None, live: bool = False):
+    def __init__(self, config: Config, first: EvidenceSource, last: EvidenceSource,
+                 series: Series | None = None,
+                 samples: tuple[tuple[EvidenceSource, float], ...] = ()):
         self.config = config
         self.first = Scrape(first)
         self.last = Scrape(last)
         self.series = series
-        self.live = live
+        self.live = last.live
+        self._samples = samples
         self._offline_before: dict | None = None
         self._cpu_before: dict | None = None
         self._stat_before = None
@@ -79,7 +84,7 @@ class Enricher:
         import time
 
         # Network waits are tracked from here: the live node's samples start now.
-        self._observe_waits(self.first.roots, time.time())
+        self._observe_waits(self.first.evidence, time.time())
 
     # -- reads ---------------------------------------------------------------------------
     @staticmethod
@@ -177,9 +182,8 @@ class Enricher:
         longest queue, where the backlog is not known), fullest first, with the pids holding
         them: the live node's (sock_diag, fd links) or as the bundle recorded them."""
         from fleetscope.collectors.listen import read_listeners, socket_owners
-        from fleetscope.collectors.source import LiveHost
 
-        scrape = Scrape(LiveHost(self.last.roots[0])) if self.live else self.last
+        scrape = Scrape(self.last.evidence) if self.live else self.last  # live: as of now
         try:
             listeners = read_listeners(scrape)
         except (NotAvailable, ParseError):
@@ -220,11 +224,11 @@ class Enricher:
         except StacksError as err:
             return [], str(err)
 
-    def _observe_waits(self, roots: tuple[str, ...], at: float) -> None:
+    def _observe_waits(self, source: EvidenceSource, at: float) -> None:
         """One observation of every pool thread's network wait into the tracker."""
         from fleetscope.collectors.tasks import process_network_waits
 
-        scrape = Scrape(roots, at)
+        scrape = Scrape(source, at)
         current = {}
         for process in self.pool_members(scrape):
             for wait, runtime in process_network_waits(scrape, process.pid):
@@ -241,37 +245,29 @@ class Enricher:
 
         if self._waiting is None or self.live:
             if self.live:
-                self._observe_waits(self.last.roots, time.time())
+                self._observe_waits(self.last.evidence, time.time())
             else:
-                for roots, at in self._bundle_samples():
-                    self._observe_waits(roots, at)
+                for source, at in self._samples or ((self.last.evidence, self.last.time),):
+                    self._observe_waits(source, at)
         found = [(self._waiting[key][0], seconds) for key, seconds in self._waited.items()
                  if pool is None or self._waiting[key][2] == pool]
         return sorted(found, key=lambda item: (-item[1], item[0].pid, item[0].tid))
 
-    def _bundle_samples(self) -> list[tuple[tuple[str, ...], float]]:
-        first = self.first.roots[0]
-        bundle = os.path.dirname(os.path.dirname(first))
-        try:
-            samples = load_meta(os.path.join(bundle, META))["samples"]
-            return [(bundle_roots(os.path.join(bundle, s["dir"])), float(s["time"]))
-                    for s in samples]
-        except (OSError, ValueError, KeyError, TypeError):
-            return [(self.last.roots, self.last.time)]
-
     # -- the kernel log and binaries -----------------------------------------------------
     def kernel_log(self) -> str | None:
-        """A bundle's static/dmesg.txt, or the live ring buffer (/dev/kmsg, then `dmesg`)."""
-        try:
-            return self.last.read_text("dmesg.txt")
-        except NotAvailable:
-            pass
-        if not self.live:
+        """A bundle's static/dmesg.txt, or the live ring buffer: the logs the source has."""
+        logs = self.last.evidence.kernel_logs
+        if DMESG in logs:
+            try:
+                return self.last.read_text(DMESG)
+            except NotAvailable:
+                pass
+        if KMSG not in logs:
             return None
         from fleetscope.collectors.cpu_features import _Kmsg
 
         try:
-            kmsg = _Kmsg("/dev/kmsg")
+            kmsg = _Kmsg(self.last.path(KMSG))
         except OSError:
             return None
         try:
@@ -287,7 +283,7 @@ class Enricher:
         node when the binary can be found."""
         document = None
         try:
-            document = json.loads(self.last.read_text(f"cmd/isa-check-{binary}.json"))
+            document = json.loads(self.last.read_text(isa_check_file(binary)))
         except (NotAvailable, ValueError):
             pass
         if document is None and self.live:

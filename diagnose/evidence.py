@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleetscope.bundle.read import Bundle, replay_config
 from fleetscope.collectors.source import LiveHost
@@ -32,9 +32,12 @@ def add_families(series: Series, families: list[Family], timestamp_ms: int) -> N
 
 
 def bundle_series(bundle: Bundle, config: Config,
-                  progress: Callable[[int, int], None] | None = None) -> Series:
-    """Replay every sample of a bundle through the collectors."""
-    exporter = Exporter(bundle.source(bundle.samples[0]), replay_config(config))
+                  progress: Callable[[int, int], None] | None = None,
+                  per_core: str = "summary") -> Series:
+    """Replay every sample of a bundle through the collectors; `per_core` "summary" is the
+    shape the rules read, "full" has every core (the console's node view)."""
+    exporter = Exporter(bundle.source(bundle.samples[0]),
+                        replace(replay_config(config), per_core=per_core))
     series = Series()
     for index, sample in enumerate(bundle.samples):
         families = exporter.collect(now=sample.time, source=bundle.source(sample))
@@ -139,13 +142,13 @@ DEADLINE_FACTOR = 1.5
 DEADLINE_GRACE_S = 10.0
 
 
-def live_series(config: Config, seconds: float, interval: float, root: str = "/",
+def live_series(config: Config, seconds: float, interval: float, source: LiveHost,
                 progress: Callable[[int, int], None] | None = None,
                 health: SamplingHealth | None = None) -> Series:
     """Sample this node through the collectors for `seconds`, every `interval`, on the
     clock: a sample that comes too late gives up its slot rather than bunching up with the
     next, and sampling ends at a deadline with what it has (at least two samples)."""
-    exporter = Exporter(LiveHost(root), replay_config(config))
+    exporter = Exporter(source, replay_config(config))
     series = Series()
     count = max(2, int(seconds / interval) + 1)
     health = health or SamplingHealth(count, seconds)

@@ -139,6 +139,7 @@ def _terminate(signum, frame) -> None:
 
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
     from fleetscope.bundle.record import RecordError, record
+    from fleetscope.collectors.source import evidence_source
     from fleetscope.core.config import ConfigError, default_config_path, load_config
 
     if not (0 < args.interval <= 3600 and 0 <= args.seconds <= 86400):
@@ -154,7 +155,9 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("recording", total=None)
         try:
-            path = record(args.output, args.seconds, args.interval, config, root=args.root,
+            # The evidence kind is chosen once, here (collectors/source.py evidence_source).
+            path = record(args.output, args.seconds, args.interval, config,
+                          evidence_source(args.root, args.evidence),
                           progress=lambda done, total: bar.update(task, completed=done,
                                                                   total=total),
                           force=args.force)
@@ -306,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--config", metavar="FILE", help="node config YAML (pools...; default "
                         "$FLEETSCOPE_CONFIG or /etc/fleetscope/config.yaml if present)")
     record.add_argument("--root", default="/", metavar="DIR", help=argparse.SUPPRESS)
+    record.add_argument("--evidence", choices=("auto", "live", "recorded"), default="auto",
+                        help=argparse.SUPPRESS)
     record.set_defaults(run=_cmd_bundle_record)
     show = bundle_commands.add_parser("show", help="summarise a bundle")
     show.add_argument("path", metavar="PATH")

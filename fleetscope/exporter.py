@@ -28,11 +28,7 @@ from prometheus_client import ProcessCollector
 from fleetscope import __version__
 from fleetscope.collectors import COLLECTORS, NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.collectors.source import (
-    EvidenceSource,
-    evidence_source,
-    recorded_sample,
-)
+from fleetscope.collectors.source import EvidenceSource, evidence_source
 from fleetscope.core.config import Config
 from fleetscope.core.exposition import (
     OPENMETRICS_CONTENT_TYPE,
@@ -73,12 +69,10 @@ class Exporter:
         self._problems: dict[tuple[str, str], str] = {}
         self._problems_lock = threading.Lock()
 
-    def collect(self, now: float | None = None, roots: tuple[str, ...] | None = None,
+    def collect(self, now: float | None = None,
                 source: EvidenceSource | None = None) -> list[Family]:
-        """One pass of every collector. `now` and `source` (or the `roots` of one, as
-        `bundle_roots` gives them) replay a recorded sample."""
-        if source is None and roots:
-            source = _recorded(tuple(roots))
+        """One pass of every collector over the exporter's source, or over `source` at
+        `now` (a bundle's sample, replayed)."""
         scrape = Scrape(source or self.source, now)
         families: list[Family] = []
         durations: list[tuple[str, float]] = []
@@ -147,12 +141,6 @@ class Exporter:
     def render(self, openmetrics: bool = False) -> bytes:
         body = render(self.collect() + self._own_process(), openmetrics)
         return (body + "# EOF\n" if openmetrics else body).encode()
-
-
-def _recorded(roots: tuple[str, ...]) -> EvidenceSource:
-    """The recorded sample whose roots these are (a bundle sample: with its interval)."""
-    sample = recorded_sample(roots[0])
-    return sample if sample.roots == roots else EvidenceSource(roots)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -59,7 +59,8 @@ READ_EACH = """
 import sys
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.tasks import read_proc
-scrape = Scrape((sys.argv[1],))
+from fleetscope.collectors.source import RecordedSample
+scrape = Scrape(RecordedSample(sys.argv[1]))
 for relative in sys.argv[2:]:
     try:
         read_proc(scrape, relative, True)

@@ -25,6 +25,7 @@ from fleetscope.collectors.cgroups import cgroup_mounts, locate, parse_mountinfo
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.cgroup import parse_hierarchies, parse_pids
 from fleetscope.collectors.parsers.pids_log import fork_rejections
+from fleetscope.collectors.source import RecordedSample
 from fleetscope.core.exposition import render
 from tests.test_pools import LIMITS_REAL, STAT_REAL, STATUS_REAL, collect, pools_exporter
 
@@ -208,11 +209,11 @@ def test_v2_pool_signals_in_the_kernels_format(tmp_path):
 
 def test_the_mounts_are_read_once_per_scrape(tmp_path):
     _write(tmp_path / "proc/self/mountinfo", THIS_MACHINE_MOUNTINFO)
-    scrape = Scrape((str(tmp_path),))
+    scrape = Scrape(RecordedSample(str(tmp_path)))
     first = cgroup_mounts(scrape)
     (tmp_path / "proc/self/mountinfo").write_text(V2_ONLY_MOUNTINFO)
     assert cgroup_mounts(scrape) is first
-    assert cgroup_mounts(Scrape((str(tmp_path),))).v1 == {}
+    assert cgroup_mounts(Scrape(RecordedSample(str(tmp_path)))).v1 == {}
 
 
 def test_fork_rejected_lines_as_the_kernel_and_the_tools_print_them():

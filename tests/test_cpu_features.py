@@ -28,7 +28,7 @@ from fleetscope.collectors.parsers.cpuinfo import (
     psabi_level_name,
 )
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.collectors.source import LiveHost, RecordedSample, recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -391,8 +391,8 @@ def test_docstring_examples(module):
 
 # --- the collector on fixture roots ---------------------------------------------------------
 
-def _collect(collector, root) -> tuple[dict[str, float], Scrape]:
-    scrape = Scrape(bundle_roots(str(root)))
+def _collect(collector, root, live: bool = False) -> tuple[dict[str, float], Scrape]:
+    scrape = Scrape(LiveHost(str(root)) if live else recorded_sample(str(root)))
     families = list(collector.collect(scrape))
     return samples(render(families)), scrape
 
@@ -527,13 +527,13 @@ def test_new_crash_is_named_when_the_ring_filled_every_label(collector, tmp_path
     records = [f"6,{seq},{seq * 1_000_000},-;" + body.replace("dmesg[", f"old{seq}[")
                for seq in range(1, 5)]  # old1 .. old4, one crash each, old1 first
     device.write_text("\n".join(records) + "\n")
-    first, _ = _collect(collector, root)
+    first, _ = _collect(collector, root, live=True)
     named = {k for k in first if k.startswith("fleetscope_sigill_crashes_total")}
     assert named == {f'fleetscope_sigill_crashes_total{{binary="{b}"}}'
                      for b in ("old2", "old3", "old4", "other")}
     with device.open("a") as handle:
         handle.write("6,9,9000000,-;" + body.replace("dmesg[", "fresh_bin[") + "\n")
-    after, _ = _collect(collector, root)
+    after, _ = _collect(collector, root, live=True)
     assert after['fleetscope_sigill_crashes_total{binary="fresh_bin"}'] == 1
     assert f'{LAST}{{binary="fresh_bin"}}' in after
     assert after[f'{LAST}{{binary="fresh_bin"}}'] == pytest.approx(1700000009)
@@ -546,29 +546,29 @@ def test_new_crash_is_named_when_the_ring_filled_every_label(collector, tmp_path
 
 
 def test_kmsg_is_read_incrementally(collector, tmp_path, monkeypatch):
-    # A regular file at <root>/dev/kmsg stands in for the device: it is opened once and read
-    # until no more data each scrape, so only records appended since are new.
+    # A regular file at <root>/dev/kmsg of a live root stands in for the device: it is opened
+    # once and read until no more data each scrape, so only records appended since are new.
     root = _root(tmp_path)
     (root / "dev").mkdir()
     device = root / "dev" / "kmsg"
     first = "6,1,100,-;" + SIGILL_LINES[0][0].split("] ", 1)[1] + "\n"
     device.write_text(first)
-    parsed, scrape = _collect(collector, root)
+    parsed, scrape = _collect(collector, root, live=True)
     assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 1
     assert scrape.sources[("cpu_features", "dev/kmsg")] == (True, "")
-    parsed, _ = _collect(collector, root)
+    parsed, _ = _collect(collector, root, live=True)
     assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 1  # nothing new
     with device.open("a") as handle:
         handle.write("6,2,200,-;" + SIGILL_LINES[3][0] + "\n")
         handle.write("6,3,300,-;" + SIGILL_LINES[0][0].split("] ", 1)[1] + "\n")
-    parsed, _ = _collect(collector, root)
+    parsed, _ = _collect(collector, root, live=True)
     assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 2
     assert parsed['fleetscope_sigill_crashes_total{binary="libc.so.6"}'] == 1
     # /dev/kmsg stamps records in microseconds since boot; the latest crash sets the time.
     (root / "proc" / "stat").write_text("btime 1700000000\n")
     with device.open("a") as handle:
         handle.write("6,4,5000000,-;" + SIGILL_LINES[0][0].split("] ", 1)[1] + "\n")
-    parsed, _ = _collect(collector, root)
+    parsed, _ = _collect(collector, root, live=True)
     assert parsed[f'{LAST}{{binary="ud_probe"}}'] == pytest.approx(1700000005.0)
     assert parsed['fleetscope_sigill_crashes_total{binary="ud_probe"}'] == 3
 
@@ -667,7 +667,7 @@ def test_promtool_accepts_the_metrics(collector, tmp_path):
     promtool = require_tool("promtool")
     mixed = "".join(_x86_stanza(n, 1 + n % 2) for n in range(4))
     dmesg = "\n".join(line for line, *_ in SIGILL_LINES) + "\n"
-    scrape = Scrape((str(_root(tmp_path, mixed, dmesg)),))
+    scrape = Scrape(RecordedSample(str(_root(tmp_path, mixed, dmesg))))
     text = render(list(collector.collect(scrape)))
     assert "fleetscope_sigill_crashes_total{" in text and "fleetscope_cpu_model_cpus{" in text
     lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,

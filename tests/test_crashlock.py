@@ -19,7 +19,7 @@ from fleetscope.collectors.locks import LocksCollector
 from fleetscope.collectors.parsers import locks as locks_module
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
 from fleetscope.collectors.parsers.locks import parse_proc_locks
-from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.collectors.source import recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from tests.conftest import SCENARIOS, samples
@@ -90,17 +90,17 @@ def test_fatal_trap_metrics_from_dmesg_and_kmsg(collector, tmp_path):  # noqa: F
     assert parsed[f'{crashes}{{binary="hcl_gp"}}'] == 2
     assert parsed[f'{last}{{binary="hcl_sf"}}'] == pytest.approx(1700000503.339, abs=0.001)
     assert not any(k.startswith("fleetscope_sigill_crashes_total{") for k in parsed)
-    # /dev/kmsg: read incrementally, new records only
+    # /dev/kmsg of a live root: read incrementally, new records only
     root.joinpath("dmesg.txt").unlink()
     (root / "dev").mkdir()
     device = root / "dev" / "kmsg"
     records = [line.split("] ", 1)[1] for line in X86_618.splitlines()]
     device.write_text(f"6,1,100000000,-;{records[0]}\n")
-    parsed, _ = _collect(collector, root)
+    parsed, _ = _collect(collector, root, live=True)
     assert parsed[f'{crashes}{{binary="hcl_sf"}}'] == 1
     with device.open("a") as handle:
         handle.write(f"6,2,200000000,-;{records[0]}\n6,3,300000000,-;{records[3]}\n")
-    parsed, _ = _collect(collector, root)
+    parsed, _ = _collect(collector, root, live=True)
     assert parsed[f'{crashes}{{binary="hcl_sf"}}'] == 2
     assert parsed[f'{crashes}{{binary="hcl_gp"}}'] == 1
     assert parsed[f'{last}{{binary="hcl_gp"}}'] == pytest.approx(1700000300.0)
@@ -152,7 +152,7 @@ def test_locks_collector_counts_a_pools_waiters(tmp_path):
     assert COLLECTORS["locks"] is LocksCollector
     config = parse_config({"pools": [{"name": "refresh", "class": "online",
                                       "match": {"cmdline": "fs_refresh"}}]})
-    scrape = Scrape(bundle_roots(str(_locks_root(tmp_path, PROC_LOCKS))))
+    scrape = Scrape(recorded_sample(str(_locks_root(tmp_path, PROC_LOCKS))))
     parsed = samples(render(list(LocksCollector(config).collect(scrape))))
     assert parsed["fleetscope_file_lock_waiters"] == 4
     # 15793 and 15796 wait; 15799 is no pool process here, 15789 holds
@@ -161,7 +161,7 @@ def test_locks_collector_counts_a_pools_waiters(tmp_path):
 
 
 def test_locks_collector_without_proc_locks(tmp_path):
-    scrape = Scrape(bundle_roots(str(_locks_root(tmp_path, None))))
+    scrape = Scrape(recorded_sample(str(_locks_root(tmp_path, None))))
     assert list(LocksCollector(parse_config({})).collect(scrape)) == []
     available, reason = scrape.sources[("locks", "proc/locks")]
     assert not available and "CONFIG_FILE_LOCKING" in reason

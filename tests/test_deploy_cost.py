@@ -9,6 +9,7 @@ import shutil
 from fleetscope.collectors import COLLECTORS
 from fleetscope.collectors.irq import AFFINITY_REFRESH_SECONDS
 from fleetscope.collectors.parsers.interrupts import InterruptsParser, parse_interrupts
+from fleetscope.collectors.source import recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -75,7 +76,7 @@ def test_irq_affinity_masks_are_cached_between_refreshes_but_new_irqs_read_at_on
     other = tmp_path / "other"
     shutil.copytree(root, other)
     write(other / "proc/irq/27/smp_affinity_list", "3\n")
-    replay = exporter.collect(now=later + 2, roots=(str(other),))
+    replay = exporter.collect(now=later + 2, source=recorded_sample(str(other)))
     assert samples(render(replay))[overlap] == 0
 
 

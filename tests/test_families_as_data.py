@@ -13,7 +13,7 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetscope.collectors.agent import map_genai_stages, parse_agent_exposition
-from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.collectors.source import recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import Family, counter, gauge, labels, render, seconds_from_ns
 from fleetscope.diagnose.evidence import add_families
@@ -43,9 +43,9 @@ def _families(bundle: str) -> list[Family]:
                            "numa_maps_min_interval_seconds": 0})
     sample = BUNDLES / bundle / "samples" / "s0000"
     exporter = Exporter(str(sample), config)
-    exporter.collect(now=1000.0, roots=bundle_roots(str(sample)))
+    exporter.collect(now=1000.0, source=recorded_sample(str(sample)))
     later = BUNDLES / bundle / "samples" / "s0001"
-    families = exporter.collect(now=1001.0, roots=bundle_roots(str(later)))
+    families = exporter.collect(now=1001.0, source=recorded_sample(str(later)))
     agent = parse_agent_exposition((FIXTURES / "agent" / "agent.prom").read_text())
     families += [family.to_family() for family in map_genai_stages(agent, "chat-online")]
     odd = gauge("fleetscope_test_odd", "Label values the text format escapes.")

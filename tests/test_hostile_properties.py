@@ -20,6 +20,7 @@ from fleetscope.bundle.read import BundleError, open_bundle
 from fleetscope.bundle.show import describe
 from fleetscope.collectors.base import NotAvailable, RefusedPath, Scrape
 from fleetscope.collectors.parsers import ParseError
+from fleetscope.collectors.source import LiveHost, RecordedSample
 from fleetscope.core.bundle_format import BUNDLE_FORMAT
 from fleetscope.core.config import _KNOWN_KEYS, ConfigError, load_config, parse_config
 from fleetscope.diagnose.prometheus import PrometheusError, add_matrix, parse_answer
@@ -183,7 +184,7 @@ def bundle_root(tmp_path):
 
 
 def test_label_traversal_refused_at_the_reading_layer(bundle_root):
-    scrape = Scrape((str(bundle_root),))
+    scrape = Scrape(RecordedSample(str(bundle_root)))
     relative = "cmd/isa-check-" + "/../../../../../outside" + ".json"
     assert os.path.exists(os.path.join(bundle_root, relative))  # the kernel would open it
     with pytest.raises(RefusedPath):
@@ -201,7 +202,7 @@ def test_links_out_fifos_and_devices_are_not_read(bundle_root, tmp_path):
     os.mkfifo(proc / "pressure")
     (bundle_root / "inside").write_text("0.00 0.01 0.05 1/100 42\n")
     (proc / "meminfo").symlink_to("../inside")  # a link that stays inside is fine
-    scrape = Scrape((str(bundle_root),))
+    scrape = Scrape(RecordedSample(str(bundle_root)))
     for name, says in (("loadavg", "a link out"), ("stat", "not a regular file"),
                        ("pressure", "not a regular file")):
         with pytest.raises(NotAvailable, match=says):
@@ -215,13 +216,13 @@ def test_openat2_and_the_checked_open_read_and_refuse_alike(bundle_root, tmp_pat
     """A recorded root's files open in one openat2(RESOLVE_BENEATH) call where the kernel
     has it, else through open + the resolved path's check: the same files are read and the
     same refused either way (links out, through a linked directory too, FIFOs, devices)."""
-    from fleetscope.collectors import base
+    from fleetscope.collectors import source
 
     if opened == "beneath":
-        assert base._BENEATH is not None and base._BENEATH.call is not None, \
+        assert source._BENEATH is not None and source._BENEATH.call is not None, \
             "openat2 is missing here: the fast path goes untested"
     else:
-        monkeypatch.setattr(base, "_BENEATH", None)
+        monkeypatch.setattr(source, "_BENEATH", None)
     proc = bundle_root / "proc"
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -233,7 +234,7 @@ def test_openat2_and_the_checked_open_read_and_refuse_alike(bundle_root, tmp_pat
     (bundle_root / "inside").write_text("0.00 0.01 0.05 1/100 42\n")
     (proc / "meminfo").symlink_to("../inside")  # relative, stays inside
     (proc / "vmstat").symlink_to(bundle_root / "inside")  # absolute, still inside
-    scrape = Scrape((str(bundle_root),))
+    scrape = Scrape(RecordedSample(str(bundle_root)))
     for name, says in (("loadavg", "a link out"), ("linked/stat", "a link out"),
                        ("stat", "not a regular file"), ("pressure", "not a regular file")):
         with pytest.raises(NotAvailable, match=says):
@@ -249,10 +250,10 @@ def test_openat2_and_the_checked_open_read_and_refuse_alike(bundle_root, tmp_pat
 def test_oversized_files_are_refused_with_the_limit(bundle_root):
     (bundle_root / "proc" / "loadavg").write_text("1 " * 4096)
     with pytest.raises(ParseError, match="larger than 4096 bytes"):
-        Scrape((str(bundle_root),)).read_text("proc/loadavg")
+        Scrape(RecordedSample(str(bundle_root))).read_text("proc/loadavg")
 
 
 def test_live_root_reads_as_before():
-    scrape = Scrape(("/",))
+    scrape = Scrape(LiveHost())
     assert scrape.read_text("proc/loadavg").count(" ") >= 4
     assert "cpu" in scrape.read_text("proc/stat")

@@ -22,6 +22,7 @@ from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers import kubepods as kp
 from fleetscope.collectors.processes import pool_processes
+from fleetscope.collectors.source import RecordedSample, evidence_source
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.exporter import Exporter
 from tests.conftest import FIXTURES, samples
@@ -291,7 +292,8 @@ def test_pools_by_namespace_and_qos_in_the_exporter(tmp_path):
 
 def test_membership_follows_every_term_and_names_each_pod(tmp_path):
     root = kube_tree(tmp_path)
-    members = {p.pid: p for p in pool_processes(Scrape((str(root),)), pod_config().pools)}
+    tree = RecordedSample(str(root))
+    members = {p.pid: p for p in pool_processes(Scrape(tree), pod_config().pools)}
     assert sorted(members) == [100, 200, 300]  # sshd is in no pod
     assert members[200].pod.ref == "batch/etl-7f9c/etl"  # from containerd's annotations
     assert members[300].pod.title == "pod tenant-42/report-5c (Burstable)"
@@ -301,7 +303,7 @@ def test_membership_follows_every_term_and_names_each_pod(tmp_path):
                                                    "container": "sidecar"}},
         {"name": "g", "class": "online", "match": {"namespace": "batch",
                                                   "qos": "guaranteed"}}]})
-    assert pool_processes(Scrape((str(root),)), narrower.pools) == []
+    assert pool_processes(Scrape(RecordedSample(str(root))), narrower.pools) == []
 
 
 def test_a_pod_without_names_still_matches_its_qos_class(tmp_path):
@@ -311,7 +313,7 @@ def test_a_pod_without_names_still_matches_its_qos_class(tmp_path):
                                       "match": {"qos": "guaranteed"}},
                                      {"name": "chat", "class": "online",
                                       "match": {"namespace": "chat"}}]})
-    members = pool_processes(Scrape((str(root),)), config.pools)
+    members = pool_processes(Scrape(RecordedSample(str(root))), config.pools)
     assert [(p.pid, p.pool.name, p.pod.name) for p in members] == [(100, "g", None)]
 
 
@@ -335,7 +337,7 @@ def test_a_recorded_bundle_keeps_the_pod_names_it_saw_redacted(tmp_path):
     root = kube_tree(tmp_path)
     config = parse_config({"pools": POD_POOLS, "redact": ["tenant-[0-9]+"]})
     out = tmp_path / "bundle"
-    record(str(out), 0, 1.0, config, root=str(root))
+    record(str(out), 0, 1.0, config, evidence_source(str(root)))
     sample = out / "samples" / "s0000"
     text = "\n".join(str(p.relative_to(sample)) for p in sample.rglob("*"))
     assert f"batch_etl-7f9c_{BATCH_UID}/etl" in text and "agent-7d9f-x2_chat_agent-" in text
@@ -369,7 +371,7 @@ def test_bundle_replay_in_the_exporter_matches_pools_by_pod(tmp_path, exporter_f
     root = kube_tree(tmp_path)
     config = parse_config({"pools": POD_POOLS})
     out = tmp_path / "bundle"
-    record(str(out), 0, 1.0, config, root=str(root))
+    record(str(out), 0, 1.0, config, evidence_source(str(root)))
     exporter = exporter_factory(out / "samples" / "s0000",
                                 {"pools": POD_POOLS, "collectors": ["pools"]})
     got = samples(exporter.text())
@@ -389,7 +391,7 @@ def test_findings_name_the_pods_of_their_pids_and_cgroups(tmp_path):
     finding = Finding(rule, "node", {"pool": "online"}, 0.3, 0.8)
     finding.subjects["pids"] = [200, 400]
     finding.subjects["cgroups"] = [f"/kubepods/burstable/pod{TENANT_UID}"]
-    scrape = Scrape((str(root),))
+    scrape = Scrape(RecordedSample(str(root)))
     pods_module.add_pod_subjects((scrape, scrape), config, finding)
     assert "pods" in SUBJECT_KINDS
     assert finding.to_json()["subjects"]["pods"] == ["batch/etl-7f9c/etl",
@@ -443,7 +445,8 @@ def test_the_example_config_makes_guaranteed_pods_online_and_besteffort_offline(
     config = load_config(str(Path(__file__).resolve().parent.parent / "examples" /
                               "kubernetes-pools.yaml"))
     root = kube_tree(tmp_path)
-    members = {p.pid: p.pool for p in pool_processes(Scrape((str(root),)), config.pools)}
+    tree = RecordedSample(str(root))
+    members = {p.pid: p.pool for p in pool_processes(Scrape(tree), config.pools)}
     assert (members[100].name, members[100].workload_class) == ("online-guaranteed", "online")
     assert (members[200].name, members[200].workload_class) == ("offline-besteffort",
                                                                 "offline")
@@ -458,7 +461,7 @@ def test_pod_notes_say_what_the_kubelet_gave_each_pod(tmp_path):
         "policyName": "Static", "machineState": {},
         "entries": {ONLINE_UID: {"agent": [{"numaAffinity": [0], "type": "memory",
                                             "size": 1 << 30}]}}, "checksum": 7}))
-    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    ctx = Enricher(pod_config(), RecordedSample(str(root)), RecordedSample(str(root)))
     assert pods_module.pod_notes(ctx, [100, 200, 400], memory=True) == [
         "pod chat/agent-7d9f-x2 (Guaranteed): exclusive CPUs 1 (static CPU manager), memory "
         "on NUMA node 0 (memory manager)",
@@ -467,10 +470,10 @@ def test_pod_notes_say_what_the_kubelet_gave_each_pod(tmp_path):
     assert ctx.describe(200).startswith("pod batch/etl-7f9c (BestEffort), pid 200 (")
     (root / "var/lib/kubelet/cpu_manager_state").write_text(
         '{"policyName":"none","defaultCpuSet":"","checksum":1}')
-    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    ctx = Enricher(pod_config(), RecordedSample(str(root)), RecordedSample(str(root)))
     assert "no exclusive CPUs (CPU manager policy none" in pods_module.pod_notes(ctx, [100])[0]
     (root / "var/lib/kubelet/cpu_manager_state").unlink()
-    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    ctx = Enricher(pod_config(), RecordedSample(str(root)), RecordedSample(str(root)))
     assert "exclusive CPUs unknown: /var/lib/kubelet/cpu_manager_state not available" in \
         pods_module.pod_notes(ctx, [100])[0]
 
@@ -496,6 +499,6 @@ def test_summaries_name_a_process_by_its_pod(tmp_path):
     from diagnose.enrich import Enricher
 
     root = kube_tree(tmp_path)
-    ctx = Enricher(pod_config(), (str(root),), (str(root),))
+    ctx = Enricher(pod_config(), RecordedSample(str(root)), RecordedSample(str(root)))
     assert ctx.who(200) == "pod batch/etl-7f9c (BestEffort) pid 200"
     assert ctx.who(400) == "pid 400"  # sshd: in no pod, named as before

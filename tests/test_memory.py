@@ -27,6 +27,7 @@ from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.memory import MemoryCollector
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.oom import memory_cgroup_path, scan_oom_kills
+from fleetscope.collectors.source import RecordedSample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 
@@ -149,7 +150,7 @@ def _v2_node(root: Path, oom_kill: int, limit_hits: int, worker: bool = True) ->
 def test_cgroup_v2_memory_events_per_pool_and_node_counters(tmp_path):
     _v2_node(tmp_path, oom_kill=2, limit_hits=17)
     collector = MemoryCollector(CONFIG)
-    got = _samples(render(collector.collect(Scrape((str(tmp_path),), 1764662500.0))))
+    got = _samples(render(collector.collect(Scrape(RecordedSample(str(tmp_path)), 1764662500.0))))
     assert got[f"fleetscope_pool_memory_oom_kills_total{POOL}"] == 2
     assert got[f"fleetscope_pool_memory_limit_hits_total{POOL}"] == 17
     assert got[f"fleetscope_pool_memory_high_events_total{POOL}"] == 5
@@ -172,7 +173,7 @@ def test_pool_kills_survive_a_killed_worker_and_a_recreated_cgroup(tmp_path):
     metric = f"fleetscope_pool_memory_oom_kills_total{POOL}"
 
     def scrape(at: float) -> float:
-        text = render(collector.collect(Scrape((str(tmp_path),), at)))
+        text = render(collector.collect(Scrape(RecordedSample(str(tmp_path)), at)))
         return _samples(text)[metric]
 
     _v2_node(tmp_path, oom_kill=2, limit_hits=17)
@@ -197,7 +198,8 @@ def test_cgroup_v1_memory_files_from_the_memory_hierarchy_line(tmp_path):
         # the v2 hierarchy beside it holds the process at its root: not the pool's cgroup
         "sys/fs/cgroup/unified/memory.events": _events(99, 99),
     })
-    got = _samples(render(MemoryCollector(CONFIG).collect(Scrape((str(tmp_path),), 1.0))))
+    scrape = Scrape(RecordedSample(str(tmp_path)), 1.0)
+    got = _samples(render(MemoryCollector(CONFIG).collect(scrape)))
     assert got[f"fleetscope_pool_memory_oom_kills_total{POOL}"] == 4
     assert got[f"fleetscope_pool_memory_limit_hits_total{POOL}"] == 379
     assert got[f"fleetscope_pool_memory_limit_bytes{POOL}"] == 67108864
@@ -210,7 +212,7 @@ def test_a_node_without_kills_or_pools_in_cgroups(tmp_path):
                       "dmesg.txt": "[    0.000000] Linux version 6.18.0\n",
                       "proc/9/cmdline": "python3\0-m\0agent.tool\0", "proc/9/cgroup": "0::/\n"})
     collector = MemoryCollector(CONFIG)
-    scrape = Scrape((str(tmp_path),), 1.0)
+    scrape = Scrape(RecordedSample(str(tmp_path)), 1.0)
     got = _samples(render(collector.collect(scrape)))
     assert got['fleetscope_oom_kills_logged_total{constraint="memcg"}'] == 0
     assert not any(name.startswith("fleetscope_pool_memory") for name in got)

@@ -42,8 +42,7 @@ from fleetscope.collectors.perf import (
     select_events,
     summarize,
 )
-from fleetscope.collectors.source import LiveHost
-from fleetscope.core.bundle_format import bundle_roots
+from fleetscope.collectors.source import LiveHost, RecordedSample, recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -247,7 +246,7 @@ def test_selection_from_sysfs_is_the_recorded_command(fixture):
     """The fixture's perf command line is exactly what the collector asks perf for when it
     reads the fixture's /sys/bus/event_source tree: the selection covers each platform."""
     root = PERF_FIXTURES / fixture
-    selection = select_events(Scrape((str(root),)))
+    selection = select_events(Scrape(RecordedSample(str(root))))
     recorded = parse_perf_args((root / "cmd/perf-stat.args").read_text())
     assert perf_stat_argv("perf", selection.events, 5.0) == recorded
     assert selection.reasons == {}
@@ -270,21 +269,22 @@ def test_selection_on_other_cores_and_without_pmus(tmp_path):
                         ("ll_cache_miss_rd", 0x37), ("l3d_cache", 0x2B),
                         ("l3d_cache_refill", 0x2A)):
         _write(pmus / f"armv8_pmuv3_0/events/{event}", f"event=0x{code:04x}\n")
-    selection = select_events(Scrape((str(tmp_path),)))
+    selection = select_events(Scrape(RecordedSample(str(tmp_path))))
     assert selection.events[-2:] == ["armv8_pmuv3_0/ll_cache_rd/",
                                      "armv8_pmuv3_0/ll_cache_miss_rd/"]
     assert "uncore_imc_*" in selection.reasons["memory_bandwidth"]
     # An AMD host without amd_umc: the reason points at resctrl.
     _write(pmus / "amd_df/format/event", "config:0-7,32-35,59-60\n")
-    assert "amd_umc" in select_events(Scrape((str(tmp_path),))).reasons["memory_bandwidth"]
+    selection = select_events(Scrape(RecordedSample(str(tmp_path))))
+    assert "amd_umc" in selection.reasons["memory_bandwidth"]
     # AMD's cpu/cache-misses is an L2 event: never taken for the LLC.
     shutil.rmtree(pmus / "armv8_pmuv3_0")
     _write(pmus / "cpu/events/cache-misses", "event=0x64,umask=0x09\n")
     _write(pmus / "cpu/events/cache-references", "event=0x60,umask=0xff\n")
-    selection = select_events(Scrape((str(tmp_path),)))
+    selection = select_events(Scrape(RecordedSample(str(tmp_path))))
     assert "llc" in selection.reasons and selection.core_pmu == "cpu"
     # No sysfs at all: the generic events are still asked for (perf says <not supported>).
-    empty = select_events(Scrape((str(tmp_path / "none"),)))
+    empty = select_events(Scrape(RecordedSample(str(tmp_path / "none"))))
     assert empty.events == ["instructions", "cycles"] and empty.core_pmu is None
 
 
@@ -292,10 +292,10 @@ def test_selection_on_other_cores_and_without_pmus(tmp_path):
 # The collector on the recorded fixtures
 
 
-def _scrape(root, config=None, roots=None):
+def _scrape(root, config=None, source=None):
     exporter = Exporter(str(root), parse_config({"collectors": ["perf"], **(config or {})},
                                                 tuple(COLLECTORS)))
-    return samples(render(exporter.collect(roots=roots) if roots else exporter.collect()))
+    return samples(render(exporter.collect(source=source)))
 
 
 def _bandwidth(parsed, socket, direction):
@@ -408,7 +408,7 @@ def _bundle(tmp_path, csv: str, interval=10.0) -> Path:
 def test_bundle_sample_takes_the_window_from_meta_json(tmp_path):
     csv = (PERF_FIXTURES / "amd-2s/cmd/perf-stat.csv").read_text()
     sample = _bundle(tmp_path, csv, interval=10.0)
-    parsed = _scrape(sample, roots=bundle_roots(str(sample)))
+    parsed = _scrape(sample, source=recorded_sample(str(sample)))
     assert parsed["fleetscope_perf_window_seconds"] == 10
     assert _bandwidth(parsed, "0", "read") == pytest.approx(1.2e9 * 64 / 10)
 
@@ -420,7 +420,7 @@ def test_contract_command_without_per_socket_gives_node_totals(tmp_path):
            "30720.00,MiB,uncore_imc_0/cas_count_read/,10001862824,100.00,,\n"
            "6144.00,MiB,uncore_imc_0/cas_count_write/,10001862824,100.00,,\n")
     sample = _bundle(tmp_path, csv, interval=5.0)
-    parsed = _scrape(sample, roots=bundle_roots(str(sample)))
+    parsed = _scrape(sample, source=recorded_sample(str(sample)))
     assert _bandwidth(parsed, "all", "read") == 30720 * MiB / 5
     assert parsed['fleetscope_instructions_per_cycle{socket="all"}'] == 1.5
     assert parsed['fleetscope_perf_available{event_group="llc"}'] == 0
@@ -583,14 +583,13 @@ def test_platform_peak_is_derived_from_the_cpu_model_without_config(tmp_path):
     # DDR4-2933 channels per socket give 2 x 8 x 2933e6 x 8 bytes/s.
     from fleetscope.collectors.base import Scrape
     from fleetscope.collectors.platform import derived_peak
-    from fleetscope.core.bundle_format import bundle_roots
 
     sample = BUNDLES / "kunpeng-128" / "samples" / "s0000"
-    peak, origin = derived_peak(Scrape(bundle_roots(str(sample))))
+    peak, origin = derived_peak(Scrape(recorded_sample(str(sample))))
     assert peak == 2 * 8 * 2933e6 * 8
     assert origin.startswith("2 socket(s) x HiSilicon Kunpeng 920")
     # An unknown CPU model derives nothing (the config must say).
     root = tmp_path / "root"
     _write(root / "proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
            "model\t\t: 1\nmodel name\t: Some CPU\nflags\t\t: fpu\n\n")
-    assert derived_peak(Scrape((str(root),))) is None
+    assert derived_peak(Scrape(RecordedSample(str(root)))) is None

@@ -15,6 +15,7 @@ import pytest
 # A worker with four threads; it exits by itself after 60 s whatever the test does.
 WORKER = r'''
 import sys, threading, time, urllib.request
+from fleetscope.collectors.source import LiveHost
 port = int(sys.argv[1])
 lock = threading.Lock(); lock.acquire()
 def tool_call():
@@ -80,6 +81,7 @@ def test_no_such_process_is_one_line_and_exit_3():
 def test_diagnose_shows_where_blocked_workers_wait(worker):
     """A worker-blocked-external-call finding on the live node carries the workers' stacks:
     the pid waiting on the network and the call it waits in."""
+    from fleetscope.collectors.source import LiveHost
     from fleetscope.core.config import parse_config
     from fleetscope.diagnose.engine import Finding
     from fleetscope.diagnose.enrich import Enricher
@@ -89,7 +91,7 @@ def test_diagnose_shows_where_blocked_workers_wait(worker):
                                       "match": {"cmdline": "agent_worker.py"}}]})
     finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "chat-online"},
                       300.0, 0.8)
-    Enricher(config, ("/",), ("/",), live=True)(finding)
+    Enricher(config, LiveHost(), LiveHost())(finding)
     assert finding.subjects["pids"] == [worker]
     waits = [e for e in finding.evidence if "waiting on the network" in e["signal"]]
     assert waits and waits[0]["value"] >= 1

@@ -35,6 +35,7 @@ from fleetscope.collectors.parsers.process import (
     parse_task_syscall,
     parse_wchan,
 )
+from fleetscope.collectors.source import LiveHost, RecordedSample
 from fleetscope.collectors.tasks import WaitTracker
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.core.exposition import render
@@ -463,7 +464,6 @@ def test_exporter_shows_blocked_network_threads_and_the_wait_growing(parked_work
 def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_worker,
                                                                       tmp_path):
     from fleetscope.bundle.read import open_bundle
-    from fleetscope.core.bundle_format import bundle_roots
     from fleetscope.diagnose.engine import Finding
     from fleetscope.diagnose.enrich import Enricher
     from fleetscope.diagnose.evidence import bundle_series
@@ -512,8 +512,8 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
 
     finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "agents"},
                       1.0, 0.8)
-    Enricher(config, bundle_roots(bundle.samples[0].directory),
-             bundle_roots(bundle.samples[-1].directory), series)(finding)
+    sources = tuple((bundle.source(sample), sample.time) for sample in bundle.samples)
+    Enricher(config, sources[0][0], sources[-1][0], series, sources)(finding)
     assert finding.subjects["pids"] == [pid]
     assert f"pid {pid} thread " in finding.extra_summary
     assert f"127.0.0.1:{port}" in finding.extra_summary
@@ -552,7 +552,7 @@ def test_live_finding_and_stacks_name_the_call_the_peer_and_the_frame(parked_wor
     assert threads["accept_loop"]["state"] == "idle"
     assert "accept" in threads["accept_loop"]["blocking_call"]
 
-    enricher = Enricher(parse_config(_config(marker)), ("/",), ("/",), live=True)
+    enricher = Enricher(parse_config(_config(marker)), LiveHost(), LiveHost())
     enricher.snapshot()
     time.sleep(1.5)
     finding = Finding(by_id("worker-blocked-external-call"), "node", {"pool": "agents"},
@@ -652,7 +652,8 @@ def test_thread_oversubscription_names_the_pids_with_the_most_threads(tmp_path):
         write_process(root, pid, "python3\0-m\0agent.worker\0", threads=threads)
     write_process(root, 600, "python3\0other.py\0", threads=900)  # not in the pool
     finding = Finding(by_id("thread-oversubscription"), "node", {"pool": "agents"}, 3.0, 0.8)
-    Enricher(parse_config({"pools": POOL}), (str(root),), (str(root),))(finding)
+    tree = RecordedSample(str(root))
+    Enricher(parse_config({"pools": POOL}), tree, tree)(finding)
     assert finding.subjects["pids"] == [501, 503, 500]  # single-threaded 502 is no suspect
     assert finding.extra_summary.startswith("most threads: pid 501 (400)")
 

@@ -62,8 +62,8 @@ class CommandOutputs:
         self.root = source.roots[0]
         self.live = source.live
         # The isa check looks for the crashed binaries on this file system and reads this
-        # CPU: only when the root is this file system's.
-        self.own_root = self.live and os.path.abspath(self.root) == os.sep
+        # CPU: only when the source is this machine's own root.
+        self.own_root = source.own_root
         self._perf: subprocess.Popen | None = None
         self._perf_argv: list[str] | None = None
 

@@ -26,7 +26,13 @@ import tempfile
 from dataclasses import dataclass, field, replace
 
 from fleetscope.collectors.source import RecordedSample
-from fleetscope.core.bundle_format import BUNDLE_FORMAT, DEFAULT_READ_LIMIT, META, load_meta
+from fleetscope.core.bundle_format import (
+    BUNDLE_FORMAT,
+    DEFAULT_READ_LIMIT,
+    META,
+    STATIC,
+    load_meta,
+)
 from fleetscope.core.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
@@ -60,7 +66,7 @@ class Bundle:
     def source(self, sample: Sample) -> RecordedSample:
         """The evidence source replaying `sample`: its directory, then the bundle's static/,
         and the bundle's interval (the perf window of a sample without perf-stat.args)."""
-        return RecordedSample(sample.directory, os.path.join(self.root, "static"),
+        return RecordedSample(sample.directory, os.path.join(self.root, STATIC),
                               self.interval_s)
 
     def config(self, override: Config | None = None) -> Config:

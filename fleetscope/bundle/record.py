@@ -9,7 +9,7 @@ reads through a root reads a sample exactly as it read the live node. What chang
 node lacks is simply absent: the rules that need it are then "not evaluated".
 
 Secrets stay behind (fleetscope.bundle.redact): command lines and the recorded config are redacted,
-what was redacted is counted in meta.json (`redacted`) for `bundle show`, and
+what was redacted is counted in the bundle's metadata (`redacted`) for `bundle show`, and
 /proc/<pid>/environ is never read. Files are 0600 in 0700 directories. The output path is
 never clobbered (`--force` replaces an archive by rename, never writing through a symlink),
 and it is checked writable before the window is recorded.
@@ -35,12 +35,12 @@ from fleetscope.bundle.files import MAX_FILE_BYTES, copy_file, copy_globs
 from fleetscope.bundle.kubernetes import capture_pods
 from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.processes import pool_processes
-from fleetscope.collectors.source import EvidenceSource, evidence_source
+from fleetscope.collectors.source import DMESG, EvidenceSource, RecordingOf
 from fleetscope.core.bundle_format import (
     BUNDLE_FORMAT,
     CMD,
-    DMESG,
     META,
     SIGILL_FAULTS,
     STATIC,
@@ -76,7 +76,7 @@ CGROUP_FILES = {
     ("pids", 1): ("pids.current", "pids.max", "pids.events"),
     ("pids", 2): ("pids.current", "pids.max", "pids.events"),
 }
-MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in meta.json
+MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in the bundle's metadata
 
 
 class RecordError(Exception):
@@ -121,12 +121,11 @@ def _copy_cmdline(root: str, relative: str, destination: str, redactor: Redactor
 
 
 def _capture_processes(root: str, destination: str, config: Config, now: float,
-                       redactor: Redactor | None = None,
-                       source: EvidenceSource | None = None) -> None:
+                       redactor: Redactor, source: EvidenceSource) -> None:
     """Per-process files for pool members and for the heaviest CPU users (a node's thousands
     of idle processes would only cost tens of thousands of files), numa_maps and fd counts for
     pool members, and the pool cgroups' CPU files."""
-    scrape = Scrape(source or (root,), now)
+    scrape = Scrape(source, now)
     pool_members = pool_processes(scrape, config.pools)
     members = {p.pid for p in pool_members}
     usage = []
@@ -232,7 +231,7 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
 
     # Waits are found in what was just recorded (so the bundle agrees with itself), with the
     # live node behind it for the fd links, the memory and the TCP tables.
-    recorded = Scrape((destination, root), scrape.time)
+    recorded = Scrape(RecordingOf(destination, scrape.evidence), scrape.time)
     budget = {p.pool.name: TASKS_READ_PER_POOL for p in pool_members}
     any_wait = False
     try:
@@ -330,20 +329,20 @@ def capture_sigill_faults(static_dir: str, dmesg: str, directories: tuple[str, .
             json.dump(entries, out, indent=1)
 
 
-def record(output: str, seconds: float, interval: float, config: Config, root: str = "/",
-           progress: Callable[[int, int], None] | None = None, force: bool = False) -> str:
-    """Record a bundle; returns the path written."""
+def record(output: str, seconds: float, interval: float, config: Config,
+           source: EvidenceSource, progress: Callable[[int, int], None] | None = None,
+           force: bool = False) -> str:
+    """Record a bundle of `source` (chosen by the command: a LiveHost runs its commands, a
+    recorded tree is copied and nothing is run on its behalf); returns the path written."""
     as_tar = output.endswith((".tar.gz", ".tgz"))
     # Checked before the window is recorded: a typo must not cost a 30 s capture.
     partial = _open_archive(output, force) if as_tar else _prepare_directory(output)
     # Everything recorded is private to its owner: files 0600, directories 0700.
     umask = os.umask(0o077)
-    # Decided once, here: `/` or a host mount (`/host`) is a live host whose commands run;
-    # a fixture tree given as the root is recorded, and nothing is run on its behalf.
-    source = evidence_source(root)
     commands = CommandOutputs(config, source)
     try:
-        _record(output, seconds, interval, config, root, progress, commands, partial, force)
+        _record(output, seconds, interval, config, source.roots[0], progress, commands, partial,
+                force)
         partial = None
         return output
     finally:
@@ -395,12 +394,13 @@ def _prepare_directory(output: str) -> None:
 
 def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
                  redactor: Redactor) -> None:
-    """meta.json: the config redacted and size-bounded, and what redaction removed."""
+    """The bundle's metadata (META): the config redacted and size-bounded, and what
+    redaction removed."""
     recorded_config = redactor.config(config.raw)
     config_json = json.dumps(recorded_config)
     if len(config_json) > MAX_CONFIG_JSON_BYTES:
         raise RecordError(f"the config is over {MAX_CONFIG_JSON_BYTES // 1024} KiB as JSON: "
-                          "too large to record in meta.json")
+                          f"too large to record in {META}")
     # Pod names (namespace, pod, container, annotations) count apart from command lines: a
     # reader of `bundle show` sees that names a pool may match on were changed.
     counts = {kind: redactor.counts.get(kind, 0)
@@ -444,10 +444,13 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
         # The kernel log last, so it holds what happened during the window (a crash loop's
         # SIGILLs are the incident, not history).
         dmesg = _run(["dmesg"], config.command_timeout_seconds) if commands.live else None
-        if dmesg is None and os.path.isfile(os.path.join(root, DMESG)):
-            with open(os.path.join(root, DMESG), encoding="utf-8", errors="replace") as f:
-                dmesg = f.read()
+        if dmesg is None and DMESG in commands.source.kernel_logs:
+            try:
+                dmesg = commands.source.read_text(DMESG)
+            except (NotAvailable, ParseError):
+                dmesg = None
         if dmesg is not None:
+            os.makedirs(static, exist_ok=True)  # a root without static files has none yet
             with open(os.path.join(static, DMESG), "w", encoding="utf-8") as out:
                 out.write(dmesg)
         commands.static(static, dmesg)

@@ -28,8 +28,8 @@ _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
 class Redactor:
-    """Redacts strings and command lines, counting what it removed by kind (for meta.json
-    and `bundle show`)."""
+    """Redacts strings and command lines, counting what it removed by kind (for the bundle's
+    metadata and `bundle show`)."""
 
     def __init__(self, patterns: tuple[str, ...] = ()):
         self.patterns = [re.compile(p) for p in patterns]

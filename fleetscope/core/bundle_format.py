@@ -93,19 +93,17 @@ def load_meta(path: str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-def bundle_roots(root: str) -> tuple[str, ...]:
-    """The directories a root reads from: the root, then its bundle's `static/` if it has one.
-
-    A bundle sample directory (`<bundle>/samples/s0003`) holds what changes; what was captured
-    once (cpuinfo, topology) sits in `<bundle>/static/`, and is looked up there when a sample
-    lacks it (docs/bundle-format.md).
-    """
-    root = os.path.abspath(root)
-    bundle = os.path.dirname(os.path.dirname(root))
+def sample_bundle(directory: str) -> tuple[str, float | None] | None:
+    """(the bundle's static/, its interval_s) when the absolute `directory` is a sample of a
+    bundle (`<bundle>/samples/s0003` with `<bundle>/meta.json` in the bundle format), else
+    None. What was captured once (cpuinfo, topology) sits in static/ and is looked up there
+    when a sample lacks it (docs/bundle-format.md). For a root given as a path (`--root`); a
+    bundle that was opened hands out its samples' sources itself (fleetscope/bundle/read.py)."""
+    bundle = os.path.dirname(os.path.dirname(directory))
     try:
         meta = load_meta(os.path.join(bundle, META))
     except (OSError, ValueError):
-        return (root,)
+        return None
     if isinstance(meta, dict) and meta.get("format") == BUNDLE_FORMAT:
-        return (root, os.path.join(bundle, STATIC))
-    return (root,)
+        return os.path.join(bundle, STATIC), meta.get("interval_s")
+    return None

@@ -92,7 +92,7 @@ class Config:
     # Directories a binary that died of SIGILL is looked for in, before PATH, the library
     # directories and the running processes (fleetscope/tools/isa.py locate_binary).
     binary_dirs: tuple[str, ...] = ()
-    raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for bundle meta.json
+    raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for a bundle's metadata
 
 
 _KNOWN_KEYS = {

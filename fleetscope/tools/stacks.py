@@ -148,12 +148,13 @@ def _kernel_side(stack: ThreadStack) -> None:
     call becomes `network`."""
     from fleetscope.collectors.base import NotAvailable, Scrape
     from fleetscope.collectors.parsers import ParseError
+    from fleetscope.collectors.source import LiveHost
     from fleetscope.collectors.tasks import LOCK_WAIT, socket_wait
 
     if not stack.native_id or stack.state == "cpu":
         return
     try:
-        wait = socket_wait(Scrape(("/",)), stack.pid, stack.native_id)
+        wait = socket_wait(Scrape(LiveHost()), stack.pid, stack.native_id)
     except (NotAvailable, ParseError):
         return  # exited, or no rights on its syscall file: the frames' verdict stands
     if wait == LOCK_WAIT:  # a lock or a wait for work: the frames say which
