@@ -28,6 +28,7 @@ links to the host's proc and sys).
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import signal
@@ -227,23 +228,41 @@ class Reader:
 
     def read_under(self, root: str, relative: str) -> str | None:
         """read_text under one root; None when the file is not there."""
+        limit = read_limit(relative)
+        data = self._bytes_under(root, relative, limit + 1)
+        if data is None:
+            return None
+        if len(data) > limit:
+            raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
+                             "writes there: refused")
+        return data.decode("utf-8", "replace")
+
+    def _bytes_under(self, root: str, relative: str, most: int) -> bytes | None:
+        """Up to `most` bytes of root/relative opened as _open_regular opens it; None when
+        the file is not there."""
         try:
             fd = self._open_regular(root, relative)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as err:  # EACCES, EOPNOTSUPP (PSI disabled), EIO, ELOOP
             raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
-        limit = read_limit(relative)
         try:
-            data = _read_bounded(fd, limit + 1)
+            return _read_bounded(fd, most)
         except OSError as err:
             raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
         finally:
             os.close(fd)
-        if len(data) > limit:
-            raise ParseError(f"/{relative}: larger than {limit} bytes, more than the kernel "
-                             "writes there: refused")
-        return data.decode("utf-8", "replace")
+
+    def read_bytes(self, relative: str, most: int) -> bytes:
+        """The first `most` bytes of a file under the roots, as read_text finds and opens it
+        (a recorded root's regular files inside the root only), cut rather than refused past
+        `most`: what `bundle record` copies."""
+        check_relative(relative)
+        for root in self.roots:
+            data = self._bytes_under(root, relative, most)
+            if data is not None:
+                return data
+        raise NotAvailable(f"/{relative} does not exist")
 
     def read_proc(self, relative: str, single: bool = False) -> str:
         """A per-process file (collectors/tasks.py): under a recorded root the checked read
@@ -265,9 +284,15 @@ class Reader:
         return None
 
     def listdir(self, relative: str) -> list[str]:
-        """Entry names of a directory under the roots (merged across them), sorted."""
+        """Entry names of a directory under the roots (merged across them), sorted; none
+        when no root has it."""
+        return self.entries(relative) or []
+
+    def entries(self, relative: str) -> list[str] | None:
+        """listdir's names, or None when no root has the directory (a recorded root's
+        directory linked out of it counts as not there)."""
         check_relative(relative)
-        names: set[str] = set()
+        names: set[str] | None = None
         for root in self.roots:
             directory = os.path.join(root, relative)
             try:
@@ -279,8 +304,22 @@ class Reader:
             if self._real_roots.get(root) is not None and \
                     not self._inside(root, os.path.realpath(directory)):
                 continue  # a link out of the bundle: its entries are not the bundle's
-            names.update(entries)
-        return sorted(names)
+            names = set(entries) if names is None else names | set(entries)
+        return None if names is None else sorted(names)
+
+    def files_matching(self, pattern: str) -> list[str]:
+        """The relative paths of the files under the roots that match a glob `pattern`
+        (merged across roots, sorted). Under a recorded root a match that resolves outside
+        it (a link out, or a directory linked out on the way) is left out."""
+        check_relative(pattern)
+        found: set[str] = set()
+        for root in self.roots:
+            checked = self._real_roots.get(root) is not None
+            for path in glob.glob(os.path.join(root, pattern)):
+                if os.path.isfile(path) and not (
+                        checked and not self._inside(root, os.path.realpath(path))):
+                    found.add(os.path.relpath(path, root))
+        return sorted(found)
 
 
 class LiveReader(Reader):
@@ -323,6 +362,20 @@ class LiveReader(Reader):
             finally:
                 os.close(fd)
             return data.decode("utf-8", "replace")
+        raise NotAvailable(f"/{relative} does not exist")
+
+    def read_bytes(self, relative: str, most: int) -> bytes:
+        """Up to `most` bytes in one buffered read, nothing checked: the host's own files,
+        links included (proc/self)."""
+        check_relative(relative)
+        for root in self.roots:
+            try:
+                with open(os.path.join(root, relative), "rb") as source:
+                    return source.read(most)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as err:  # EACCES, ESRCH: the process exited
+                raise NotAvailable(f"/{relative}: {err.strerror or err}") from None
         raise NotAvailable(f"/{relative} does not exist")
 
     def read_head(self, relative: str, size: int) -> str | None:

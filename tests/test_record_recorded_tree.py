@@ -5,7 +5,7 @@ resolving inside the root. Recording one copies through the same reads, so a lin
 tree (to a file holding a secret), a FIFO where a /proc file should be, or a directory linked
 out is left out of the bundle, and the recording ends. Each hazard is planted in a Kubernetes
 node tree and recorded in a child with a timeout (a FIFO opened for reading waits for a
-writer for good).
+writer for good). The reads it copies with are checked on their own at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetscope.collectors.source import LiveHost, NotAvailable, RecordedSample, RefusedPath
 from tests.hostile_corpus import run
 from tests.test_kubernetes_pods import BATCH_CID, BATCH_UID, POD_POOLS, RUNTIME, kube_tree
 from tests.test_pools import write
@@ -179,3 +180,35 @@ def test_recording_a_clean_recorded_tree_copies_it_as_it_is(tmp_path):
         (root / "proc/self/mountinfo").read_bytes()
     assert (sample / f"{RUNTIME}/{BATCH_CID}/config.json").is_file()
     assert (sample / f"var/log/pods/batch_etl-7f9c_{BATCH_UID}/etl").is_dir()
+
+
+def test_the_copy_reads_refuse_only_under_a_recorded_root(tmp_path):
+    """What bundle record copies with: a recorded tree's reader refuses a link out and a
+    FIFO and lists no directory linked out; a live host's reader reads its root as it is."""
+    root = tmp_path / "tree"
+    write(root / "proc/meminfo", "MemTotal: 1 kB\n")
+    _link_out(root, "proc/stat", _secret_file(tmp_path))
+    os.mkfifo(root / "proc/loadavg")
+    for fd in "012":
+        write(root / "proc/1/fd" / fd, "")
+    write(tmp_path / "outside/node/node0/numastat", f"numa_hit {SECRET}\n")
+    _link_out(root, "sys/devices/system/node", tmp_path / "outside/node")
+    recorded = RecordedSample(str(root)).reader()
+    live = LiveHost(str(root)).reader()
+    assert recorded.read_bytes("proc/meminfo", 8) == live.read_bytes("proc/meminfo", 8) == \
+        b"MemTotal"
+    with pytest.raises(RefusedPath, match="a link out"):
+        recorded.read_bytes("proc/stat", 4096)
+    with pytest.raises(RefusedPath, match="not a regular file"):
+        recorded.read_bytes("proc/loadavg", 4096)
+    with pytest.raises(NotAvailable, match="does not exist"):
+        recorded.read_bytes("proc/vmstat", 4096)
+    assert live.read_bytes("proc/stat", 4096) == f"{SECRET}\n".encode()
+    numastat = "sys/devices/system/node/node*/numastat"
+    assert recorded.files_matching(numastat) == []
+    assert live.files_matching(numastat) == ["sys/devices/system/node/node0/numastat"]
+    assert recorded.files_matching("proc/*") == ["proc/meminfo"]
+    assert recorded.entries("sys/devices/system/node") is None
+    assert live.entries("sys/devices/system/node") == ["node0"]
+    assert recorded.entries("proc/1/fd") == ["0", "1", "2"]
+    assert recorded.entries("proc/2/fd") is None and recorded.listdir("proc/2/fd") == []
