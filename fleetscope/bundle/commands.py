@@ -24,7 +24,7 @@ import subprocess
 
 from fleetscope.bundle.files import copy_globs
 from fleetscope.collectors.base import NotAvailable, Scrape
-from fleetscope.collectors.source import EvidenceSource, kill
+from fleetscope.collectors.source import EvidenceSource, Reader, kill
 from fleetscope.core.bundle_format import (
     AGENT_PROM,
     CMD,
@@ -59,7 +59,6 @@ class CommandOutputs:
     def __init__(self, config: Config, source: EvidenceSource):
         self.config = config
         self.source = source
-        self.root = source.roots[0]
         self.live = source.live
         # The isa check looks for the crashed binaries on this file system and reads this
         # CPU: only when the source is this machine's own root.
@@ -157,8 +156,10 @@ class CommandOutputs:
             with open(os.path.join(static_dir, isa_check_file(binary)), "w") as out:
                 json.dump(document, out, indent=1)
 
-    def sample(self, sample_dir: str, interval: float) -> None:
-        copy_globs(self.root, NETWORK_GLOBS, sample_dir)
+    def sample(self, sample_dir: str, interval: float, reader: Reader) -> None:
+        """The sample's network files (read by `reader`, the sample's pass over the source)
+        and, on a live host, its command outputs."""
+        copy_globs(reader, NETWORK_GLOBS, sample_dir)
         if not self.live:
             return  # a replayed root has no commands to run and no endpoints to ask
         for part in (self._finish_perf, self._ethtool, self._agent):

@@ -28,16 +28,17 @@ from fleetscope.collectors.parsers.kubepods import (
     parse_pod_log_dir,
 )
 from fleetscope.collectors.pods import RUNTIME_SPEC_FILES
+from fleetscope.collectors.source import NotAvailable, Reader
 from fleetscope.core.config import Config
 
 KUBELET_FILES = ("cpu_manager_state", "memory_manager_state")
 MAX_SPEC_BYTES = 4 * 1024 * 1024  # an OCI spec is tens of KiB
 
 
-def _listdir(path: str) -> list[str]:
+def _listdir(reader: Reader, relative: str) -> list[str]:
     try:
-        return sorted(os.listdir(path))
-    except OSError:
+        return reader.listdir(relative)
+    except NotAvailable:
         return []
 
 
@@ -45,7 +46,8 @@ def _redact_joined(name: str, redactor: Redactor) -> str:
     return "_".join(redactor.text(part, "pod_names") for part in name.split("_"))
 
 
-def capture_pods(root: str, destination: str, config: Config, pids, redactor: Redactor) -> None:
+def capture_pods(reader: Reader, destination: str, config: Config, pids,
+                 redactor: Redactor) -> None:
     """Record the pods of `pids` (their proc/<pid>/cgroup already copied to destination)."""
     uids: set[str] = set()
     container_ids: set[str] = set()
@@ -64,18 +66,18 @@ def capture_pods(root: str, destination: str, config: Config, pids, redactor: Re
         return
     paths = config.kubernetes
     pod_logs = paths.relative(paths.pod_logs)
-    for entry in _listdir(os.path.join(root, pod_logs)):
+    for entry in _listdir(reader, pod_logs):
         found = parse_pod_log_dir(entry)
         if found is None or found.uid not in uids:
             continue
         target = os.path.join(destination, pod_logs, _redact_joined(entry, redactor))
         os.makedirs(target, exist_ok=True)
-        for container in _listdir(os.path.join(root, pod_logs, entry)):
+        for container in _listdir(reader, f"{pod_logs}/{entry}"):
             os.makedirs(os.path.join(target, redactor.text(container, "pod_names")),
                         exist_ok=True)
     named: set[str] = set()
     container_logs = paths.relative(paths.container_logs)
-    for entry in _listdir(os.path.join(root, container_logs)):
+    for entry in _listdir(reader, container_logs):
         link = parse_container_log_link(entry)
         if link is None or link.container_id not in container_ids:
             continue
@@ -86,13 +88,13 @@ def capture_pods(root: str, destination: str, config: Config, pids, redactor: Re
         with open(os.path.join(target, f"{redacted}-{link.container_id}.log"), "w"):
             pass
     for container_id in sorted(container_ids - named):
-        _capture_annotations(root, destination, config, container_id, redactor)
+        _capture_annotations(reader, destination, config, container_id, redactor)
     kubelet = paths.relative(paths.kubelet_root)
     for name in KUBELET_FILES:
-        copy_file(root, f"{kubelet}/{name}", destination)
+        copy_file(reader, f"{kubelet}/{name}", destination)
 
 
-def _capture_annotations(root: str, destination: str, config: Config, container_id: str,
+def _capture_annotations(reader: Reader, destination: str, config: Config, container_id: str,
                          redactor: Redactor) -> None:
     """The runtime's spec of a container the log links do not name, its pod annotations
     alone."""
@@ -100,13 +102,11 @@ def _capture_annotations(root: str, destination: str, config: Config, container_
         for name in RUNTIME_SPEC_FILES:
             relative = f"{config.kubernetes.relative(directory)}/{container_id}/{name}"
             try:
-                with open(os.path.join(root, relative), encoding="utf-8",
-                          errors="replace") as handle:
-                    text = handle.read(MAX_SPEC_BYTES)
+                text = reader.read_bytes(relative, MAX_SPEC_BYTES).decode("utf-8", "replace")
                 if parse_oci_annotations(text) is None:
                     continue
                 annotations = json.loads(text)["annotations"]
-            except (OSError, ParseError, ValueError, KeyError):
+            except (NotAvailable, ParseError, ValueError, KeyError):
                 continue
             kept = {key: redactor.text(str(annotations[key]), "pod_names")
                     for key in RECORDED_ANNOTATIONS if key in annotations}

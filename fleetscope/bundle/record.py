@@ -4,8 +4,11 @@
 
 Files are copied byte for byte from /proc and /sys (through `--root`), so anything that
 reads through a root reads a sample exactly as it read the live node. What changes goes in
-`samples/sNNNN/`, what does not in `static/`. Command outputs (`perf stat`, `ethtool -S`,
-`dmesg`) and the agent runtime's metrics are stored as those tools print them. A file the
+`samples/sNNNN/`, what does not in `static/`. Every copy goes through the evidence source's
+reader: a recorded root (`--root` of a bundle sample or a fixture tree) gives only its regular
+files inside the root, so a link out of it or a FIFO is left out. Command outputs (`perf
+stat`, `ethtool -S`, `dmesg`) and the agent runtime's metrics are stored as those tools print
+them. A file the
 node lacks is simply absent: the rules that need it are then "not evaluated".
 
 Secrets stay behind (fleetscope.bundle.redact): command lines and the recorded config are redacted,
@@ -20,6 +23,7 @@ Node side: standard library, plus the collectors' own helpers for commands.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -37,7 +41,7 @@ from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.processes import pool_processes
-from fleetscope.collectors.source import DMESG, EvidenceSource, RecordingOf
+from fleetscope.collectors.source import DMESG, EvidenceSource, Reader, RecordingOf
 from fleetscope.core.bundle_format import (
     BUNDLE_FORMAT,
     CMD,
@@ -98,71 +102,55 @@ def _run(argv: list[str], timeout: float) -> str | None:
 TOP_CPU_PROCESSES = 20  # besides pool members: the heaviest CPU users (antagonists)
 
 
-def _cpu_ticks(stat_text: bytes) -> int:
-    fields = stat_text.rpartition(b")")[2].split()
+def _cpu_ticks(stat_text: str) -> int:
+    fields = stat_text.rpartition(")")[2].split()
     try:
         return int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
         return 0
 
 
-def _copy_cmdline(root: str, relative: str, destination: str, redactor: Redactor) -> bool:
-    """Copy a /proc/<pid>/cmdline with credential-looking arguments redacted."""
-    try:
-        with open(os.path.join(root, relative), "rb") as source:
-            data = source.read(MAX_FILE_BYTES)
-    except OSError:
-        return False
-    target = os.path.join(destination, relative)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as out:
-        out.write(redactor.cmdline(data))
-    return True
-
-
-def _capture_processes(root: str, destination: str, config: Config, now: float,
-                       redactor: Redactor, source: EvidenceSource) -> None:
+def _capture_processes(scrape: Scrape, destination: str, config: Config,
+                       redactor: Redactor) -> None:
     """Per-process files for pool members and for the heaviest CPU users (a node's thousands
     of idle processes would only cost tens of thousands of files), numa_maps and fd counts for
     pool members, and the pool cgroups' CPU files."""
-    scrape = Scrape(source, now)
+    reader = scrape.reader
     pool_members = pool_processes(scrape, config.pools)
     members = {p.pid for p in pool_members}
     usage = []
-    for name in os.listdir(os.path.join(root, "proc")):
+    for name in reader.listdir("proc"):
         if name.isdigit() and int(name) not in members:
             try:
-                with open(os.path.join(root, "proc", name, "stat"), "rb") as handle:
-                    usage.append((_cpu_ticks(handle.read()), int(name)))
-            except OSError:
-                continue  # exited
+                usage.append((_cpu_ticks(reader.read_proc(f"proc/{name}/stat", True)),
+                              int(name)))
+            except (NotAvailable, ParseError):
+                continue  # exited (in a recording: absent, refused or corrupt)
     usage.sort(reverse=True)
     chosen = sorted(members | {pid for ticks, pid in usage[:TOP_CPU_PROCESSES] if ticks > 0})
+    redactor = redactor or Redactor(config.redact)
     for pid in chosen:
         base = f"proc/{pid}"
-        if not copy_file(root, f"{base}/stat", destination):
+        if not copy_file(reader, f"{base}/stat", destination):
             continue  # exited
         for file_name in PID_FILES[1:]:
-            if file_name == "cmdline":
-                _copy_cmdline(root, f"{base}/cmdline", destination,
-                              redactor or Redactor(config.redact))
-            else:
-                copy_file(root, f"{base}/{file_name}", destination)
+            copy_file(reader, f"{base}/{file_name}", destination,
+                      redactor.cmdline if file_name == "cmdline" else None)
         try:
-            fd_count = len(os.listdir(os.path.join(root, base, "fd")))
-        except OSError:
-            fd_count = None
-        if fd_count is not None:
+            fds = reader.entries(f"{base}/fd")
+        except NotAvailable:
+            fds = None
+        if fds is not None:
             with open(os.path.join(destination, base, "fd_count"), "w") as out:
-                out.write(f"{fd_count}\n")
+                out.write(f"{len(fds)}\n")
         if pid in members:
-            copy_file(root, f"{base}/numa_maps", destination)
+            copy_file(reader, f"{base}/numa_maps", destination)
     for directory, file_names in _cgroup_files(scrape, pool_members).items():
         for file_name in file_names:
-            copy_file(root, f"{directory}/{file_name}", destination)
-    capture_pods(root, destination, config, chosen, redactor or Redactor(config.redact))
-    _capture_memory_cgroups(root, destination, scrape, pool_members)
-    _capture_threads(root, destination, scrape, pool_members)
+            copy_file(reader, f"{directory}/{file_name}", destination)
+    capture_pods(reader, destination, config, chosen, redactor)
+    _capture_memory_cgroups(destination, scrape, pool_members)
+    _capture_threads(destination, scrape, pool_members)
 
 
 def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
@@ -188,36 +176,38 @@ def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
     return {directory: tuple(dict.fromkeys(names)) for directory, names in wanted.items()}
 
 
-def capture_cgroup_mounts(root: str, static_dir: str) -> None:
+def capture_cgroup_mounts(reader: Reader, static_dir: str) -> None:
     """static/proc/self/mountinfo: the recorder's cgroup mounts only (where each hierarchy
     is, collectors/cgroups.py), so a bundle finds its v1 and v2 files as the node did."""
     from fleetscope.collectors.cgroups import MOUNTINFO
 
     try:
-        with open(os.path.join(root, MOUNTINFO), encoding="utf-8", errors="replace") as source:
-            lines = [line for line in source if " - cgroup" in line]
-    except OSError:
+        data = reader.read_bytes(MOUNTINFO, MAX_FILE_BYTES)
+    except NotAvailable:
         return
+    # Lines as a text file yields them (universal newlines), not str.splitlines's.
+    with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace") as source:
+        lines = [line for line in source if " - cgroup" in line]
     target = os.path.join(static_dir, MOUNTINFO)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "w") as out:
         out.writelines(lines)
 
 
-def _capture_memory_cgroups(root: str, destination: str, scrape: Scrape, pool_members) -> None:
+def _capture_memory_cgroups(destination: str, scrape: Scrape, pool_members) -> None:
     """The pool members' memory cgroup files (v1 and v2), at the paths the memory collector
     reads them from (collectors/memory.py)."""
     from fleetscope.collectors.memory import MEMCG_FILES, memory_cgroup_dirs
 
     for directory in memory_cgroup_dirs(scrape, pool_members):
         for file_name in MEMCG_FILES:
-            copy_file(root, f"{directory}/{file_name}", destination)
+            copy_file(scrape.reader, f"{directory}/{file_name}", destination)
 
 
 TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
 
 
-def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) -> None:
+def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
     """Pool members' threads as the pools collector reads them (the same threads, in the
     same order and bound: collectors/tasks.py), and what their network waits need where the
     live node has fd links and process memory: proc/<pid>/fd_sockets ("fd inode" lines),
@@ -232,6 +222,7 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
     # Waits are found in what was just recorded (so the bundle agrees with itself), with the
     # live node behind it for the fd links, the memory and the TCP tables.
     recorded = Scrape(RecordingOf(destination, scrape.evidence), scrape.time)
+    reader, root = scrape.reader, scrape.roots[0]
     budget = {p.pool.name: TASKS_READ_PER_POOL for p in pool_members}
     any_wait = False
     try:
@@ -242,12 +233,12 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
         pid = process.pid
         base = f"proc/{pid}"
         for file_name in ("syscall", "wchan"):  # the leader's: task/<pid> is proc/<pid>
-            copy_file(root, f"{base}/{file_name}", destination)
+            copy_file(reader, f"{base}/{file_name}", destination)
         tids = [t for t in task_ids(scrape, pid) if t != pid][:budget[process.pool.name]]
         budget[process.pool.name] -= len(tids)
         for tid in tids:
             for file_name in TASK_FILES:
-                copy_file(root, f"{base}/task/{tid}/{file_name}", destination)
+                copy_file(reader, f"{base}/task/{tid}/{file_name}", destination)
         waits = process_network_waits(recorded, pid, tids=tids)
         if not waits:
             continue
@@ -268,10 +259,10 @@ def _capture_threads(root: str, destination: str, scrape: Scrape, pool_members) 
             other_net = False
         if other_net:  # a container's workers: their own namespace's table
             for name in ("tcp", "tcp6"):
-                copy_file(root, f"{base}/net/{name}", destination)
+                copy_file(reader, f"{base}/net/{name}", destination)
     if any_wait:
         for name in ("tcp", "tcp6"):
-            copy_file(root, f"proc/net/{name}", destination)
+            copy_file(reader, f"proc/net/{name}", destination)
 
 
 def _capture_listeners(destination: str, source: EvidenceSource) -> None:
@@ -341,8 +332,7 @@ def record(output: str, seconds: float, interval: float, config: Config,
     umask = os.umask(0o077)
     commands = CommandOutputs(config, source)
     try:
-        _record(output, seconds, interval, config, source.roots[0], progress, commands, partial,
-                force)
+        _record(output, seconds, interval, config, source, progress, commands, partial, force)
         partial = None
         return output
     finally:
@@ -412,7 +402,7 @@ def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config
         json.dump(meta, out, indent=2)
 
 
-def _record(output, seconds, interval, config, root, progress, commands, partial, force):
+def _record(output, seconds, interval, config, source, progress, commands, partial, force):
     as_tar = partial is not None
     redactor = Redactor(config.redact)
     workdir = tempfile.mkdtemp(prefix="fleetscope-record-") if as_tar else output
@@ -420,8 +410,9 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
     os.makedirs(bundle_dir, exist_ok=True)
     try:
         static = os.path.join(bundle_dir, STATIC)
-        copy_globs(root, STATIC_GLOBS, static)
-        capture_cgroup_mounts(root, static)
+        static_reader = source.reader()
+        copy_globs(static_reader, STATIC_GLOBS, static)
+        capture_cgroup_mounts(static_reader, static)
         count = max(1, int(seconds / interval) + 1)
         samples = []
         start = time.monotonic()
@@ -433,10 +424,11 @@ def _record(output, seconds, interval, config, root, progress, commands, partial
             relative = sample_path(index)
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
-            copy_globs(root, SAMPLE_GLOBS, sample_dir)
-            if os.path.isdir(os.path.join(root, "proc")):
-                _capture_processes(root, sample_dir, config, now, redactor, commands.source)
-            commands.sample(sample_dir, interval)
+            scrape = Scrape(source, now)  # this sample's reads
+            copy_globs(scrape.reader, SAMPLE_GLOBS, sample_dir)
+            if os.path.isdir(os.path.join(source.roots[0], "proc")):
+                _capture_processes(scrape, sample_dir, config, redactor)
+            commands.sample(sample_dir, interval, scrape.reader)
             _capture_listeners(sample_dir, commands.source)
             samples.append({"dir": relative, "time": round(now, 3)})
             if progress:
