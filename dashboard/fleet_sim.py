@@ -256,8 +256,10 @@ def _index_effects(fault_list) -> tuple[dict[str, list], list]:
             if not isinstance(effect, Set) or effect.signal not in SIGNALS:
                 raise ValueError(f"{rule_id}: the simulated fleet has no signal "
                                  f"{getattr(effect, 'signal', effect)!r} (fleet_sim.SIGNALS)")
-            if effect.pools not in POOL_CHOICES:
-                raise ValueError(f"{rule_id}: pools={effect.pools!r}, not one of {POOL_CHOICES}")
+            if effect.pools not in POOL_CHOICES or (
+                    SIGNALS[effect.signal][0] == NODE and effect.pools != "first"):
+                raise ValueError(f"{rule_id}: {effect.signal} pools={effect.pools!r}: a "
+                                 f"pool's signal takes one of {POOL_CHOICES}, a node's none")
             effects_on[effect.signal].append((number, effect))
     return effects_on, events
 
@@ -312,23 +314,29 @@ class _Effects:
         for number, effect in self.fleet.effects_on[signal]:
             on = self.active[number][rows]
             if pools is not None:
-                online, slot = pools
-                on = on & (online if effect.pools == "online" else ~online
-                           if effect.pools == "offline" else slot == 0)
-            change = effect.value
-            if callable(change):
-                change = change(Site(self.fleet, self.idx[rows], self.t,
-                                     self.since(number)[rows], processes))
+                on = on & _pools_hit(effect.pools, *pools)
+            change = self.value(effect.value, number, rows, processes)
             value = value + np.where(on, change, 0.0) if effect.add else \
                 np.where(on, change, value)
         return value
 
-    def events(self, number: int, events: Events, rows: np.ndarray) -> np.ndarray:
-        """Events.ago on these rows."""
-        ago = events.ago
-        if callable(ago):
-            ago = ago(Site(self.fleet, self.idx[rows], self.t, self.since(number)[rows]))
-        return ago
+    def value(self, value, number: int, rows, processes=None):
+        """An effect's value on these rows: a number or text as it is, `Noisy` or a function
+        of the Site evaluated there."""
+        if not callable(value):
+            return value
+        return value(Site(self.fleet, self.idx[rows], self.t, self.since(number)[rows],
+                          processes))
+
+
+def _pools_hit(which: str, online: np.ndarray, slot: int):
+    """The rows whose pool an effect hits (Set.pools): the node's first pool, or its online
+    or offline ones."""
+    if which == "online":
+        return online
+    if which == "offline":
+        return ~online
+    return slot == 0
 
 
 class Fleet:
@@ -673,7 +681,7 @@ class Fleet:
                 values = np.where(since >= 0, np.floor(since / events.every_s) + 1, np.nan)
                 yield events.counter, labels, values, hit
             if events.last_seen and want(events.last_seen):
-                ago = fx.events(number, events, hit)
+                ago = fx.value(events.ago, number, hit)
                 last = np.where(since >= 0, t[None, :] - np.minimum(ago, since), np.nan)
                 yield events.last_seen, labels, last, hit
         yield from self._memory_families(idx, t, s, want, counter, node_labels)
