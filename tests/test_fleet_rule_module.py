@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,3 +95,29 @@ def test_an_effect_on_a_signal_the_simulator_lacks_is_refused(throwaway):
     with CATALOG.registered(replace(rule, fleet=fault), throwaway.RANK):
         with pytest.raises(ValueError, match="no_such_signal"):
             Fleet(nodes=64, cores=16)
+
+
+def _probe(throwaway, effects) -> Fleet:
+    """A 64-node fleet with a probe fault on a few chat nodes."""
+    probe = FleetFault(("chat",), 256, 30, effects=effects)
+    with CATALOG.registered(replace(throwaway.RULE, fleet=probe), throwaway.RANK):
+        return Fleet(nodes=64, cores=16)
+
+
+@pytest.mark.parametrize("signal", sorted(SIGNALS))
+def test_every_signal_of_the_vocabulary_moves_what_the_exporter_shows(throwaway, signal):
+    """An effect on any signal of fleet_sim.SIGNALS changes the fleet's series (or a node's
+    per-core ones): the vocabulary names nothing the simulator leaves unused."""
+    value = "probe-model" if signal == "tool_model" else 7.0
+    moved, still = _probe(throwaway, (Set(signal, value),)), _probe(throwaway, ())
+    node = moved.instances[moved.faults[throwaway.RULE.id][0]]
+    assert (moved.series().by_name != still.series().by_name
+            or moved.node_series(node, 2).by_name != still.node_series(node, 2).by_name)
+
+
+def test_the_simulator_holds_no_rule_id():
+    sources = [Path(data.__file__).with_name(name).read_text()
+               for name in ("fleet_sim.py", "fleet_eval.py")]
+    for rule_id in RULE_IDS:
+        assert not any(re.search(rf"\b{re.escape(rule_id)}\b", text) for text in sources), \
+            rule_id
