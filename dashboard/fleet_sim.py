@@ -2,7 +2,7 @@
 
     fleet = Fleet(nodes=4096, cores=128)
     series = fleet.series()                 # every node, the last two scrapes (60 s apart)
-    fleet.faults["roce-congestion"]         # the nodes where that fault was injected
+    fleet.faults[rule.id]                   # the nodes where that rule's fault was injected
     one = fleet.node_series("r007n12:9105") # one node over the last hours, per core too
 
 The output is what the console reads from Prometheus: `rules.promql.Series` (metric name ->
@@ -14,10 +14,12 @@ on `fleetscope_cpu_info` as the target labels a fleet's scrape config would add 
 
 The layout is a reference cluster of the kind fleetscope watches: racks of 32
 2-socket nodes (Kunpeng 920 in three steppings, two x86 generations), pools for online chat,
-code generation, offline batch and a mixed pool, 2 RoCE ports per node, diurnal load, and one
-injected fault per rule id. Everything is a pure function of (seed, node, time): the last
-scrape of `node_series` equals the one in `series`, and two runs give the same fleet. Values
-are computed with numpy over all nodes at once; only the conversion to `Series` loops.
+code generation, offline batch and a mixed pool, 2 RoCE ports per node, diurnal load, and the
+fault of every registered rule that has one: its module says where it lands and how it moves
+the metrics (rules/fleet.py), in the vocabulary of SIGNALS below, so this module holds no
+rule id. Everything is a pure function of (seed, node, time): the last scrape of
+`node_series` equals the one in `series`, and two runs give the same fleet. Values are
+computed with numpy over all nodes at once; only the conversion to `Series` loops.
 
 No streamlit here: the console's pages draw what this produces.
 """
@@ -32,6 +34,7 @@ import numpy as np
 
 from fleetscope.agent_runtime.schema import SESSION_BUCKETS, STAGES
 from fleetscope.core.harm_targets import parse_harm_targets
+from fleetscope.rules.fleet import Events, FleetFault, Set
 from fleetscope.rules.promql import Series
 
 STEP_S = 60  # seconds between scrapes
@@ -117,29 +120,94 @@ POOL_SLOTS = {"chat": (0, -1), "codegen": (1, -1), "batch": (2, -1), "mixed": (0
 DEMO_HARM_TARGETS = parse_harm_targets({"pools": {
     "chat-online": {"online_session_p99_seconds": 1.5},
     "codegen-online": {"online_session_p99_seconds": 8.0}}})
-BAD_QUANT_MODEL = "qwen2.5-7b-instruct-q2_k"
-CRASHING_BINARY = "tool-runner"  # crash-loop: segfaults at start
-NEW_BINARY = "llama-server"  # built with -march=native on a Kunpeng 920B: SVE everywhere
-
 RDMA_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled",
                  "out_of_sequence", "packet_seq_err")
 MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def faults() -> tuple[tuple[str, tuple[str, ...], int | str, int], ...]:
-    """(rule id, node pools it lands on, nodes in a 4,096-node fleet or "rack" = one whole
-    rack, minutes ago it started) of every registered rule that declares a fleet fault
-    (rules/builtin/<rule>.py `fleet`). Sizes scale with the fleet; every fault gets at least
-    one node. Whole-rack faults are placed first (they need racks no other fault took), the
-    rest in rank order. How each fault moves the metrics is below, keyed by the rule id."""
+def faults() -> tuple[tuple[str, FleetFault], ...]:
+    """(rule id, fault) of every placement of every registered rule that declares a fleet
+    fault (rules/builtin/<rule>.py `fleet`). Sizes scale with the fleet; every fault gets at
+    least one node. Whole-rack faults are placed first (they need racks no other fault took),
+    the rest in rank order, then every rule's further placements (`also`)."""
     from fleetscope.rules.catalog import CATALOG
 
-    placed = [(rule.id, rule.fleet.pools, rule.fleet.nodes, rule.fleet.minutes)
-              for rule in CATALOG if rule.fleet is not None]
-    return tuple(sorted(placed, key=lambda fault: fault[2] != "rack"))
+    first = [(rule.id, rule.fleet) for rule in CATALOG if rule.fleet is not None]
+    further = [(rule_id, more) for rule_id, fault in first for more in fault.also]
+    return (*sorted(first, key=lambda placed: placed[1].nodes != "rack"), *further)
 
 
-STEAL_NODES = 4  # chat nodes on an oversold VM host: offline-preemption through steal
+# The simulator's vocabulary: the signals a rule's fault can move (rules/fleet.py), each a
+# node's (per node and minute) or a workload pool's (per pool on the node and minute), and
+# what it is. Effects apply where the fault is active, on top of the healthy value given.
+NODE, POOL = "node", "pool"
+SIGNALS = {
+    # CPU
+    "cpu_load": (NODE, "the median core's busy share before it clips at 3-90 %"),
+    "busy_p50": (NODE, "the median core's busy share"),
+    "busy_p90": (NODE, "the 90th percentile core's busy share"),
+    "busy_max": (NODE, "the busiest core's busy share"),
+    "hog_cores": (NODE, "share of the cores pinned busy by hogs (they set the node's p90)"),
+    "core_wait_max": (NODE, "the largest share of time a core's tasks wait to run"),
+    "cpu_pressure": (NODE, "PSI cpu some: share of time some task waits for a CPU"),
+    "cpu_wait": (NODE, "seconds a second each CPU's tasks wait to run, beyond the load's"),
+    "runnable_per_core": (NODE, "runnable tasks per core"),
+    "steal_p90": (NODE, "the 90th percentile core's steal share (p50, min, max follow)"),
+    "node_softirq": (NODE, "softirq share of every CPU beyond 5 % of its busy time"),
+    "irq_core_softirq": (NODE, "softirq share of every 8th core (where device IRQs land)"),
+    # memory
+    "membw_ratio": (NODE, "DRAM bandwidth used over the peak"),
+    "llc_miss_ratio": (NODE, "last-level cache misses over references"),
+    "ipc": (NODE, "instructions per cycle"),
+    "numa_remote_pages": (NODE, "pages a second allocated on another NUMA node"),
+    "oom_kill_rate": (NODE, "OOM kills a second (memcg)"),
+    "memory_pressure": (NODE, "PSI memory some: share of time some task stalls"),
+    "allocation_stall_rate": (NODE, "allocation stalls a second"),
+    # network
+    "roce_ecn_rate": (NODE, "ECN-marked RoCE packets a second (CNPs follow)"),
+    "pfc_pause_rate": (NODE, "PFC pause frames a second received"),
+    "listen_overflow_rate": (NODE, "listen queue overflows (and drops) a second"),
+    "listen_queue": (NODE, "connections waiting in the gateway's accept queue"),
+    # a workload pool's processes
+    "threads_per_process": (POOL, "threads each process runs"),
+    "runnable_share": (POOL, "share of the pool's threads runnable"),
+    "nonvoluntary_switch_rate": (POOL, "involuntary context switches a second"),
+    "process_start_rate": (POOL, "processes started a second"),
+    "lock_waiters": (POOL, "processes waiting on a file lock"),
+    "run_delay_per_process": (POOL, "run-queue delay seconds a second, per process"),
+    "pool_cpu": (POOL, "CPUs the pool uses"),
+    "cgroup_cpu_pressure": (POOL, "the pool cgroup's PSI cpu some (full is 30 % of it)"),
+    "open_fds": (POOL, "open files of the pool's fullest process"),
+    "fd_limit": (POOL, "its RLIMIT_NOFILE"),
+    "throttled_periods_rate": (POOL, "CFS periods throttled a second (of 10)"),
+    "throttled_seconds_rate": (POOL, "seconds throttled a second"),
+    "cpu_quota_per_process": (POOL, "the cgroup's CPU quota per process (inf: none)"),
+    "pids_limit": (POOL, "the cgroup's pids.max"),
+    "pids_current": (POOL, "the cgroup's pids.current"),
+    "pid_limit_hit_rate": (POOL, "forks refused at pids.max a second"),
+    "nproc_limit": (POOL, "RLIMIT_NPROC of the pool's processes"),
+    "numa_remote_ratio": (POOL, "share of the pool's memory on a remote NUMA node"),
+    "irq_overlap_cpus": (POOL, "CPUs of an online pool that also serve device IRQs"),
+    "irq_cpu_share": (POOL, "share of an online pool's CPU time in IRQs"),
+    "device_interrupt_rate": (POOL, "device interrupts a second on an online pool's CPUs"),
+    # a workload pool's agent runtime
+    "queue_depth": (POOL, "tasks waiting in the pool's queue"),
+    "heartbeat_age": (POOL, "seconds since the oldest task's heartbeat"),
+    "session_migration_rate": (POOL, "sessions moved to another worker a second"),
+    "tool_timeout_share": (POOL, "share of tool calls that time out"),
+    "tool_bad_arguments_share": (POOL, "share of tool calls with bad arguments"),
+    "tool_model": (POOL, "the model named on the tool calls (at the last scrape)"),
+    "cpu_stages_stretch": (POOL, "how many times longer inference and context assembly take"),
+    "queue_wait_stretch": (POOL, "how many times longer sessions wait in the queue"),
+    "state_io_stretch": (POOL, "how many times longer state reads and writes take"),
+    "tool_call_stretch": (POOL, "how many times longer tool calls take"),
+    "other_stretch": (POOL, "how many times longer the rest of a session takes"),
+    "model_load_rate": (POOL, "model loads a second"),
+    "model_load_seconds": (POOL, "seconds a model load takes"),
+    "unexplained_session_seconds": (POOL, "session seconds outside every measured stage"),
+    "session_tail": (POOL, "the log-normal width of session latency"),
+}
+POOL_CHOICES = ("first", "online", "offline")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -173,6 +241,102 @@ def _erf(x: np.ndarray) -> np.ndarray:
     y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
                + 0.254829592) * t * np.exp(-x * x)
     return sign * y
+
+
+def _index_effects(fault_list) -> tuple[dict[str, list], list]:
+    """Signal -> [(placement number, effect)] and [(placement number, Events)], checked
+    against the simulator's vocabulary."""
+    effects_on: dict[str, list] = {name: [] for name in SIGNALS}
+    events = []
+    for number, (rule_id, fault) in enumerate(fault_list):
+        for effect in fault.effects:
+            if isinstance(effect, Events):
+                events.append((number, effect))
+                continue
+            if not isinstance(effect, Set) or effect.signal not in SIGNALS:
+                raise ValueError(f"{rule_id}: the simulated fleet has no signal "
+                                 f"{getattr(effect, 'signal', effect)!r} (fleet_sim.SIGNALS)")
+            if effect.pools not in POOL_CHOICES or (
+                    SIGNALS[effect.signal][0] == NODE and effect.pools != "first"):
+                raise ValueError(f"{rule_id}: {effect.signal} pools={effect.pools!r}: a "
+                                 f"pool's signal takes one of {POOL_CHOICES}, a node's none")
+            effects_on[effect.signal].append((number, effect))
+    return effects_on, events
+
+
+class Site:
+    """Where a fault is active, as its effects' values see it: the rows' nodes, the scrape
+    times, the seconds since the fault's onset and, for a pool's signal, its processes."""
+
+    def __init__(self, fleet: Fleet, nodes: np.ndarray, t: np.ndarray, since: np.ndarray,
+                 processes: np.ndarray | None = None):
+        self.nodes = nodes
+        self.t = t
+        self.since = since  # [rows, times]
+        self.processes = processes  # [rows, 1]
+        self.cores = fleet.cores
+        self._seed = fleet.seed
+
+    def noise(self, stream: int, per_minute: bool = True) -> np.ndarray:
+        """Uniform [0, 1) per node (and minute) from the noise stream `stream`."""
+        if per_minute:
+            return _uniform(self._seed, stream, self.nodes[:, None], (self.t // STEP_S)[None, :])
+        return _uniform(self._seed, stream, self.nodes[:, None])
+
+
+class _Effects:
+    """The faults' effects over some nodes and times: each signal's healthy value in, the
+    value with every active fault's effects out."""
+
+    def __init__(self, fleet: Fleet, idx: np.ndarray, t: np.ndarray):
+        self.fleet, self.idx, self.t = fleet, idx, t
+        self.tt = t[None, :].astype(np.float64)
+        self.active = [fleet.onset_s[number][idx][:, None] <= t[None, :]
+                       for number in range(len(fleet.fault_list))]
+        self._since: dict[int, np.ndarray] = {}
+
+    def since(self, number: int) -> np.ndarray:
+        if number not in self._since:
+            self._since[number] = self.tt - self.fleet.onset_s[number][self.idx][:, None]
+        return self._since[number]
+
+    def node(self, signal: str, healthy):
+        return self._apply(signal, healthy, slice(None), None, None)
+
+    def pool(self, signal: str, healthy, rows: np.ndarray, online: np.ndarray, slot: int,
+             processes: np.ndarray):
+        """A pool signal on these rows (one pool of each node): an effect hits the node's
+        first pool, or every online or offline one (Set.pools)."""
+        return self._apply(signal, healthy, rows, (online[:, None], slot), processes)
+
+    def _apply(self, signal, healthy, rows, pools, processes):
+        value = healthy
+        for number, effect in self.fleet.effects_on[signal]:
+            on = self.active[number][rows]
+            if pools is not None:
+                on = on & _pools_hit(effect.pools, *pools)
+            change = self.value(effect.value, number, rows, processes)
+            value = value + np.where(on, change, 0.0) if effect.add else \
+                np.where(on, change, value)
+        return value
+
+    def value(self, value, number: int, rows, processes=None):
+        """An effect's value on these rows: a number or text as it is, `Noisy` or a function
+        of the Site evaluated there."""
+        if not callable(value):
+            return value
+        return value(Site(self.fleet, self.idx[rows], self.t, self.since(number)[rows],
+                          processes))
+
+
+def _pools_hit(which: str, online: np.ndarray, slot: int):
+    """The rows whose pool an effect hits (Set.pools): the node's first pool, or its online
+    or offline ones."""
+    if which == "online":
+        return online
+    if which == "offline":
+        return ~online
+    return slot == 0
 
 
 class Fleet:
@@ -210,46 +374,46 @@ class Fleet:
         self.position = {name: i for i, name in enumerate(self.instances)}
         self.load_scale = 0.85 + 0.3 * _uniform(seed, 1, index)
         self.uptime_s = 86400 * (3 + 40 * _uniform(seed, 2, index))
-        self.faults: dict[str, np.ndarray] = {}
+        self.faults: dict[str, np.ndarray] = {}  # rule id -> its nodes, every placement
         self.fault_list = faults()  # the registry at the time the fleet is built
+        # (rule id, fault, its nodes) per placement, in fault_list order
+        self.placements: list[tuple[str, FleetFault, np.ndarray]] = []
         self.onset_s = np.full((len(self.fault_list), n), np.inf)
         self._inject()
+        self.effects_on, self.events = _index_effects(self.fault_list)
 
     # -- layout ------------------------------------------------------------------------
     def _inject(self) -> None:
         taken = np.zeros(self.size, dtype=bool)
         n = self.size
         order = np.argsort(_uniform(self.seed, 3, np.arange(n)), kind="stable")
-        for number, (rule_id, pools, size, minutes) in enumerate(self.fault_list):
-            allowed = np.isin(self.pool, [NODE_POOLS.index(p) for p in pools]) & ~taken
-            if rule_id == "isa-mismatch":  # only the steppings without SVE crash
-                allowed &= np.isin(self.model, [0, 1])
-            if size == "rack":
+        model_keys = [model.key for model in CPU_MODELS]
+        for number, (rule_id, fault) in enumerate(self.fault_list):
+            allowed = np.isin(self.pool, [NODE_POOLS.index(p) for p in fault.pools]) & ~taken
+            if fault.cpu_models:
+                allowed &= np.isin(self.model, [model_keys.index(k) for k in fault.cpu_models])
+            if fault.nodes == "rack":
                 racks = [r for r in np.unique(self.rack[allowed])
                          if allowed[self.rack == r].all()]
                 if not racks:
                     racks = list(np.unique(self.rack[allowed]))
                 choose = allowed & (self.rack == racks[len(racks) // 2])
             else:
-                want = max(1, int(round(size * n / 4096)))
+                want = max(1, int(round(fault.nodes * n / 4096)))
                 picked = [i for i in order if allowed[i]][:want]
                 choose = np.zeros(n, dtype=bool)
                 choose[picked] = True
             if not choose.any():
                 raise ValueError(f"fleet too small to inject {rule_id}")
             taken |= choose
-            self.faults[rule_id] = np.flatnonzero(choose)
-            self.onset_s[number, choose] = self.end_s - minutes * 60 - 60 * _uniform(
-                self.seed, 4 + number, np.flatnonzero(choose))
-        # A few chat nodes on an oversold hypervisor: steal takes the online pool's CPU.
-        allowed = (self.pool == NODE_POOLS.index("chat")) & ~taken
-        want = max(1, int(round(STEAL_NODES * n / 4096)))
-        picked = np.asarray([i for i in order if allowed[i]][:want])
-        self.steal_nodes = picked
-        self.steal_onset = np.full(n, np.inf)
-        self.steal_onset[picked] = self.end_s - 55 * 60
-        self.faults["offline-preemption"] = np.sort(np.concatenate(
-            [self.faults["offline-preemption"], picked]))
+            nodes = np.flatnonzero(choose)
+            self.placements.append((rule_id, fault, nodes))
+            self.faults[rule_id] = np.sort(np.concatenate([self.faults[rule_id], nodes])) \
+                if rule_id in self.faults else nodes
+            onset = self.end_s - fault.minutes * 60
+            if fault.staggered:
+                onset = onset - 60 * _uniform(self.seed, 4 + number, nodes)
+            self.onset_s[number, choose] = onset
 
     def node_table(self) -> list[dict]:
         """One dict per node: instance, node_pool, rack, cpu_model, stepping, arch."""
@@ -269,10 +433,6 @@ class Fleet:
         steps = max(2, minutes * 60 // STEP_S + 1)
         return self.end_s - STEP_S * np.arange(steps - 1, -1, -1, dtype=np.int64)
 
-    def _active(self, rule_id: str, idx: np.ndarray, t: np.ndarray) -> np.ndarray:
-        number = [f[0] for f in self.fault_list].index(rule_id)
-        return self.onset_s[number][idx][:, None] <= t[None, :]
-
     # -- signals (arrays [nodes, times]) -------------------------------------------------
     def _signals(self, idx: np.ndarray, t: np.ndarray) -> dict[str, np.ndarray]:
         seed = self.seed
@@ -286,64 +446,47 @@ class Fleet:
         base = np.choose(pool, (0.32, 0.42, 0.70, 0.40))
         day = np.where(pool == 2, batch_day, online_day)
         s: dict[str, np.ndarray] = {}
-        act = {rule: self._active(rule, idx, t) for rule, *_ in self.fault_list}
-        steal = self.steal_onset[idx][:, None] <= tt
-        preempt = act["offline-preemption"]
+        fx = _Effects(self, idx, t)
+        zero = np.zeros((len(idx), 1))
         p50 = base * day * self.load_scale[idx][:, None] + 0.03 * _noise(seed, 10, ii, tk)
-        p50 = p50 + np.where(preempt, 0.25, 0.0)
-        p50 = np.clip(p50, 0.03, 0.9)
+        p50 = np.clip(fx.node("cpu_load", p50), 0.03, 0.9)
         p90 = np.minimum(p50 + 0.09 + 0.03 * _uniform(seed, 11, ii, tk), 0.97)
         pmax = np.minimum(p90 + 0.05 + 0.03 * _uniform(seed, 12, ii, tk), 0.995)
-        imbalance = act["core-imbalance"]
-        p50 = np.where(imbalance, 0.22 + 0.03 * _uniform(seed, 13, ii, tk), p50)
-        p90 = np.where(imbalance, 0.99, p90)
-        pmax = np.where(imbalance, 1.0, pmax)
-        saturation = act["cpu-saturation"]
-        p50 = np.where(saturation, 0.97 + 0.02 * _uniform(seed, 46, ii, tk), p50)
-        p90 = np.where(saturation, 0.995, p90)
-        pmax = np.where(saturation, 1.0, pmax)
-        s["psi_cpu"] = np.where(saturation, 0.68 + 0.1 * _uniform(seed, 47, ii, tk),
-                                0.01 + 0.08 * p50 ** 4)
-        s["core_wait_max"] = np.where(imbalance, 0.7 + 0.2 * _uniform(seed, 48, ii, tk),
-                                      np.where(saturation, 0.6, 0.01 + 0.05 * p50 ** 3))
+        p50 = fx.node("busy_p50", p50)
+        p90 = fx.node("busy_p90", p90)
+        pmax = fx.node("busy_max", pmax)
+        s["psi_cpu"] = fx.node("cpu_pressure", 0.01 + 0.08 * p50 ** 4)
+        s["core_wait_max"] = fx.node("core_wait_max", 0.01 + 0.05 * p50 ** 3)
         s["busy_p50"], s["busy_p90"], s["busy_max"] = p50, p90, pmax
         s["busy_min"] = np.maximum(p50 - 0.2 - 0.05 * _uniform(seed, 14, ii, tk), 0.0)
-        s["saturated"] = np.where(imbalance, self.cores // 8,
+        s["hog_cores"] = hogs = fx.node("hog_cores", zero)
+        s["saturated"] = np.where(hogs > 0, np.floor(self.cores * hogs),
                                   np.where(pmax > 0.9, np.ceil((pmax - 0.9) * 40), 0))
         s["busiest"] = np.floor(_uniform(seed, 15, ii) * self.cores) + 0 * tt
-        s["steal_p90"] = np.where(steal, 0.16 + 0.03 * _uniform(seed, 16, ii, tk),
-                                  0.002 + 0.002 * _uniform(seed, 17, ii, tk))
+        s["steal_p90"] = fx.node("steal_p90", 0.002 + 0.002 * _uniform(seed, 17, ii, tk))
         s["steal_p50"] = s["steal_p90"] * 0.7
         s["steal_max"] = s["steal_p90"] * 1.4
         s["steal_min"] = s["steal_p90"] * 0.2
-        membw = act["memory-bandwidth-saturation"]
-        s["bw_ratio"] = np.where(membw, 0.86 + 0.06 * _uniform(seed, 18, ii, tk),
-                                 0.12 + 0.5 * p50 + 0.03 * _uniform(seed, 19, ii, tk))
-        s["llc_miss"] = np.where(membw, 0.3 + 0.05 * _uniform(seed, 20, ii, tk),
-                                 0.06 + 0.08 * _uniform(seed, 21, ii, tk))
-        s["ipc"] = np.where(membw, 0.5 + 0.1 * _uniform(seed, 22, ii, tk),
-                            1.2 + 0.6 * _uniform(seed, 23, ii, tk))
-        roce = act["roce-congestion"]
-        s["ecn_rate"] = np.where(roce, 1500 + 800 * _uniform(seed, 24, ii, tk),
-                                 2 * _uniform(seed, 25, ii, tk))
-        s["pfc_rate"] = np.where(roce, 900 + 600 * _uniform(seed, 26, ii, tk),
-                                 0.5 * _uniform(seed, 27, ii, tk))
+        s["bw_ratio"] = fx.node("membw_ratio",
+                                0.12 + 0.5 * p50 + 0.03 * _uniform(seed, 19, ii, tk))
+        s["llc_miss"] = fx.node("llc_miss_ratio", 0.06 + 0.08 * _uniform(seed, 21, ii, tk))
+        s["ipc"] = fx.node("ipc", 1.2 + 0.6 * _uniform(seed, 23, ii, tk))
+        s["ecn_rate"] = fx.node("roce_ecn_rate", 2 * _uniform(seed, 25, ii, tk))
+        s["pfc_rate"] = fx.node("pfc_pause_rate", 0.5 * _uniform(seed, 27, ii, tk))
         s["port_bytes"] = 4e8 + 8e8 * p50
-        s["numa_remote_pages"] = np.where(act["numa-remote-access"], 6e4, 1.5e3) * (
+        s["numa_remote_pages"] = fx.node("numa_remote_pages", 1.5e3) * (
             0.8 + 0.4 * _uniform(seed, 28, ii, tk))
-        s["irq_overlap"] = act["irq-core-overlap"]
-        s["since"] = {rule: tt - self.onset_s[number][idx][:, None]
-                      for number, (rule, *_) in enumerate(self.fault_list)}
+        s["node_softirq"] = fx.node("node_softirq", zero)
+        s["irq_core_softirq"] = fx.node("irq_core_softirq", zero)
         s["day"] = day
-        s["act"] = act
-        s["steal"] = steal
+        s["effects"] = fx
         return s
 
     # -- families ------------------------------------------------------------------------
     def _families(self, idx: np.ndarray, t: np.ndarray, names: set[str] | None):
         """Yield (metric, labels per row, values [rows, times], row -> node position)."""
         s = self._signals(idx, t)
-        act = s["act"]
+        fx = s["effects"]
         n, m = len(idx), len(t)
         rows = np.arange(n)
         inst = [self.instances[i] for i in idx]
@@ -419,11 +562,12 @@ class Fleet:
                    node_labels(resource="cpu", stall="some"),
                    counter(s["psi_cpu"], s["psi_cpu"][:, -1] * uptime), rows)
         if want("fleetscope_procs_running"):
-            runnable = self.cores * np.where(act["cpu-saturation"], 2.2, s["busy_p50"] * 0.9)
+            runnable = self.cores * fx.node("runnable_per_core", s["busy_p50"] * 0.9)
             yield "fleetscope_procs_running", node_labels(), np.round(runnable), rows
         if want("fleetscope_cpu_busiest_core"):
             yield "fleetscope_cpu_busiest_core", node_labels(), s["busiest"], rows
         numa = np.asarray([CPU_MODELS[self.model[i]].numa_nodes for i in idx])
+        cpu_wait = fx.node("cpu_wait", np.zeros((n, 1)))
         for node in range(4):
             has = numa > node
             sub = rows[has]
@@ -449,8 +593,8 @@ class Fleet:
             if want("fleetscope_cpu_numa_node_seconds_total"):
                 steal = s["steal_p50"][sub]
                 shares = {"user": busy * 0.76, "nice": busy * 0.0, "system": busy * 0.15,
-                          "irq": busy * 0.01, "softirq": busy * 0.05 + 0.04 * s[
-                              "irq_overlap"][sub], "steal": steal,
+                          "irq": busy * 0.01, "softirq": busy * 0.05 + s["node_softirq"][sub],
+                          "steal": steal,
                           "iowait": 0.004 + 0 * busy}
                 shares["idle"] = np.maximum(1 - sum(shares.values()), 0.0)
                 for mode in MODES:
@@ -460,7 +604,7 @@ class Fleet:
                             for x in sub_inst],
                            counter(rate, rate[:, -1] * uptime[sub]), sub)
             if want("fleetscope_schedstat_numa_node_waiting_seconds_total"):
-                wait = cpus * (0.002 + 0.05 * busy ** 3 + 0.2 * act["offline-preemption"][sub])
+                wait = cpus * (0.002 + 0.05 * busy ** 3 + cpu_wait[sub])
                 yield ("fleetscope_schedstat_numa_node_waiting_seconds_total",
                        [{"instance": x, "numa_node": str(node)} for x in sub_inst],
                        counter(wait, wait[:, -1] * uptime[sub]), sub)
@@ -510,63 +654,45 @@ class Fleet:
                            [{"instance": x, "interface": f, "direction": direction}
                             for x, f in zip(inst, iface, strict=True)],
                            counter(rate, rate[:, -1] * uptime), rows)
-        # Listen overflow: the gateway's listener (backlog 511) held full, handshakes dropped.
-        overflow = act["listen-overflow"]
+        # The gateway's listener (backlog 511): its queue and overflows.
         for name in ("ListenOverflows", "ListenDrops"):
             if want("fleetscope_tcp_stats_total"):
-                rate = np.where(overflow, 35 + 20 * _uniform(self.seed, 91, idx[:, None],
-                                                              t // STEP_S), 0.0)
+                rate = fx.node("listen_overflow_rate", np.zeros((n, m)))
                 yield ("fleetscope_tcp_stats_total",
                        node_labels(group="TcpExt", counter=name),
                        counter(rate, rate[:, -1] * uptime * 0.001), rows)
         if want("fleetscope_tcp_listen_queue_connections"):
-            queue = np.where(overflow, 512.0, np.floor(3 * _uniform(self.seed, 92, idx[:, None],
-                                                                     t // STEP_S)))
+            queue = fx.node("listen_queue", np.floor(3 * _uniform(self.seed, 92, idx[:, None],
+                                                                   t // STEP_S)))
             yield ("fleetscope_tcp_listen_queue_connections",
                    node_labels(listener="0.0.0.0:8443"), queue, rows)
         if want("fleetscope_tcp_listen_backlog_connections"):
             yield ("fleetscope_tcp_listen_backlog_connections",
                    node_labels(listener="0.0.0.0:8443"), np.full((n, m), 511.0), rows)
-        # SIGILL in the kernel log: only on nodes that ran the new binary.
-        crashed = np.flatnonzero(act["isa-mismatch"][:, -1])
-        if len(crashed):
-            since = s["since"]["isa-mismatch"][crashed]
-            binaries = [{"instance": inst[r], "binary": NEW_BINARY} for r in crashed]
-            if want("fleetscope_sigill_crashes_total"):
-                # The scheduler restarts the task every minute; each start dies at once.
-                values = np.where(since >= 0, np.floor(since / STEP_S) + 1, np.nan)
-                yield "fleetscope_sigill_crashes_total", binaries, values, crashed
-            if want("fleetscope_sigill_last_crash_timestamp_seconds"):
-                # the latest restart's crash: each node restarts the task every minute at
-                # its own second, so the last crash is 5-45 s before the scrape
-                offset = 5 + 40 * _uniform(self.seed, 90, idx[crashed])[:, None]
-                last = np.where(since >= 0, np.floor(t[None, :] / STEP_S) * STEP_S
-                                - np.minimum(offset, since), np.nan)
-                yield "fleetscope_sigill_last_crash_timestamp_seconds", binaries, last, crashed
-        # Segfaults in the kernel log (crash-loop): a new tool-runner build dies at start,
-        # restarted by its supervisor every ~20 s.
-        looping = np.flatnonzero(act["crash-loop"][:, -1])
-        if len(looping):
-            since = s["since"]["crash-loop"][looping]
-            binaries = [{"instance": inst[r], "binary": CRASHING_BINARY} for r in looping]
-            if want("fleetscope_fatal_trap_crashes_total"):
-                values = np.where(since >= 0, np.floor(since / 20) + 1, np.nan)
-                yield "fleetscope_fatal_trap_crashes_total", binaries, values, looping
-            if want("fleetscope_fatal_trap_last_crash_timestamp_seconds"):
-                offset = 1 + 18 * _uniform(self.seed, 91, idx[looping])[:, None]
-                last = np.where(since >= 0, t[None, :] - np.minimum(offset, since), np.nan)
-                yield ("fleetscope_fatal_trap_last_crash_timestamp_seconds", binaries, last,
-                       looping)
+        # Events since a fault's onset (crashes in the kernel log, kills), on the nodes where
+        # it is active at the last scrape.
+        for number, events in self.events:
+            hit = np.flatnonzero(fx.active[number][:, -1])
+            if not len(hit):
+                continue
+            since = fx.since(number)[hit]
+            labels = [{"instance": inst[r], **events.labels} for r in hit]
+            if events.counter and want(events.counter):
+                values = np.where(since >= 0, np.floor(since / events.every_s) + 1, np.nan)
+                yield events.counter, labels, values, hit
+            if events.last_seen and want(events.last_seen):
+                ago = fx.value(events.ago, number, hit)
+                last = np.where(since >= 0, t[None, :] - np.minimum(ago, since), np.nan)
+                yield events.last_seen, labels, last, hit
         yield from self._memory_families(idx, t, s, want, counter, node_labels)
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
 
     def _memory_families(self, idx, t, s, want, counter, node_labels):
-        """oom-kill: a leaking worker killed at its cgroup's limit about every two minutes;
-        memory-pressure: a cgroup at its limit, tasks stalled ~22 % of the time in reclaim."""
-        act = s["act"]
+        """OOM kills, memory pressure and allocation stalls."""
+        fx = s["effects"]
+        n, m = len(idx), len(t)
         uptime = self.uptime_s[idx]
-        oom, pressure = act["oom-kill"], act["memory-pressure"]
-        kills = np.where(oom, 1 / 120, 0.0)
+        kills = fx.node("oom_kill_rate", np.zeros((n, m)))
         if want("fleetscope_vmstat_oom_kills_total"):
             yield ("fleetscope_vmstat_oom_kills_total", node_labels(),
                    counter(kills, 2 + kills[:, -1] * 3600), np.arange(len(idx)))
@@ -575,16 +701,8 @@ class Fleet:
                 rate = kills if constraint == "memcg" else 0 * kills
                 yield ("fleetscope_oom_kills_logged_total", node_labels(constraint=constraint),
                        counter(rate, rate[:, -1] * 3600), np.arange(len(idx)))
-        killed = np.flatnonzero(oom[:, -1])
-        if len(killed) and want("fleetscope_oom_kill_last_timestamp_seconds"):
-            since = s["since"]["oom-kill"][killed]
-            offset = 10 + 100 * _uniform(self.seed, 91, idx[killed])[:, None]
-            last = np.where(since >= 0, t[None, :] - np.minimum(offset, since), np.nan)
-            yield ("fleetscope_oom_kill_last_timestamp_seconds",
-                   [{"instance": self.instances[idx[r]], "constraint": "memcg"} for r in killed],
-                   last, killed)
-        stall = np.where(pressure, 0.22, 0.004)
-        stalls = np.where(pressure, 40.0, 0.0)
+        stall = fx.node("memory_pressure", np.full((n, m), 0.004))
+        stalls = fx.node("allocation_stall_rate", np.zeros((n, m)))
         if want("fleetscope_pressure_stall_seconds_total"):
             yield ("fleetscope_pressure_stall_seconds_total",
                    node_labels(resource="memory", stall="some"),
@@ -595,7 +713,8 @@ class Fleet:
 
     def _pool_families(self, idx, t, s, want, counter, node_labels):
         seed = self.seed
-        act = s["act"]
+        fx = s["effects"]
+        m = len(t)
         inst = [self.instances[i] for i in idx]
         ii = idx[:, None]
         tk = (t // STEP_S)[None, :]
@@ -621,32 +740,30 @@ class Fleet:
                     out.append(d)
                 return out
 
-            def a(rule: str, rows=rows, online=online, slot=slot) -> np.ndarray:
-                """Fault active on these rows (faults hit slot 0 unless said otherwise)."""
-                on = act[rule][rows]
-                if rule == "offline-preemption":
-                    return on & online[:, None]
-                if rule == "thread-oversubscription":
-                    return on & ~online[:, None]
-                return on & (slot == 0)
-
             procs = np.asarray([p.processes for p in pools], dtype=float)
             if slot == 1:
                 procs = procs * 0 + 4
-            threads = procs * np.asarray([p.threads_per_process for p in pools])
-            over = a("thread-oversubscription")
-            threads_now = np.where(over, (procs * 64)[:, None], threads[:, None]) + 0 * t
+
+            def moved(signal: str, healthy, rows=rows, online=online, slot=slot, procs=procs):
+                """The pools' signal with the faults' effects (fleet_sim.SIGNALS)."""
+                return fx.pool(signal, healthy, rows, online, slot, procs[:, None])
+
+            def const(value: float, rows=rows) -> np.ndarray:
+                return np.full((len(rows), m), value)
+
+            per_process = np.asarray([p.threads_per_process for p in pools])
+            threads_now = procs[:, None] * moved("threads_per_process", per_process[:, None]) \
+                + 0 * t
             if want("fleetscope_pool_processes"):
                 yield "fleetscope_pool_processes", labels(), procs[:, None] + 0 * t, rows
             if want("fleetscope_pool_threads"):
                 yield "fleetscope_pool_threads", labels(), threads_now.astype(float), rows
-            if want("fleetscope_pool_process_starts_total"):  # crash-loop: a restart each 20 s
-                rate = np.where(a("crash-loop"), 0.05, 0.0005) + 0 * t
+            if want("fleetscope_pool_process_starts_total"):
+                rate = moved("process_start_rate", const(0.0005)) + 0 * t
                 yield ("fleetscope_pool_process_starts_total", labels(),
                        counter(rate, np.floor(rate[:, -1] * uptime[rows] * 0.01)), rows)
-            if want("fleetscope_pool_file_lock_waiters"):  # lock-contention: all but one wait
-                waiters = np.where(a("lock-contention"), np.maximum(procs - 1, 1)[:, None],
-                                   0.0) + 0 * t
+            if want("fleetscope_pool_file_lock_waiters"):
+                waiters = moved("lock_waiters", const(0.0)) + 0 * t
                 yield "fleetscope_pool_file_lock_waiters", labels(), waiters, rows
             if want("fleetscope_pool_threads_per_core"):
                 yield ("fleetscope_pool_threads_per_core", labels(),
@@ -655,65 +772,60 @@ class Fleet:
                 yield ("fleetscope_pool_threads_read", labels(),
                        np.minimum(threads_now, 1024.0).astype(float), rows)
             if want("fleetscope_pool_runnable_threads"):
-                runnable = np.where(over, 0.9, 0.05 + 0.2 * s["busy_p50"][rows]) * threads_now
+                runnable = moved("runnable_share", 0.05 + 0.2 * s["busy_p50"][rows]) * threads_now
                 yield ("fleetscope_pool_runnable_threads", labels(),
                        np.round(np.minimum(runnable, 1024.0)), rows)
             busy = s["busy_p50"][rows]
-            preempt = a("offline-preemption")
-            stolen = s["steal"][rows] & online[:, None]
-            delay = procs[:, None] * np.where(preempt, 0.12, np.where(stolen, 0.09, 0.003 + 0.004
-                                                                     * busy))
+            delay = procs[:, None] * moved("run_delay_per_process", 0.003 + 0.004 * busy)
             if want("fleetscope_pool_run_delay_seconds_total"):
                 yield ("fleetscope_pool_run_delay_seconds_total", labels(),
                        counter(delay, delay[:, -1] * uptime[rows]), rows)
-            mixed_batch = (slot == 1)
-            cpu = np.where(online[:, None], busy * self.cores * 0.8,
-                           np.where(mixed_batch, np.where(act["offline-preemption"][rows], 30.0,
-                                                          0.3), busy * self.cores * 0.9))
+            mixed_batch = (slot == 1)  # a small batch pool beside the online one
+            cpu = moved("pool_cpu", np.where(online[:, None], busy * self.cores * 0.8,
+                                             np.where(mixed_batch, 0.3,
+                                                      busy * self.cores * 0.9)))
             if want("fleetscope_pool_cpu_seconds_total"):
                 yield ("fleetscope_pool_cpu_seconds_total", labels(),
                        counter(cpu, cpu[:, -1] * uptime[rows]), rows)
             if want("fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total"):
+                pressure = moved("cgroup_cpu_pressure", 0.01 + 0.02 * busy)
                 for stall, weight in (("some", 1.0), ("full", 0.3)):
-                    rate = weight * np.where(preempt | stolen, 0.35, 0.01 + 0.02 * busy)
+                    rate = weight * pressure
                     yield ("fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total",
                            labels(stall=stall), counter(rate, rate[:, -1] * uptime[rows]), rows)
             if want("fleetscope_pool_context_switches_total"):
                 for kind, rate in (("voluntary", procs[:, None] * (40 + 30 * busy)),
-                                   ("nonvoluntary", np.where(over, 900.0, procs[:, None] * (
-                                       0.5 + 2 * busy)))):
+                                   ("nonvoluntary", moved("nonvoluntary_switch_rate",
+                                                          procs[:, None] * (0.5 + 2 * busy)))):
                     yield ("fleetscope_pool_context_switches_total", labels(kind=kind),
                            counter(rate, rate[:, -1] * uptime[rows]), rows)
-            fd = a("fd-exhaustion")
-            limit = np.where(fd, 1024.0, 65535.0)
-            open_fds = np.where(fd, 980 + 30 * _uniform(seed, 40, r_ii, tk),
-                                200 + 600 * _uniform(seed, 41, r_ii))
+            limit = moved("fd_limit", const(65535.0))
+            open_fds = moved("open_fds", 200 + 600 * _uniform(seed, 41, r_ii))
             if want("fleetscope_pool_fd_usage_ratio"):
                 yield "fleetscope_pool_fd_usage_ratio", labels(), open_fds / limit, rows
             if want("fleetscope_pool_fd_usage_open_fds"):
                 yield "fleetscope_pool_fd_usage_open_fds", labels(), np.floor(open_fds), rows
             if want("fleetscope_pool_fd_usage_limit_fds"):
                 yield "fleetscope_pool_fd_usage_limit_fds", labels(), limit + 0 * t, rows
-            # cpu-throttling: the pool's own quota (1 CPU a process) stops it in ~90 % of
-            # its 100 ms periods; otherwise a few throttled periods at most.
-            throttling = a("cpu-throttling")
+            # CFS bandwidth: 10 periods of 100 ms a second.
             if want("fleetscope_pool_cgroup_cpu_periods_total"):
                 periods = 10.0 + 0 * t + np.zeros((len(rows), 1))
                 yield ("fleetscope_pool_cgroup_cpu_periods_total", labels(),
                        counter(periods, periods[:, -1] * uptime[rows]), rows)
-            for metric, fault_rate, quiet_rate in (
-                    ("fleetscope_pool_cgroup_cpu_throttled_periods_total", 9.1, 0.05),
-                    ("fleetscope_pool_cgroup_cpu_throttled_seconds_total", 0.6, 0.001)):
+            for metric, signal, quiet_rate in (
+                    ("fleetscope_pool_cgroup_cpu_throttled_periods_total",
+                     "throttled_periods_rate", 0.05),
+                    ("fleetscope_pool_cgroup_cpu_throttled_seconds_total",
+                     "throttled_seconds_rate", 0.001)):
                 if want(metric):
-                    rate = np.where(throttling, fault_rate, quiet_rate) + 0 * t
+                    rate = moved(signal, const(quiet_rate)) + 0 * t
                     yield metric, labels(), counter(rate, rate[:, -1] * uptime[rows]), rows
             if want("fleetscope_pool_cgroup_cpu_quota_cpus"):
                 yield ("fleetscope_pool_cgroup_cpu_quota_cpus", labels(),
-                       np.where(throttling, procs[:, None] * 0.4, np.inf) + 0 * t, rows)
-            # pid-exhaustion: a thread leak fills the pool's pids.max; forks refused since.
-            leak = a("pid-exhaustion")
-            pids_limit = np.where(leak, 256.0, 4096.0) + 0 * t
-            pids_now = np.where(leak, 256.0, np.minimum(threads_now + procs[:, None], 4000.0))
+                       procs[:, None] * moved("cpu_quota_per_process", const(np.inf)) + 0 * t,
+                       rows)
+            pids_limit = moved("pids_limit", const(4096.0)) + 0 * t
+            pids_now = moved("pids_current", np.minimum(threads_now + procs[:, None], 4000.0))
             if want("fleetscope_pool_cgroup_pids_usage_ratio"):
                 yield ("fleetscope_pool_cgroup_pids_usage_ratio", labels(),
                        pids_now / pids_limit, rows)
@@ -722,13 +834,13 @@ class Fleet:
             if want("fleetscope_pool_cgroup_pids_limit"):
                 yield "fleetscope_pool_cgroup_pids_limit", labels(), pids_limit, rows
             if want("fleetscope_pool_cgroup_pids_limit_hits_total"):
-                refused = np.where(leak, 0.5, 0.0) + 0 * t
+                refused = moved("pid_limit_hit_rate", const(0.0)) + 0 * t
                 yield ("fleetscope_pool_cgroup_pids_limit_hits_total", labels(),
                        counter(refused, refused[:, -1] * 3600), rows)
             if want("fleetscope_pool_nproc_limit"):
-                yield "fleetscope_pool_nproc_limit", labels(), 65535.0 + 0 * t, rows
-            remote = np.where(a("numa-remote-access"), 0.48 + 0.15 * _uniform(seed, 42, r_ii),
-                              0.02 + 0.06 * _uniform(seed, 43, r_ii, tk))
+                yield ("fleetscope_pool_nproc_limit", labels(),
+                       moved("nproc_limit", const(65535.0)), rows)
+            remote = moved("numa_remote_ratio", 0.02 + 0.06 * _uniform(seed, 43, r_ii, tk))
             if want("fleetscope_pool_numa_remote_memory_ratio"):
                 yield "fleetscope_pool_numa_remote_memory_ratio", labels(), remote, rows
             if want("fleetscope_pool_memory_bytes"):
@@ -740,28 +852,27 @@ class Fleet:
             # IRQs on the online pool's CPUs.
             on_rows = np.flatnonzero(online)
             if len(on_rows):
-                irq = a("irq-core-overlap")[on_rows]
                 irq_labels = [{"instance": sub_inst[r], "pool": pools[r].name} for r in on_rows]
                 if want("fleetscope_irq_online_pool_overlap_cpus"):
                     yield ("fleetscope_irq_online_pool_overlap_cpus", irq_labels,
-                           np.where(irq, 16.0, 0.0), rows[on_rows])
+                           moved("irq_overlap_cpus", const(0.0))[on_rows], rows[on_rows])
                 if want("fleetscope_irq_online_pool_cpus"):
                     yield ("fleetscope_irq_online_pool_cpus", irq_labels,
                            np.full((len(on_rows), len(t)), self.cores * 0.75), rows[on_rows])
                 if want("fleetscope_irq_online_pool_irq_seconds_total"):
-                    share = np.where(irq, 0.12, 0.004) * self.cores * 0.75
+                    share = moved("irq_cpu_share", const(0.004))[on_rows] * self.cores * 0.75
                     yield ("fleetscope_irq_online_pool_irq_seconds_total", irq_labels,
                            counter(share, share[:, -1] * uptime[rows][on_rows]), rows[on_rows])
                 if want("fleetscope_irq_online_pool_device_interrupts_total"):
-                    rate = np.where(irq, 5000 + 2000 * _uniform(seed, 44, r_ii[on_rows], tk),
-                                    20 + 20 * _uniform(seed, 45, r_ii[on_rows], tk))
+                    rate = moved("device_interrupt_rate",
+                                 20 + 20 * _uniform(seed, 45, r_ii, tk))[on_rows]
                     yield ("fleetscope_irq_online_pool_device_interrupts_total", irq_labels,
                            counter(rate, rate[:, -1] * uptime[rows][on_rows]), rows[on_rows])
-            since = {rule: s["since"][rule][rows] for rule in s["since"]}
-            yield from self._agent_families(rows, r_ii, pools, a, since, s, t, counter,
+            yield from self._agent_families(rows, r_ii, pools, moved, const, s, t, counter,
                                             labels(False), want)
 
-    def _agent_families(self, rows, r_ii, pools, a, since, s, t, counter, base_labels, want):
+    def _agent_families(self, rows, r_ii, pools, moved, const, s, t, counter, base_labels,
+                        want):
         seed = self.seed
         m = len(t)
         tk = (t // STEP_S)[None, :]
@@ -775,26 +886,22 @@ class Fleet:
                     for d, p in zip(base_labels, pools, strict=True)]
         day = s["day"][rows]
         sessions = np.asarray([p.sessions_per_second for p in pools])[:, None] * day
-        # Queue: grows by 3 tasks a minute since the backlog began.
-        backlog = a("queue-backlog")
-        depth = np.where(backlog, 20 + 3 * since["queue-backlog"] / 60,
-                         np.floor(12 * _uniform(seed, 50, r_ii, tk)))
+        depth = moved("queue_depth", np.floor(12 * _uniform(seed, 50, r_ii, tk)))
         if want("agent_queue_depth"):
             yield ("agent_queue_depth",
                    [{**d, "queue": p.queue} for d, p in zip(base_labels, pools, strict=True)],
                    depth, rows)
-        blocked = a("worker-blocked-external-call")
-        age = np.where(blocked, 125 + since["worker-blocked-external-call"],
-                       0.2 + 6 * _uniform(seed, 51, r_ii, tk))
+        age = moved("heartbeat_age", 0.2 + 6 * _uniform(seed, 51, r_ii, tk))
         if want("agent_task_heartbeat_age_seconds"):
             yield "agent_task_heartbeat_age_seconds", labels(), age, rows
-        migrations = np.where(a("session-affinity-loss"), 0.22, 0.001)
+        migrations = moved("session_migration_rate", const(0.001))
         if want("agent_session_migrations_total"):
             rate = migrations + np.zeros((len(rows), m))
             yield ("agent_session_migrations_total", labels(),
                    counter(rate, rate[:, -1] * uptime * 10), rows)
-        bad_quant = a("quantization-tool-errors")
         if want("agent_tool_calls_total"):
+            model_now = moved("tool_model",
+                              np.asarray([p.model for p in pools], dtype=object)[:, None])
             for tool_number in range(2):
                 has = np.asarray([len(p.tools) > tool_number for p in pools])
                 sub = np.flatnonzero(has)
@@ -803,30 +910,22 @@ class Fleet:
                 for outcome, share in (("ok", 0.97), ("timeout", 0.01),
                                        ("bad_arguments", 0.01), ("error", 0.01)):
                     calls = sessions[sub] * 1.5
-                    if outcome == "bad_arguments":
-                        rate = calls * np.where(bad_quant[sub], 0.16, share)
-                    elif outcome == "timeout":
-                        rate = calls * np.where(blocked[sub], 0.25, share)
+                    if outcome in ("timeout", "bad_arguments"):
+                        rate = calls * moved(f"tool_{outcome}_share", const(share))[sub]
                     else:
                         rate = calls * share
-                    models = [BAD_QUANT_MODEL if bad_quant[r, -1] else pools[r].model
-                              for r in sub]
                     yield ("agent_tool_calls_total",
                            [{**base_labels[r], "tool": pools[r].tools[tool_number],
-                             "model": model, "outcome": outcome}
-                            for r, model in zip(sub, models, strict=True)],
+                             "model": str(model_now[r, -1]), "outcome": outcome}
+                            for r in sub],
                            counter(rate, rate[:, -1] * uptime[sub]), rows[sub])
         # Where session time goes, per stage; faults stretch the stage they hurt.
         stretch = {name: np.ones((len(rows), m)) for name in STAGES}
-        cpu_bound = 1.0 + 0.8 * a("offline-preemption") + 0.7 * a(
-            "memory-bandwidth-saturation") + 0.5 * a("numa-remote-access") + 0.5 * a(
-            "thread-oversubscription") + 0.3 * a("core-imbalance")
+        cpu_bound = moved("cpu_stages_stretch", const(1.0))
         stretch["inference"] = cpu_bound
         stretch["context_assembly"] = cpu_bound
-        stretch["queue_wait"] = 1.0 + 14 * backlog + 1.5 * a("offline-preemption")
-        stretch["state_io"] = 1.0 + 7 * a("roce-congestion") + 0.4 * a("session-affinity-loss")
-        stretch["tool_call"] = 1.0 + 3 * blocked + 0.3 * bad_quant + 12 * a("slow-dependency")
-        stretch["other"] = 1.0 + 0.5 * a("irq-core-overlap")
+        for stage in ("queue_wait", "state_io", "tool_call", "other"):
+            stretch[stage] = moved(f"{stage}_stretch", const(1.0))
         mean_total = np.zeros((len(rows), m))
         for stage in STAGES:
             mean = np.asarray([dict(p.stages).get(stage, 0.0) for p in pools])[:, None]
@@ -834,9 +933,8 @@ class Fleet:
                                                                   r_ii, tk))
             count_rate = sessions + 0 * mean
             if stage == "model_load":
-                cold = a("cold-start")
-                count_rate = np.where(cold, 0.05, 0.0) + 0 * sessions
-                mean = np.where(cold, 20 + 8 * _uniform(seed, 70, r_ii, tk), 0.0)
+                count_rate = moved("model_load_rate", const(0.0)) + 0 * sessions
+                mean = moved("model_load_seconds", const(0.0))
             mean_total += mean * (count_rate / np.maximum(sessions, 1e-9))
             if want("agent_stage_duration_seconds_count") or want(
                     "agent_stage_duration_seconds_sum"):
@@ -851,11 +949,10 @@ class Fleet:
                 if want("agent_stage_duration_seconds_sum"):
                     yield ("agent_stage_duration_seconds_sum", labels(stage=stage),
                            counter(count_rate * mean, base_sum), rows)
-        # A step no stage measures (unexplained-harm): session time outside every stage.
-        mean_total = mean_total + 1.5 * a("unexplained-harm")
+        # Session time outside every stage (a step no stage measures).
+        mean_total = mean_total + moved("unexplained_session_seconds", const(0.0))
         # Session latency: log-normal around the stages' sum; faults widen the tail.
-        tail = 0.45 + 0.25 * (a("offline-preemption") | a("irq-core-overlap")
-                              | a("roce-congestion")) + 0.2 * a("session-affinity-loss")
+        tail = moved("session_tail", const(0.45))
         median = mean_total / np.exp(tail ** 2 / 2)
         if want("agent_session_duration_seconds_bucket"):
             for le in (*SESSION_BUCKETS, math.inf):
@@ -884,19 +981,18 @@ class Fleet:
         tk = (t // STEP_S)[None, :]
         p50, p90 = s["busy_p50"][0][None, :], s["busy_p90"][0][None, :]
         # Each core keeps its place in the distribution (affinity), with a little jitter.
-        imbalance = self._active("core-imbalance", np.asarray([i]), t)[0][None, :]
-        p90 = np.where(imbalance, p50 + 0.1, p90)  # the hogs below make the node's p90
+        hog_share = s["hog_cores"][0][None, :]
+        p90 = np.where(hog_share > 0, p50 + 0.1, p90)  # the hogs below make the node's p90
         rank = _uniform(seed, 80, np.asarray(i), cores)[:, None]
         z = np.sqrt(2) * _erfinv(2 * rank - 1)
         busy = p50 + (p90 - p50) / 1.2816 * (0.85 * z + 0.5 * _noise(seed, 81, cores[:, None],
                                                                        tk))
         busy = np.clip(busy, 0.0, 0.97)
-        hogs = cores[:, None] < self.cores // 8
-        busy = np.where(imbalance & hogs, 0.985 + 0.01 * _uniform(seed, 82, cores[:, None], tk),
+        hogs = cores[:, None] < np.floor(self.cores * hog_share)
+        busy = np.where(hogs, 0.985 + 0.01 * _uniform(seed, 82, cores[:, None], tk),
                         busy)
-        overlap = self._active("irq-core-overlap", np.asarray([i]), t)[0][None, :]
         irq_cores = (cores[:, None] % 8 == 0)
-        softirq = busy * 0.05 + np.where(overlap & irq_cores, 0.3, 0.0)
+        softirq = busy * 0.05 + np.where(irq_cores, s["irq_core_softirq"][0][None, :], 0.0)
         busy = np.minimum(busy + softirq - busy * 0.05, 0.995)
         steal = np.broadcast_to(s["steal_p50"][0][None, :], busy.shape)
         shares = {"user": busy * 0.78 - np.minimum(steal, busy * 0.5), "nice": busy * 0.0,

@@ -10,8 +10,9 @@
 A rule holds the symptom, cause and action its runbook gives (runbooks/README.md tables them); a
 condition that is at once its Prometheus alert expression and what the Python engine
 evaluates (rules/promql.py); the evidence shown with a finding; how a finding names its
-subjects (enrich); the console's charts (views); where the simulated fleet injects it
-(fleet); and the scenario bundle that proves it (proof). Nothing here does I/O.
+subjects (enrich); the console's charts (views); where the simulated fleet injects it and
+how it moves the fleet's metrics (fleet, rules/fleet.py); and the scenario bundle that
+proves it (proof). Nothing here does I/O.
 
 Conditions aggregate `by (instance)` so an exported alert fires per node; replayed bundles
 have no `instance` label and fall into one group.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core import units
 
+from .fleet import FleetFault
 from .promql import Delta, Expr, Rate, SetOp
 
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
@@ -86,18 +88,6 @@ class Panel:
     pick: str = "max"  # "min": the rule fires below the threshold
     narrow: bool = True  # keep only the finding's own pool / binary / device ...
     role: str = ""  # victim | antagonist | ... : said in the title
-
-
-@dataclass(frozen=True)
-class FleetFault:
-    """Where the console's simulated fleet injects the rule's fault: the node pools it lands
-    on, how many nodes of a 4,096-node fleet ("rack": one whole rack), and how many minutes
-    before the last scrape it started. How the fault moves the metrics is the simulator's
-    physics (dashboard/fleet_sim.py), keyed by the rule id."""
-
-    pools: tuple[str, ...]
-    nodes: int | str
-    minutes: int
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ def history_of(fleet: Fleet, rule: str, pick=0):
 
 def test_preemption_shows_the_victim_and_the_antagonist(fleet):
     # the mixed rack: an offline batch pool beside the online chat pool
-    mixed = [i for i in fleet.faults["offline-preemption"] if i not in fleet.steal_nodes]
+    mixed = next(nodes for rule, _, nodes in fleet.placements if rule == "offline-preemption")
     history = fleet.node_series(fleet.instances[mixed[0]], 120, per_core=False)
     panels = {p.role + ":" + p.title: f for p, f in
               evidence_frames.evidence_panels("offline-preemption", history,

@@ -88,3 +88,15 @@ def test_the_reference_checks_find_what_they_look_for():
     assert REPOSITORY_DOCUMENT.findall("(docs/bundle-format.md, runbooks/oom-kill.md)") == [
         "docs/bundle-format.md", "runbooks/oom-kill.md"]
     assert REPOSITORY_DOCUMENT.findall("exporter-toolkit `docs/web-configuration.md`") == []
+
+
+def test_only_the_bundle_reader_names_the_bundle_metadata_file():
+    # Everything else asks the bundle reader (or takes the source it hands out): nothing
+    # decides what a directory is by looking for the file itself.
+    allowed = {ROOT / "fleetscope" / "bundle" / "read.py",
+               ROOT / "fleetscope" / "core" / "bundle_format.py"}
+    naming = sorted(str(path.relative_to(ROOT)) for path in source_files()
+                    if path.suffix == ".py" and path not in allowed
+                    and "tests" not in path.relative_to(ROOT).parts
+                    and "meta.json" in path.read_text(encoding="utf-8"))
+    assert naming == []

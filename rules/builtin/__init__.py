@@ -6,7 +6,9 @@
         def enrich(ctx, finding)   the subjects a finding names (pids, CPUs, binaries ...)
         def scenario(k)            the scenario bundle that proves it
         RULE = Rule(...)    symptom, cause, action, condition (= the exported PromQL),
-                            evidence, severity tiers, console views, fleet fault, proof
+                            evidence, severity tiers, console views, proof, and the
+                            fleet fault: where the simulated fleet injects it and how it
+                            moves the metrics (rules/fleet.py)
 
 rules/catalog.py imports every module here and registers its RULE. Adding a rule is one
 module here and its runbook, runbooks/<rule id>.md (tests check each has the other); the

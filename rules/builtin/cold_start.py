@@ -12,7 +12,8 @@ from fleetscope.collectors.parsers.process import parse_pid_stat
 from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.core import units
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 12
@@ -91,6 +92,10 @@ RULE = Rule(
     for_seconds=0,  # an event: a slow load in the last 5 minutes is the finding
     enrich=enrich,
     views=(Panel("Average model-load stage per pool (5 min)", _LOAD, "s", MODEL_LOAD_SECONDS),),
-    fleet=FleetFault(("codegen",), 8, 4),
+    fleet=FleetFault(("codegen",), 8, 4, effects=(
+        # the model loads again for new sessions: a load every 20 s, 20-28 s each
+        Set("model_load_rate", 0.05),
+        Set("model_load_seconds", Noisy(20, 8, stream=70)),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: model loads take 4\d(\.\d+)? s on average"),
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from fleetscope.collectors.pods import pod_notes
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import PSI_CPU, SATURATED_CORE, SATURATED_CORES, busy_ratio, busy_ratio_over_window
 
@@ -118,7 +119,15 @@ RULE = Rule(
               SATURATED_CORE),
         Panel("Cores over 90 % busy", SATURATED_CORES, "cores", 1.0),
     ),
-    fleet=FleetFault(("batch",), 16, 80),
+    fleet=FleetFault(("batch",), 16, 80, effects=(
+        # an eighth of the cores pinned busy, the rest mostly idle
+        Set("hog_cores", 1 / 8),
+        Set("busy_p50", Noisy(0.22, 0.03, stream=13)),
+        Set("busy_p90", 0.99),
+        Set("busy_max", 1.0),
+        Set("core_wait_max", Noisy(0.7, 0.2, stream=48)),
+        Add("cpu_stages_stretch", 0.3),
+    )),
     proof=Proof(scenario, summary=r"busiest core \d+% busier than the median core",
                 subjects=("cpus", None)),
 )

@@ -7,7 +7,8 @@ it ranks after any cause of the same severity. Enrichment: the top CPU consumers
 
 from __future__ import annotations
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector, Sum
 from ..signals import PSI_CPU, busy_ratio
 
@@ -80,7 +81,15 @@ RULE = Rule(
         Panel("Runnable tasks", Max(Selector("fleetscope_procs_running"), by=NODE), "tasks",
               None),
     ),
-    fleet=FleetFault(("chat",), 8, 50),
+    fleet=FleetFault(("chat",), 8, 50, effects=(
+        # every core busy, twice as many runnable tasks as cores
+        Set("busy_p50", Noisy(0.97, 0.02, stream=46)),
+        Set("busy_p90", 0.995),
+        Set("busy_max", 1.0),
+        Set("cpu_pressure", Noisy(0.68, 0.1, stream=47)),
+        Set("core_wait_max", 0.6),
+        Set("runnable_per_core", 2.2),
+    )),
     proof=Proof(scenario, summary=r"CPU saturated: tasks waited for a CPU [67]\d% of the time, "
                                   r"every core busy"),
 )

@@ -15,7 +15,8 @@ from __future__ import annotations
 from fleetscope.collectors.cgroups import process_cgroups
 from fleetscope.collectors.parsers.cgroup import parse_cfs_quota, parse_cpu_max
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, POOL
 
@@ -131,7 +132,12 @@ RULE = Rule(
               _rate("fleetscope_pool_cgroup_cpu_usage_seconds_total", by=(*NODE, "pool")),
               "CPUs"),
     ),
-    fleet=FleetFault(("chat",), 5, 40),
+    fleet=FleetFault(("chat",), 5, 40, effects=(
+        # the pool's own quota stops it in ~90 % of its 100 ms periods
+        Set("cpu_quota_per_process", 0.4),
+        Set("throttled_periods_rate", 9.1),
+        Set("throttled_seconds_rate", 0.6),
+    )),
     proof=Proof(scenario, summary=r"online pool chat-online throttled by its CPU quota in "
                                   r"\d+% of its periods",
                 subjects=("cgroups", None)),

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from fleetscope.core import units
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import Events, FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0.7  # a cause, after isa-mismatch and oom-kill
@@ -181,7 +182,14 @@ RULE = Rule(
               Max(Rate(_CRASHES, 60, increase=True), by=(*NODE, "binary")), "crashes", 0.0,
               narrow=False),
     ),
-    fleet=FleetFault(("chat",), 6, 12),
+    fleet=FleetFault(("chat",), 6, 12, effects=(
+        # a new tool-runner build dies at start, restarted by its supervisor every ~20 s
+        Set("process_start_rate", 0.05),
+        Events("fleetscope_fatal_trap_crashes_total",
+               "fleetscope_fatal_trap_last_crash_timestamp_seconds",
+               {"binary": "tool-runner"}, every_s=20, ago=Noisy(1, 18, stream=91,
+                                                                 per_minute=False)),
+    )),
     proof=Proof(scenario,
                 summary=r"fatal traps \(segfault and the like\) in the kernel log, the last "
                         r"[\d.]+ (ms|s|min) before the window's end; tool-runner crashed 5 "

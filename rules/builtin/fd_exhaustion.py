@@ -9,7 +9,8 @@ from __future__ import annotations
 from fleetscope.collectors.base import NotAvailable
 from fleetscope.collectors.parsers.process import parse_limits
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import POOL
 
@@ -83,7 +84,10 @@ RULE = Rule(
         Panel("Open files of that process",
               Max(Selector("fleetscope_pool_fd_usage_open_fds"), by=(*NODE, "pool")), "fds"),
     ),
-    fleet=FleetFault(("codegen",), 6, 35),
+    fleet=FleetFault(("codegen",), 6, 35, effects=(
+        Set("fd_limit", 1024.0),
+        Set("open_fds", Noisy(980, 30, stream=40)),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: a process uses 99% of its open-file limit",
                 subjects=("pids", None)),
 )

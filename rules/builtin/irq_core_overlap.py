@@ -11,7 +11,8 @@ from __future__ import annotations
 from fleetscope.collectors.parsers.process import parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, online_delay
 
@@ -114,7 +115,16 @@ RULE = Rule(
               IRQ_RATE_ON_ONLINE_CPUS),
         Panel("Online pool CPUs in device IRQ affinity masks", _OVERLAP, "cpus"),
     ),
-    fleet=FleetFault(("chat",), 16, 120),
+    fleet=FleetFault(("chat",), 16, 120, effects=(
+        # the NIC's IRQs land on 16 of the online pool's CPUs (every 8th core)
+        Set("irq_overlap_cpus", 16.0),
+        Set("irq_cpu_share", 0.12),
+        Set("device_interrupt_rate", Noisy(5000, 2000, stream=44)),
+        Add("node_softirq", 0.04),
+        Add("irq_core_softirq", 0.3),
+        Add("other_stretch", 0.5),
+        Add("session_tail", 0.25),
+    )),
     proof=Proof(scenario, summary=r"online pool chat-online: its CPUs handle \d+ device "
                                   r"interrupts per second"),
 )

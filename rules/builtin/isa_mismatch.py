@@ -13,7 +13,8 @@ import json
 from fleetscope.collectors.base import NotAvailable
 from fleetscope.core import units
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import Events, FleetFault, Noisy
+from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0  # ties between equally severe, equally confident findings: causes first
@@ -196,7 +197,15 @@ RULE = Rule(
               Max(Rate(_SIGILL, 60, increase=True), by=(*NODE, "binary")), "crashes", 0.0,
               narrow=False),
     ),
-    fleet=FleetFault(("codegen",), "rack", 25),
+    fleet=FleetFault(
+        ("codegen",), "rack", 25,
+        # llama-server built with -march=native on a Kunpeng 920B (SVE everywhere) crashes on
+        # the steppings without SVE, restarted by the scheduler every minute
+        cpu_models=("kp920-r1p0", "kp920-r1p1"),
+        effects=(Events("fleetscope_sigill_crashes_total",
+                        "fleetscope_sigill_last_crash_timestamp_seconds",
+                        {"binary": "llama-server"}, every_s=60,
+                        ago=Noisy(5, 40, stream=90, per_minute=False)),)),
     proof=Proof(scenario,
                 summary=r"SIGILL \(illegal instruction\) crashes, the last [\d.]+ (ms|s|min) "
                         r"before the window's end; libagentcore\.so \(pid .*\) faulted on "

@@ -11,7 +11,8 @@ alone. Enrichment: the full listener's address and the processes holding it.
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 4.5
@@ -99,7 +100,11 @@ RULE = Rule(
         Panel("Accept queue over backlog, per listener",
               Max(_QUEUE / _BACKLOG, by=(*NODE, "listener")), "ratio", QUEUE_FULL),
     ),
-    fleet=FleetFault(("chat",), 5, 25),
+    fleet=FleetFault(("chat",), 5, 25, effects=(
+        # the gateway's listener (backlog 511) held full, handshakes dropped
+        Set("listen_overflow_rate", Noisy(35, 20, stream=91)),
+        Set("listen_queue", 512.0),
+    )),
     proof=Proof(scenario, summary=r"connections dropped at a full accept queue: \d+/s",
                 subjects=("pids", None)),
 )

@@ -17,7 +17,8 @@ from fleetscope.collectors.base import NotAvailable
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.locks import parse_proc_locks
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Rate, Selector, Sum
 from ..signals import POOL
 
@@ -137,7 +138,10 @@ RULE = Rule(
               "processes", WAITERS),
         Panel("Idle CPUs on the node", _IDLE_CPUS, "CPUs"),
     ),
-    fleet=FleetFault(("chat",), 8, 30),
+    fleet=FleetFault(("chat",), 8, 30, effects=(
+        # all the pool's processes but the lock's holder wait
+        Set("lock_waiters", lambda site: site.processes - 1),
+    )),
     proof=Proof(scenario,
                 summary=r"pool chat-online: 3\.0 processes on average blocked on a file lock; "
                         r"3 waiting for the FLOCK lock on inode .* held by pid \d+",

@@ -6,7 +6,8 @@ and the L3 miss ratio above 0.2 ("L3 hit rate < 80 %").
 
 from __future__ import annotations
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector, Sum
 
 RANK = 4
@@ -70,6 +71,11 @@ RULE = Rule(
               Max(Selector("fleetscope_instructions_per_cycle"), by=(*NODE, "socket")), "ipc",
               1.0, pick="min"),
     ),
-    fleet=FleetFault(("batch", "codegen"), 20, 60),
+    fleet=FleetFault(("batch", "codegen"), 20, 60, effects=(
+        Set("membw_ratio", Noisy(0.86, 0.06, stream=18)),
+        Set("llc_miss_ratio", Noisy(0.3, 0.05, stream=20)),
+        Set("ipc", Noisy(0.5, 0.1, stream=22)),
+        Add("cpu_stages_stretch", 0.7),
+    )),
     proof=Proof(scenario, summary=r"memory bandwidth at 9\d% of the platform peak"),
 )

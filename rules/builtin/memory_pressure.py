@@ -10,7 +10,8 @@ rates, and each pool cgroup's usage against its limit.
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 3.7  # after the CPU causes of the same severity
@@ -106,7 +107,11 @@ RULE = Rule(
               Max(Rate(Selector("fleetscope_pool_memory_limit_hits_total"), WINDOW),
                   by=(*NODE, "pool")), "hits/s", 0.0, narrow=False),
     ),
-    fleet=FleetFault(("codegen",), 14, 30),
+    fleet=FleetFault(("codegen",), 14, 30, effects=(
+        # a cgroup at its limit: tasks stalled ~22 % of the time in reclaim
+        Set("memory_pressure", 0.22),
+        Set("allocation_stall_rate", 40.0),
+    )),
     proof=Proof(scenario, summary=r"tasks stalled on memory 2\d% of the time, with reclaim "
                                   r"under them; pool chat-online's memory cgroup \S+ at 9\d% "
                                   r"of its 8 GiB limit",

@@ -13,7 +13,8 @@ from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.pods import pod_notes
 from fleetscope.collectors.shared import numa_node_cpus
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 5
@@ -101,7 +102,11 @@ RULE = Rule(
               Sum(Rate(Selector("fleetscope_numastat_pages_total", {"field": "other_node"}),
                        WINDOW), by=(*NODE, "numa_node")), "pages/s", narrow=False),
     ),
-    fleet=FleetFault(("chat", "codegen"), 24, 150),
+    fleet=FleetFault(("chat", "codegen"), 24, 150, effects=(
+        Set("numa_remote_pages", 6e4),
+        Set("numa_remote_ratio", Noisy(0.48, 0.15, stream=42, per_minute=False)),
+        Add("cpu_stages_stretch", 0.5),
+    )),
     proof=Proof(scenario,
                 summary=r"pool chat-online: 9\d% of resident memory on remote NUMA nodes",
                 subjects=("numa_nodes", [0])),

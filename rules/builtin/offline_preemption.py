@@ -14,7 +14,8 @@ from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import program_name
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_DELAY, ONLINE_RUN_DELAY, POOL, online_delay
 
@@ -171,7 +172,25 @@ RULE = Rule(
         Panel("Online pool cgroup CPU pressure (some)", _cgroup_pressure((*NODE, "pool")),
               "s/s", 0.1, role="victim"),
     ),
-    fleet=FleetFault(("mixed",), "rack", 70),
+    fleet=FleetFault(
+        ("mixed",), "rack", 70,
+        # the mixed nodes' batch pool takes 30 CPUs; the online pool waits for CPU
+        effects=(
+            Add("cpu_load", 0.25),
+            Add("cpu_wait", 0.2),
+            Set("pool_cpu", 30.0, pools="offline"),
+            Set("run_delay_per_process", 0.12, pools="online"),
+            Set("cgroup_cpu_pressure", 0.35, pools="online"),
+            Add("cpu_stages_stretch", 0.8, pools="online"),
+            Add("queue_wait_stretch", 1.5, pools="online"),
+            Add("session_tail", 0.25, pools="online"),
+        ),
+        # a few chat nodes on an oversold hypervisor: steal takes the online pool's CPU
+        also=(FleetFault(("chat",), 4, 55, staggered=False, effects=(
+            Set("steal_p90", Noisy(0.16, 0.03, stream=16)),
+            Set("run_delay_per_process", 0.09, pools="online"),
+            Set("cgroup_cpu_pressure", 0.35, pools="online"),
+        )),)),
     proof=Proof(scenario, summary=r"online pool chat-online waits 0\.\d+ s/s for CPU",
                 subjects=("cgroups", None)),
 )

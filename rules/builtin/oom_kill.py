@@ -13,7 +13,8 @@ import time
 
 from fleetscope.core import units
 
-from ..model import NODE, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import Events, FleetFault, Noisy, Set
+from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
 
 RANK = 0.5  # a cause: ties with equally severe findings go to it
@@ -196,7 +197,12 @@ RULE = Rule(
               Max(Selector("fleetscope_pool_memory_usage_ratio"), by=(*NODE, "pool")), "ratio",
               1.0, narrow=False),
     ),
-    fleet=FleetFault(("codegen",), 9, 20),
+    fleet=FleetFault(("codegen",), 9, 20, effects=(
+        # a leaking worker killed at its cgroup's limit about every two minutes
+        Set("oom_kill_rate", 1 / 120),
+        Events(None, "fleetscope_oom_kill_last_timestamp_seconds", {"constraint": "memcg"},
+               ago=Noisy(10, 100, stream=91, per_minute=False)),
+    )),
     proof=Proof(scenario,
                 summary=r"processes killed by the OOM killer within the look-back; 3 kills, "
                         r"latest agent-tool \(pid \d+, pool chat-online\) in memory cgroup "

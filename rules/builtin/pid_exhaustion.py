@@ -21,7 +21,8 @@ from fleetscope.collectors.parsers.cgroup import parse_pids
 from fleetscope.collectors.parsers.pids_log import fork_rejections
 from fleetscope.core import units
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Max, Min, Rate, Recent, Selector, Sum, Time
 from ..signals import POOL
 
@@ -167,7 +168,12 @@ RULE = Rule(
         Panel("Node threads over kernel.pid_max", _node_share("kernel.pid_max"), "ratio",
               TASKS_SHARE),
     ),
-    fleet=FleetFault(("codegen",), 4, 30),
+    fleet=FleetFault(("codegen",), 4, 30, effects=(
+        # a thread leak fills the pool's pids.max; forks refused since
+        Set("pids_limit", 256.0),
+        Set("pids_current", 256.0),
+        Set("pid_limit_hit_rate", 0.5),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: new threads and processes refused at a "
                                   r"task limit; cgroup .* pids\.current 256 of pids\.max 256",
                 subjects=("cgroups", None)),

@@ -6,7 +6,8 @@ Condition: tool calls with outcome `bad_arguments` above 5 % of a model's calls.
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 10
@@ -55,7 +56,12 @@ RULE = Rule(
         Panel("Tool calls with malformed arguments, per model", _BAD_RATIO, "ratio",
               BAD_ARGUMENTS_RATIO, narrow=False),
     ),
-    fleet=FleetFault(("chat",), "rack", 100),
+    fleet=FleetFault(("chat",), "rack", 100, effects=(
+        # a 2-bit quantization of the model garbles the tool calls' arguments
+        Set("tool_model", "qwen2.5-7b-instruct-q2_k"),
+        Set("tool_bad_arguments_share", 0.16),
+        Add("tool_call_stretch", 0.3),
+    )),
     proof=Proof(scenario, summary=r"model qwen2\.5-7b-instruct-q2_k in pool chat-online: 1\d% "
                                   r"of tool calls had malformed arguments"),
 )

@@ -5,7 +5,8 @@ Condition: a queue (agent_queue_depth) holds more than 50 tasks and grew over th
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Delta, Max, Selector
 from ..signals import SATURATED_CORE, busy_ratio
 
@@ -58,7 +59,11 @@ RULE = Rule(
         Panel("Tasks waiting per queue", _DEPTH, "tasks", QUEUE_DEPTH),
         Panel("Busiest core", busy_ratio("max"), "ratio", SATURATED_CORE),
     ),
-    fleet=FleetFault(("codegen",), 16, 30),
+    fleet=FleetFault(("codegen",), 16, 30, effects=(
+        # the queue grows by 3 tasks a minute since the backlog began
+        Set("queue_depth", lambda site: 20 + 3 * site.since / 60),
+        Add("queue_wait_stretch", 14),
+    )),
     proof=Proof(scenario, summary=r"queue tasks:chat of pool chat-online holds 198 tasks and "
                                   r"grows"),
 )

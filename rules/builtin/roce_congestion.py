@@ -6,7 +6,8 @@ Condition: ECN-marked packets, CNPs and sequence errors on an RDMA port (hw_coun
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Noisy, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 6
@@ -71,7 +72,12 @@ RULE = Rule(
               Sum(Rate(Selector("fleetscope_rdma_hw_stats_total", _RDMA_EVENTS), WINDOW),
                   by=(*NODE, "device", "counter")), "1/s", narrow=False),
     ),
-    fleet=FleetFault(("chat",), "rack", 40),
+    fleet=FleetFault(("chat",), "rack", 40, effects=(
+        Set("roce_ecn_rate", Noisy(1500, 800, stream=24)),
+        Set("pfc_pause_rate", Noisy(900, 600, stream=26)),
+        Add("state_io_stretch", 7),
+        Add("session_tail", 0.25),
+    )),
     proof=Proof(scenario, summary=r"RoCE congestion signals at \d+(\.\d+)?/s",
                 subjects=("devices", ["mlx5_0"]),
                 also_shown=("slow-dependency",)),  # the scenario's Redis latency x10

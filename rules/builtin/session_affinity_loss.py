@@ -6,7 +6,8 @@ Condition: session migrations into a pool above 0.05/s (3 a minute).
 
 from __future__ import annotations
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 11
@@ -45,6 +46,10 @@ RULE = Rule(
     evidence=(Evidence("session migrations", _MIGRATIONS, MIGRATIONS, "1/s"),),
     confidence=0.65,
     views=(Panel("Session migrations per pool", _MIGRATIONS, "1/s", MIGRATIONS),),
-    fleet=FleetFault(("chat",), 12, 45),
+    fleet=FleetFault(("chat",), 12, 45, effects=(
+        Set("session_migration_rate", 0.22),
+        Add("state_io_stretch", 0.4),
+        Add("session_tail", 0.2),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: 0\.4\d session migrations per second"),
 )

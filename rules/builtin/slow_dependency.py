@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from ..fleet import Add, FleetFault
 from ..harm import BY_POOL, SESSION_P99, SESSION_SECONDS, over_target, per_session, stage_seconds
-from ..model import WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..model import WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Arith, Compare, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, online_delay
 
@@ -119,7 +120,9 @@ RULE = Rule(
         Panel("Online processes' wait for a CPU", online_delay(BY_POOL), "s/s",
               ONLINE_RUN_DELAY, pick="min"),
     ),
-    fleet=FleetFault(("chat",), 6, 25),
+    fleet=FleetFault(("chat",), 6, 25, effects=(
+        Add("tool_call_stretch", 12),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: sessions slow, \d+% of their time in "
                                   r"stage tool_call; tools called: web_search"),
 )

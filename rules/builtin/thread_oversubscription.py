@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from fleetscope.collectors.parsers.process import parse_pid_stat
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..fleet import Add, FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Arith, Max, Rate, Selector, Sum
 from ..signals import ONLINE_CPUS, POOL, PSI_CPU, RUNNABLE_TASKS
 
@@ -133,7 +134,13 @@ RULE = Rule(
                                 {"kind": "nonvoluntary"}), WINDOW), by=(*NODE, "pool")),
               "1/s", NONVOLUNTARY_SWITCHES),
     ),
-    fleet=FleetFault(("batch",), 12, 90),
+    fleet=FleetFault(("batch",), 12, 90, effects=(
+        # each offline process runs 64 threads, nearly all runnable
+        Set("threads_per_process", 64, pools="offline"),
+        Set("runnable_share", 0.9, pools="offline"),
+        Set("nonvoluntary_switch_rate", 900.0, pools="offline"),
+        Add("cpu_stages_stretch", 0.5, pools="offline"),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: 6\.0 runnable threads per physical core",
                 also_shown=("cpu-saturation",)),  # every online core busy
 )

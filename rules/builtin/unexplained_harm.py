@@ -17,6 +17,7 @@ import math
 
 from fleetscope.core import units
 
+from ..fleet import Add, FleetFault
 from ..harm import (
     HARM,
     HARM_SIGNALS,
@@ -26,7 +27,7 @@ from ..harm import (
     target,
     unexplained,
 )
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Selector
 from ..signals import PSI_CPU, busy_ratio
 
@@ -159,7 +160,10 @@ RULE = Rule(
         Panel("Session time outside any stage, per session", _UNACCOUNTED, "s"),
         Panel("Stage time per session", STAGE_PER_SESSION, "s", narrow=False),
     ),
-    fleet=FleetFault(("chat",), 4, 15),
+    fleet=FleetFault(("chat",), 4, 15, effects=(
+        # a step no stage measures: 1.5 s of each session outside every stage
+        Add("unexplained_session_seconds", 1.5),
+    )),
     proof=Proof(scenario, summary=r"workloads hurting and no rule explains it; harm: online "
                                   r"sessions' P99 \d"),
 )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from fleetscope.core import units
 
-from ..model import NODE, WINDOW, Evidence, FleetFault, Panel, Proof, Rule, Tier
+from ..fleet import Add, FleetFault, Set
+from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 1
@@ -132,6 +133,11 @@ RULE = Rule(
               HEARTBEAT_AGE),
         Panel("Tool calls timing out per pool", _TIMEOUTS, "1/s"),
     ),
-    fleet=FleetFault(("chat",), 10, 20),
+    fleet=FleetFault(("chat",), 10, 20, effects=(
+        # a worker parked in a call with no timeout: its heartbeat ages from 125 s on
+        Set("heartbeat_age", lambda site: 125 + site.since),
+        Set("tool_timeout_share", 0.25),
+        Add("tool_call_stretch", 3),
+    )),
     proof=Proof(scenario, summary=r"pool chat-online: .* silent for 18\d s"),
 )
