@@ -365,13 +365,16 @@ class LiveReader(Reader):
         raise NotAvailable(f"/{relative} does not exist")
 
     def read_bytes(self, relative: str, most: int) -> bytes:
-        """Up to `most` bytes in one buffered read, nothing checked: the host's own files,
-        links included (proc/self)."""
+        """Up to `most` bytes, nothing checked: the host's own files, links included
+        (proc/self). Page-sized reads, as /proc/sys needs."""
         check_relative(relative)
         for root in self.roots:
             try:
-                with open(os.path.join(root, relative), "rb") as source:
-                    return source.read(most)
+                fd = os.open(os.path.join(root, relative), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    return _read_bounded(fd, most)
+                finally:
+                    os.close(fd)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError as err:  # EACCES, ESRCH: the process exited
