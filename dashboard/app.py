@@ -77,5 +77,16 @@ for label, param, key, column in (("Pool", "pool", "filter_pools", "node_pool"),
     if asked:
         st.session_state[key] = asked
     st.sidebar.multiselect(label, options, key=key, on_change=state.filter_to_url(param, key))
+# How far back a node's history goes, in the URL too (?range=6+h); the default left out.
+if snap.history_ranged:
+    state.from_url("range", "history_range", data.HISTORY_RANGES)
+    st.session_state.setdefault("history_range", data.DEFAULT_HISTORY)
+    st.sidebar.selectbox("History range", list(data.HISTORY_RANGES), key="history_range",
+                         on_change=state.to_url("range", "history_range"),
+                         help="how far back a node's charts go")
+    chosen = st.session_state["history_range"]
+    state.keep_in_url(range=None if chosen == data.DEFAULT_HISTORY else chosen)
+else:
+    st.sidebar.caption("history: the bundle's own samples (no range to choose)")
 
 page.run()

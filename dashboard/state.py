@@ -92,18 +92,34 @@ def findings(snap: data.Snapshot):
     return _findings(_key(snap), snap)
 
 
+def history_seconds(snap: data.Snapshot) -> float:
+    """How far back a node's history goes: the sidebar's range where the source follows one
+    (0 for a bundle, whose history is what it recorded)."""
+    return data.HISTORY_RANGES[history_range()] if snap.history_ranged else 0.0
+
+
+def history_range() -> str:
+    """The sidebar's history range, as it is named there and in the URL ("6 h")."""
+    chosen = st.session_state.get("history_range")
+    return chosen if chosen in data.HISTORY_RANGES else data.DEFAULT_HISTORY
+
+
 @st.cache_resource(show_spinner="Loading the node's history...", max_entries=16)
-def _node_history(key: str, instance: str, _snap: data.Snapshot):
-    return _snap.node_loader(instance) if _snap.node_loader else _snap.series
+def _node_history(key: str, instance: str, seconds: float, _snap: data.Snapshot):
+    return _snap.node_loader(instance, seconds) if _snap.node_loader else _snap.series
 
 
 def node_history(snap: data.Snapshot, instance: str):
-    return _node_history(_key(snap), instance, snap)
+    return _node_history(_key(snap), instance, history_seconds(snap), snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def per_core(key: str, instance: str, _snap: data.Snapshot):
+def _per_core(key: str, instance: str, seconds: float, _snap: data.Snapshot):
     return node_frames.per_core_busy(node_history(_snap, instance))
+
+
+def per_core(snap: data.Snapshot, instance: str):
+    return _per_core(_key(snap), instance, history_seconds(snap), snap)
 
 
 def filters() -> dict:

@@ -169,6 +169,29 @@ def test_fleet_page_heatmap_signal_and_filters(monkeypatch):
     assert metrics(app)["nodes"] == "64"
 
 
+def _history_minutes(app: AppTest) -> float:
+    """How many minutes the Node page's busy-across-cores chart spans."""
+    for chart in app.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        if "Busy across cores" in str(spec["layout"].get("title", {}).get("text", "")):
+            stamps = sorted(np.datetime64(x) for trace in spec["data"] for x in trace["x"])
+            return (stamps[-1] - stamps[0]) / np.timedelta64(1, "m")
+    raise AssertionError("no busy-across-cores chart on the Node page")
+
+
+def test_the_history_range_comes_from_the_address_bar_and_reaches_the_loader(monkeypatch):
+    """?range=1+h: the node's history is made for the last hour (the demo's loader, as a
+    Prometheus one range-queries it); the sidebar's choice goes back into the URL."""
+    app = run_app(monkeypatch, DEMO, "node", {"range": "1 h"})
+    assert app.sidebar.selectbox(key="history_range").value == "1 h"
+    assert _history_minutes(app) == 60
+    app.sidebar.selectbox(key="history_range").select("6 h").run()
+    assert not app.exception, [e.message for e in app.exception]
+    assert app.query_params["range"] == "6 h" and _history_minutes(app) == 360
+    app.sidebar.selectbox(key="history_range").select("3 h").run()  # the default: left out
+    assert "range" not in app.query_params and _history_minutes(app) == 180
+
+
 def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
     fleet = Fleet(nodes=256)
     hog = fleet.instances[fleet.faults["core-imbalance"][0]]

@@ -41,7 +41,9 @@ row = all_nodes[all_nodes["instance"] == instance].iloc[0]
 st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
            f"(stepping {row.stepping}, {row.arch}) · kernel "
            f"{row.kernel if row.kernel not in ('', '?') else 'not recorded'} · data up to "
-           f"{units.local_time(snap.window[1])}")
+           f"{units.local_time(snap.window[1])}"
+           + (f" · history: the last {state.history_range()} (sidebar)"
+              if snap.history_ranged else ""))
 
 history = state.node_history(snap, instance)
 window = evidence_frames.history_window(history)
@@ -84,7 +86,7 @@ for number, finding in enumerate(mine):
                                query_params={"node": instance, "rule": finding["rule"]})
 
 st.subheader("Cores")
-busy = state.per_core(f"{state.source()}@{snap.window[1]}", instance, snap)
+busy = state.per_core(snap, instance)
 if busy.empty:
     st.info("This source has no per-core series (the exporter's `per_core: summary`); the "
             "busy distribution across cores is below.")
