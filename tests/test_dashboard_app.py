@@ -46,7 +46,8 @@ def metrics(app: AppTest) -> dict[str, str]:
 TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"confidence", "summary"},
           "numa_table": {"NUMA node", "busy"}, "evidence_table": {"signal", "threshold"},
           "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"},
-          "not_evaluated": {"rule", "missing"}}
+          "not_evaluated": {"rule", "missing"},
+          "peer_comparison": {"signal", "sick median", "healthy peers median"}}
 
 
 def table(app: AppTest, name: str):
@@ -98,6 +99,37 @@ def test_the_fleet_page_leads_with_incidents_a_rack_wide_fault_first(monkeypatch
     assert f"{len(rack_nodes)} of its {len(rack_nodes)} nodes" in first, first
     assert not any(" 1 nodes" in line for line in lines)
     assert all("info" not in line.split(" · ")[1] for line in lines)  # context only
+
+
+def test_the_sick_nodes_of_a_group_are_shown_beside_its_healthy_peers(monkeypatch):
+    """Where a rule fires, its group's sick nodes beside the group's healthy nodes (no fault
+    injected), with counts and each signal on both sides. The demo's isa-mismatch rack: its
+    CPU stepping holds healthy nodes to compare with, its rack none."""
+    fleet = Fleet(nodes=256)
+    table_of = {row["instance"]: row for row in fleet.node_table()}
+    sick = {fleet.instances[i] for i in fleet.faults["isa-mismatch"]}
+    faulty = set().union(*fleet.expected_findings().values())
+    one = table_of[min(sick)]
+
+    def healthy(column: str) -> int:
+        return sum(1 for name, row in table_of.items()
+                   if row[column] == one[column] and name not in faulty)
+
+    app = run_app(monkeypatch, DEMO)
+    assert app.selectbox(key="fleet_group_rule").value == "isa-mismatch"
+    for dimension, column in (("CPU model / stepping", "stepping"), ("node pool", "node_pool")):
+        app.radio(key="fleet_group_by").set_value(dimension).run()
+        assert not app.exception, [e.message for e in app.exception]
+        line = next(str(m.value) for m in app.markdown if "healthy peer" in str(m.value))
+        assert line.startswith(f"**isa-mismatch in {dimension} "), line
+        assert f": {len(sick)} sick nodes beside {healthy(column)} healthy peers**" in line
+        assert 0 < healthy(column) < 256 - len(faulty)
+        compared = table(app, "peer_comparison")
+        assert {"busiest core", "PFC pauses /s"} <= set(compared["signal"])
+    app.radio(key="fleet_group_by").set_value("rack").run()
+    line = next(str(m.value) for m in app.markdown if "healthy peer" in str(m.value))
+    assert f"rack {one['rack']}: {len(sick)} sick nodes beside 0 healthy peers" in line
+    assert any("No healthy peer in rack" in str(c.value) for c in app.caption)
 
 
 def test_the_sidebar_says_how_old_the_data_is_and_refresh_reloads(monkeypatch):
