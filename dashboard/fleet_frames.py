@@ -134,6 +134,22 @@ def findings_for(findings: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     return findings[findings["node"].isin(set(nodes["instance"]))]
 
 
+def search_findings(findings: pd.DataFrame, nodes: pd.DataFrame, text: str) -> pd.DataFrame:
+    """The findings whose node, rule, rack or pool holds every word of `text` (any case,
+    each word in any of them: "chat r003" is the chat pool's findings on rack r003)."""
+    words = text.lower().split()
+    if not words or findings.empty:
+        return findings
+    where = nodes.set_index("instance").reindex(findings["node"])
+    haystack = (findings["node"].str.cat([findings["rule"], where["rack"].fillna("").to_numpy(),
+                                          where["node_pool"].fillna("").to_numpy()], sep=" ")
+                .str.lower())
+    keep = pd.Series(True, index=findings.index)
+    for word in words:
+        keep &= haystack.str.contains(word, regex=False)
+    return findings[keep]
+
+
 def rule_counts(findings: pd.DataFrame) -> pd.DataFrame:
     """Findings per rule, worst first: rule, severity, findings, nodes."""
     if findings.empty:

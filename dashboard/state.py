@@ -165,18 +165,24 @@ def resolve_node(asked: str | None, instances) -> str | None:
     return hosts[0] if len(hosts) == 1 else None
 
 
-def from_url(param: str, key: str, allowed) -> None:
+def from_url(param: str, key: str, allowed=None) -> None:
     """A deep link's query parameter wins over the widget's remembered value: set the
-    widget's session state from it before the widget is drawn (when it is a valid choice)."""
+    widget's session state from it before the widget is drawn (when it is a valid choice;
+    `allowed` None: any text, as a search box takes)."""
     value = st.query_params.get(param)
-    if value is not None and value in allowed:
+    if value is not None and (allowed is None or value in allowed):
         st.session_state[key] = value
 
 
 def to_url(param: str, key: str, drop: tuple[str, ...] = ()):
-    """An on_change callback: the widget's new value goes into the address bar."""
+    """An on_change callback: the widget's new value goes into the address bar (an emptied
+    text box takes its parameter out)."""
     def callback() -> None:
-        st.query_params[param] = str(st.session_state[key])
+        value = str(st.session_state[key])
+        if value:
+            st.query_params[param] = value
+        else:
+            st.query_params.pop(param, None)
         for name in drop:
             st.query_params.pop(name, None)
     return callback

@@ -132,6 +132,35 @@ def test_the_sick_nodes_of_a_group_are_shown_beside_its_healthy_peers(monkeypatc
     assert any("No healthy peer in rack" in str(c.value) for c in app.caption)
 
 
+def test_the_findings_search_drops_the_rows_that_do_not_match_and_lives_in_the_url(
+        monkeypatch):
+    """?search= filters the findings rows by node, rule, rack or pool (every word must
+    match one of them), where the table's own search only highlights."""
+    fleet = Fleet(nodes=256)
+    pool_of = {row["instance"]: row["node_pool"] for row in fleet.node_table()}
+    congested = fleet.expected_findings()["roce-congestion"]
+    rack = min(congested).split("n")[0]
+    app = run_app(monkeypatch, DEMO, "fleet", {"search": rack})
+    assert app.text_input(key="findings_search").value == rack
+    rows = table(app, "findings_table")
+    assert set(rows["node"]) >= congested and all(n.startswith(rack + "n") for n in rows["node"])
+    app.text_input(key="findings_search").set_value("ROCE").run()
+    rows = table(app, "findings_table")
+    assert set(rows["rule"]) == {"roce-congestion"} and set(rows["node"]) == congested
+    assert app.query_params["search"] == "ROCE"
+    pool = pool_of[min(congested)]
+    app.text_input(key="findings_search").set_value(f"{pool} {rack}").run()
+    rows = table(app, "findings_table")
+    assert set(rows["node"]) >= congested
+    assert all(pool_of[n] == pool and n.startswith(rack + "n") for n in rows["node"])
+    app.text_input(key="findings_search").set_value("no-such-thing").run()
+    assert any("No finding matches" in i.value for i in app.info)
+    app.text_input(key="findings_search").set_value("").run()
+    assert "search" not in app.query_params
+    assert len(table(app, "findings_table")) == min(500, len(app.session_state[
+        "_fleetscope_snapshot"][1].findings))
+
+
 def test_the_sidebar_says_how_old_the_data_is_and_refresh_reloads(monkeypatch):
     app = run_app(monkeypatch, DEMO)
     age = [c.value for c in app.sidebar.caption if str(c.value).startswith("data up to")]
