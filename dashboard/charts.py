@@ -35,6 +35,12 @@ def _styled(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def _colourbar(**settings) -> dict:
+    """A colour bar whose labels stay clear of the toolbar: Plotly widens the right margin to
+    fit the bar in place of the toolbar's, so the bar is padded by the toolbar's width."""
+    return {"xpad": MODEBAR_WIDTH, **settings}
+
+
 def _time_axis() -> dict:
     return {"title": {"text": f"time, {units.zone_name()}"}}
 
@@ -66,8 +72,11 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
     click on a cell selects its node (st.plotly_chart on_select)."""
     low, high = fleet_frames.SIGNAL_RANGE.get(signal, (None, None))
     unit = fleet_frames.SIGNALS[signal][0]
-    colourbar = {"title": {"text": units.unit_words(unit)}, "len": 320, "lenmode": "pixels",
-                 "y": 1, "yanchor": "top"}
+    rows = len(grid["y"])
+    height = max(320, 16 * rows + 130)
+    # no longer than the plot: a longer bar hides the labels that fall below it
+    colourbar = _colourbar(title={"text": units.unit_words(unit)}, len=min(320, height - 130),
+                           lenmode="pixels", y=1, yanchor="top")
     colourbar.update({k: v for k, v in units.axis(unit).items() if k != "title"})
     if signal == "health":
         colourbar.update({"tickvals": [0, 1, 2], "ticktext": ["ok", "warning", "critical"]})
@@ -84,19 +93,19 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
                 names.append(name)
                 value = grid["z"][r][c]
                 texts.append(units.format_value(value, unit) if value == value else "no data")
-    markers = go.Scatter(x=xs, y=ys, mode="markers", customdata=names, text=texts,
+    # On a second x axis along the top (the same slots): a tall fleet's slots read at both ends.
+    markers = go.Scatter(x=xs, y=ys, xaxis="x2", mode="markers", customdata=names, text=texts,
                          marker={"symbol": "square", "size": 10, "opacity": 0,
                                  "color": "#000"},
                          selected={"marker": {"opacity": 0}},
                          unselected={"marker": {"opacity": 0}},
                          hovertemplate="%{customdata}<br>" + signal + ": %{text}"
                                        "<extra>%{y}</extra>", showlegend=False)
-    rows = len(grid["y"])
     fig = go.Figure([heat, markers])
-    fig.update_layout(height=max(320, 16 * rows + 110), margin=MARGIN,
-                      xaxis={"title": {"text": "node slot in the rack"}, "dtick": 1
-                             if len(grid["x"]) <= 16 else 4, "showgrid": False,
-                             "zeroline": False},
+    slots = {"dtick": 1 if len(grid["x"]) <= 16 else 4, "showgrid": False, "zeroline": False}
+    fig.update_layout(height=height, margin={**MARGIN, "t": MARGIN["t"] + 20},
+                      xaxis={"title": {"text": "node slot in the rack"}, **slots},
+                      xaxis2={"overlaying": "x", "matches": "x", "side": "top", **slots},
                       yaxis={"autorange": "reversed", "dtick": 1, "type": "category",
                              "tickfont": {"size": 10 if rows > 60 else 12},
                              "showgrid": False},
@@ -161,7 +170,8 @@ def core_heatmap(busy: pd.DataFrame) -> go.Figure:
     times = [t.to_pydatetime() if hasattr(t, "to_pydatetime") else t for t in busy.columns]
     fig = go.Figure(go.Heatmap(z=busy.to_numpy(), x=times, y=list(busy.index),
                                zmin=0, zmax=1, colorscale="YlOrRd",
-                               colorbar={"title": {"text": "busy"}, "tickformat": ".0%"},
+                               colorbar=_colourbar(title={"text": "busy"},
+                                                   tickformat=".0%"),
                                hovertemplate="cpu %{y}<br>%{x}<br>busy %{z:.0%}"
                                              "<extra></extra>"))
     cores = len(busy.index)
