@@ -23,6 +23,11 @@ STALE_AFTER_S = 600  # a live source's data older than this is called stale
 st.set_page_config(page_title="fleetscope", page_icon=":material/monitor_heart:",
                    layout="wide")
 
+# Code blocks (runbook commands) wrap: a long command scrolled out of sight reads as cut off.
+# (important: the highlighter puts white-space: pre on the code element itself)
+st.html("<style>[data-testid='stMarkdownPre'] pre, [data-testid='stMarkdownPre'] code "
+        "{white-space: pre-wrap !important; overflow-wrap: anywhere;}</style>")
+
 VIEWS = HERE / "views"
 PAGES = [
     st.Page(str(VIEWS / "fleet.py"), title="Fleet", icon=":material/grid_view:",

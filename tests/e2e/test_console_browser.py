@@ -416,6 +416,24 @@ def test_heatmap_colour_bars_stay_clear_of_the_toolbar_and_a_fleets_slots_read_o
 
 
 @pytest.mark.live
+def test_runbook_commands_wrap_instead_of_running_off_the_right_edge(demo, tmp_path):
+    """roce-congestion's runbook has commands of 200 characters: its code blocks wrap, none
+    is wider than the page shows."""
+    fenced = runbook("roce-congestion").split("```")[1::2]  # the code blocks
+    assert max(len(line) for block in fenced for line in block.splitlines()) > 150
+    with chromium() as driver:
+        driver.get(demo + "runbook?rule=roce-congestion")
+        wait_for(driver, lambda t: "Related runbooks" in t, "the roce-congestion runbook")
+        time.sleep(2)
+        blocks = driver.execute_script(
+            "return Array.from(document.querySelectorAll('[data-testid=\"stMarkdownPre\"] pre'),"
+            " p => [p.scrollWidth, p.clientWidth, p.textContent.length]);")
+        shoot(driver, tmp_path, "runbook-code")
+    assert blocks and max(length for _, _, length in blocks) > 150, blocks
+    assert all(scroll <= client + 1 for scroll, client, _ in blocks), blocks
+
+
+@pytest.mark.live
 def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path):
     """The demo's rack-wide isa-mismatch (one whole rack, its FleetFault) is the first
     incident, above the rows, naming its rack; the sidebar says how old the data is."""
