@@ -12,6 +12,7 @@ import math
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from fleetscope.core import units
 from fleetscope.dashboard import fleet_frames
@@ -221,6 +222,42 @@ def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
     if window:  # the whole history, so a series that starts late shows when it started
         fig.update_xaxes(range=list(window))
     return _legend_below(fig, names)
+
+
+def small_multiples(frame: pd.DataFrame, title: str, facet: str, unit: str = "",
+                    window: tuple | None = None, panel_height: int = 110) -> go.Figure:
+    """One panel per `facet` value (each RDMA counter) on its own scale, stacked on one time
+    axis: counters hundreds of times apart drawn on one axis flatten all but the largest.
+    Within a panel one line per other varying label (each device), coloured alike in all."""
+    keys = [c for c in frame.columns if c not in ("time", "value", "instance", "__name__", facet)]
+    varying = [k for k in keys if frame[k].nunique() > 1]
+    frame = frame.sort_values("time").assign(
+        series=frame[varying].astype(str).agg(" · ".join, axis=1) if varying else "value")
+    panels = sorted(frame[facet].astype(str).unique())
+    names = sorted(frame["series"].unique())
+    colours = dict(zip(names, px.colors.qualitative.Plotly * (len(names) // 10 + 1),
+                       strict=False))
+    gap = 46  # px between panels: the next panel's title
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=panels,
+                        vertical_spacing=gap / (len(panels) * (panel_height + gap)))
+    for row, (panel, rows) in enumerate(frame.groupby(frame[facet].astype(str)), start=1):
+        for name, line in rows.groupby("series"):
+            fig.add_trace(go.Scatter(x=line["time"], y=line["value"], mode="lines", name=name,
+                                     legendgroup=name, showlegend=row == 1,
+                                     line={"color": colours[name]},
+                                     hovertemplate=units.hover_format(unit)
+                                     + f"<extra>{panel} · {name}</extra>"),
+                          row=row, col=1)
+        settings = units.axis(unit, rows["value"].max())
+        fig.update_yaxes(**{**settings, "title": {"text": ""}}, rangemode="tozero",
+                         row=row, col=1)
+    fig.update_annotations(font={"size": 12}, xanchor="left", x=0)
+    words = units.unit_words(unit)
+    fig.update_layout(title={"text": f"{title} ({words})" if words else title})
+    fig.update_xaxes(range=list(window) if window else None)
+    fig.update_xaxes(**_time_axis(), row=len(panels), col=1)
+    plot_height = len(panels) * (panel_height + gap)
+    return _legend_below(fig, names if len(names) > 1 else [], plot_height)
 
 
 def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> go.Figure:

@@ -59,6 +59,13 @@ def table(app: AppTest, name: str):
     raise AssertionError(f"no {name} table on the page")
 
 
+def plotted(values) -> np.ndarray:
+    """A trace's values from a figure's JSON (plotly ships a float array as base64)."""
+    if isinstance(values, dict):
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+    return np.asarray(values, dtype=float)
+
+
 def text_of(app: AppTest) -> str:
     return "\n".join(str(m.value) for m in app.markdown)
 
@@ -270,6 +277,26 @@ def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
     assert len(app.get("plotly_chart")) >= 8
 
 
+def test_rdma_counters_are_drawn_each_on_its_own_scale(monkeypatch):
+    """A congested node's RDMA counters, hundreds of times apart (ECN marks vs sequence
+    errors): one panel per counter with its own y axis, a line per device in each."""
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["roce-congestion"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": node})
+    specs = [json.loads(c.proto.spec) for c in app.get("plotly_chart")]
+    rdma = next(s for s in specs if str(s["layout"]["title"]["text"]).startswith("RDMA"))
+    panels = [a["text"] for a in rdma["layout"]["annotations"]]
+    assert {"np_ecn_marked_roce_packets", "packet_seq_err"} <= set(panels), panels
+    axes = {trace.get("yaxis", "y") for trace in rdma["data"]}
+    assert len(axes) == len(panels)
+    for axis in axes:
+        on_axis = [t for t in rdma["data"] if t.get("yaxis", "y") == axis]
+        assert len(on_axis) == 2  # the node's two RDMA devices
+    tops = sorted(max(plotted(t["y"]).max() for t in rdma["data"]
+                      if t.get("yaxis", "y") == axis) for axis in axes)
+    assert tops[-1] > 50 * tops[0]  # why one axis would not do
+
+
 def test_a_node_deep_link_opens_that_node_with_the_finding_and_its_charts(monkeypatch):
     fleet = Fleet(nodes=256)
     node = fleet.instances[fleet.faults["offline-preemption"][0]]
@@ -364,9 +391,7 @@ def test_a_firing_bandwidth_node_is_drawn_above_the_line_where_its_rule_fires(mo
              zip(chart["layout"]["annotations"], chart["layout"]["shapes"], strict=True)}
     peak, fires = lines["platform"], lines["memory-bandwidth-saturation"]
     assert fires == pytest.approx(0.8 * peak)
-    y = chart["data"][0]["y"]  # plotly ships a float array as base64 of float64s
-    values = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]) \
-        if isinstance(y, dict) else np.asarray(y, dtype=float)
+    values = plotted(chart["data"][0]["y"])
     assert fires < values[-1] < peak * 1.2, (values[-1], fires, peak)
 
 

@@ -164,8 +164,8 @@ if not pfc.empty:
     left.plotly_chart(charts.lines(pfc, "PFC pause frames", unit="frames/s"), key="pfc")
 rdma = frames.timeline(history, "fleetscope_rdma_hw_stats_total")
 if not rdma.empty:
-    right.plotly_chart(charts.lines(rdma, "RDMA congestion counters", unit="1/s"),
-                       key="rdma")
+    right.plotly_chart(charts.small_multiples(rdma, "RDMA congestion counters", "counter",
+                                              unit="1/s", window=window), key="rdma")
 port = frames.timeline(history, "fleetscope_nic_port_bytes_total")
 if not port.empty:
     st.plotly_chart(charts.lines(port, "NIC port traffic", unit="bytes/s"), key="port_bytes")
