@@ -51,8 +51,9 @@ TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"conf
 
 
 def table(app: AppTest, name: str):
-    """The first dataframe with the columns that table has (AppTest drops dataframe keys)."""
-    for frame in app.dataframe:
+    """The first dataframe or static table with the columns that table has (AppTest drops
+    dataframe keys)."""
+    for frame in [*app.dataframe, *app.table]:
         value = frame.value
         if TABLES[name] <= set(getattr(value, "columns", [])):
             return value

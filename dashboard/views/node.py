@@ -66,8 +66,8 @@ for number, finding in enumerate(mine):
         if subjects:
             st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                                    for k, v in subjects.items()))
-        st.dataframe(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
-                     key=f"node_evidence_{number}")
+        # a static table: its cells wrap where a data grid cut long signal names off
+        st.table(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True)
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = evidence_frames.evidence_panels(finding["rule"], history,
                                                      finding.get("labels"))

@@ -434,6 +434,29 @@ def test_runbook_commands_wrap_instead_of_running_off_the_right_edge(demo, tmp_p
 
 
 @pytest.mark.live
+def test_evidence_cells_show_their_whole_text(demo, tmp_path):
+    """cpu-throttling's evidence names its signal in 70 characters: the Findings page's
+    evidence table shows all of it (wrapped), no cell cut off."""
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    fleet = Fleet(nodes=512)
+    node = fleet.instances[fleet.faults["cpu-throttling"][0]]
+    signal = "time the pool's cgroups sat throttled (throttled_usec / throttled_time)"
+    with chromium() as driver:
+        query = urllib.parse.urlencode({"rule": "cpu-throttling", "node": node})
+        driver.get(f"{demo}findings?{query}")
+        text = wait_for(driver, lambda t: "Likely cause" in t and "Runbook" in t,
+                        "the cpu-throttling finding")
+        cells = driver.execute_script(
+            "return Array.from(document.querySelectorAll('[data-testid=\"stTable\"] td'),"
+            " c => [c.textContent, c.scrollWidth, c.clientWidth]);")
+        shoot(driver, tmp_path, "findings-evidence")
+    assert signal in text  # drawn as text, all of it (a data grid paints a cut canvas)
+    assert any(cell == signal for cell, _, _ in cells), cells
+    assert all(scroll <= client + 1 for _, scroll, client in cells), cells
+
+
+@pytest.mark.live
 def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path):
     """The demo's rack-wide isa-mismatch (one whole rack, its FleetFault) is the first
     incident, above the rows, naming its rack; the sidebar says how old the data is."""
