@@ -11,6 +11,8 @@ in between (one load a run, never two).
 
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 
 from fleetscope.dashboard import data, fleet_frames, node_frames
@@ -131,6 +133,18 @@ def filters() -> dict:
 
 def filtered_nodes(snap: data.Snapshot):
     return fleet_frames.filter_nodes(nodes(snap), **filters())
+
+
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")  # ASCII punctuation: Markdown escapes it
+
+
+def static_table(frame, where=st) -> None:
+    """A table whose cells wrap (st.table, where a data grid cuts long text off), its text
+    shown as written: st.table reads cells as Markdown, where "> 25 %" would be a quote."""
+    def escaped(value):
+        return _PUNCTUATION.sub(r"\\\g<0>", value) if isinstance(value, str) else value
+
+    where.table(frame.apply(lambda column: column.map(escaped)), hide_index=True)
 
 
 # -- navigation ----------------------------------------------------------------------------

@@ -52,11 +52,12 @@ TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"conf
 
 def table(app: AppTest, name: str):
     """The first dataframe or static table with the columns that table has (AppTest drops
-    dataframe keys)."""
-    for frame in [*app.dataframe, *app.table]:
+    dataframe keys), as it reads: a static table's Markdown escapes taken out."""
+    tables = [(frame, False) for frame in app.dataframe] + [(frame, True) for frame in app.table]
+    for frame, static in tables:
         value = frame.value
         if TABLES[name] <= set(getattr(value, "columns", [])):
-            return value
+            return value.replace(r"\\(.)", r"\1", regex=True) if static else value
     raise AssertionError(f"no {name} table on the page")
 
 

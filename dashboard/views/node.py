@@ -66,8 +66,7 @@ for number, finding in enumerate(mine):
         if subjects:
             st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                                    for k, v in subjects.items()))
-        # a static table: its cells wrap where a data grid cut long signal names off
-        st.table(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True)
+        state.static_table(evidence_frames.evidence_frame(finding).drop(columns="ratio"))
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = evidence_frames.evidence_panels(finding["rule"], history,
                                                      finding.get("labels"))
