@@ -269,13 +269,14 @@ def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> g
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     frame = evidence.dropna(subset=["ratio"])
+    # the reading of the scale goes under the axis: a half-width chart's title cut it off
     fig = px.bar(frame, x="ratio", y="signal", orientation="h",
-                 title="Evidence past its threshold (1x = at it, more = past it, "
-                       "whichever side fires)")
+                 title="Evidence against its threshold")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
     fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
     fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
-                      xaxis={"ticksuffix": "x", "title": {"text": "value / threshold"}},
+                      xaxis={"ticksuffix": "x", "title": {
+                          "text": "value / threshold: 1x at it, more past it (either side)"}},
                       yaxis={"title": {"text": ""}})
     return _styled(fig)
 

@@ -433,10 +433,27 @@ def test_runbook_commands_wrap_instead_of_running_off_the_right_edge(demo, tmp_p
     assert all(scroll <= client + 1 for scroll, client, _ in blocks), blocks
 
 
+# The static tables' cells: their text, how wide it is and how wide the cell shows it.
+EVIDENCE_CELLS = """
+return Array.from(document.querySelectorAll('[data-testid="stTable"] td'),
+                  c => [c.textContent.trim(), c.scrollWidth, c.clientWidth]);
+"""
+
+# The charts whose title runs past the chart's right edge (cut off there).
+CHART_TITLES_CUT = """
+return Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]')).flatMap(c => {
+    const title = c.querySelector('.gtitle');
+    return title && title.getBoundingClientRect().right > c.getBoundingClientRect().right + 1
+        ? [title.textContent] : [];
+});
+"""
+
+
 @pytest.mark.live
 def test_evidence_cells_show_their_whole_text(demo, tmp_path):
     """cpu-throttling's evidence names its signal in 70 characters: the Findings page's
-    evidence table shows all of it (wrapped), no cell cut off."""
+    evidence table shows all of it (wrapped), no cell cut off; no chart's title runs off its
+    chart."""
     from fleetscope.dashboard.fleet_sim import Fleet
 
     fleet = Fleet(nodes=512)
@@ -445,15 +462,20 @@ def test_evidence_cells_show_their_whole_text(demo, tmp_path):
     with chromium() as driver:
         query = urllib.parse.urlencode({"rule": "cpu-throttling", "node": node})
         driver.get(f"{demo}findings?{query}")
-        text = wait_for(driver, lambda t: "Likely cause" in t and "Runbook" in t,
-                        "the cpu-throttling finding")
-        cells = driver.execute_script(
-            "return Array.from(document.querySelectorAll('[data-testid=\"stTable\"] td'),"
-            " c => [c.textContent, c.scrollWidth, c.clientWidth]);")
+        wait_for(driver, lambda t: "Likely cause" in t and "Confirm by hand" in t,
+                 "the cpu-throttling finding")
+        deadline, cells = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not cells:  # the table may come a moment later
+            cells = driver.execute_script(EVIDENCE_CELLS)
+            time.sleep(0.5)
+        time.sleep(2)
+        titles_cut = driver.execute_script(CHART_TITLES_CUT)
         shoot(driver, tmp_path, "findings-evidence")
-    assert signal in text  # drawn as text, all of it (a data grid paints a cut canvas)
-    assert any(cell == signal for cell, _, _ in cells), cells
+    texts = [text for text, _, _ in cells]
+    assert signal in texts, texts  # all of it, as text (a data grid paints a cut canvas)
+    assert "> 50 ms/s" in texts, texts  # as written (Markdown would make "> " a quote)
     assert all(scroll <= client + 1 for _, scroll, client in cells), cells
+    assert not titles_cut, titles_cut
 
 
 @pytest.mark.live
