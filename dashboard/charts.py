@@ -269,7 +269,7 @@ def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> g
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     frame = evidence.dropna(subset=["ratio"])
-    # the reading of the scale goes under the axis: a half-width chart's title cut it off
+    # how to read the scale goes under the axis: a half-width chart's title has no room for it
     fig = px.bar(frame, x="ratio", y="signal", orientation="h",
                  title="Evidence against its threshold")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
