@@ -64,7 +64,15 @@ def main() -> int:
                  lambda: [fleet_frames.rule_grouping(nodes, findings, first_rule, d)
                           for d in fleet_frames.GROUPINGS] + [fleet_frames.grouping_summary(
                               nodes, findings, first_rule)])
-    page_s = a + b + c + d + e + f + g
+    dimension = next(iter(fleet_frames.GROUPINGS))
+    top_group = fleet_frames.rule_grouping(nodes, findings, first_rule, dimension)["group"][0]
+    _, h = timed("its top group beside healthy peers",
+                 lambda: fleet_frames.peer_comparison(
+                     health, fleet_frames.with_health(signals, health), findings, first_rule,
+                     dimension, top_group))
+    _, i = timed("findings search (two words)",
+                 fleet_frames.search_findings, findings, nodes, f"{first_rule} r0")
+    page_s = a + b + c + d + e + f + g + h + i
     print(f"  {'Fleet page frames, given the load':<38} {page_s:7.3f} s")
     print(f"  {'; '.join(snap.notes)}; findings {len(snap.findings):,}, rules firing "
           f"{findings['rule'].nunique()}")

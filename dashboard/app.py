@@ -23,6 +23,11 @@ STALE_AFTER_S = 600  # a live source's data older than this is called stale
 st.set_page_config(page_title="fleetscope", page_icon=":material/monitor_heart:",
                    layout="wide")
 
+# Code blocks (runbook commands) wrap: a long command scrolled out of sight reads as cut off.
+# (important: the highlighter puts white-space: pre on the code element itself)
+st.html("<style>[data-testid='stMarkdownPre'] pre, [data-testid='stMarkdownPre'] code "
+        "{white-space: pre-wrap !important; overflow-wrap: anywhere;}</style>")
+
 VIEWS = HERE / "views"
 PAGES = [
     st.Page(str(VIEWS / "fleet.py"), title="Fleet", icon=":material/grid_view:",
@@ -77,5 +82,16 @@ for label, param, key, column in (("Pool", "pool", "filter_pools", "node_pool"),
     if asked:
         st.session_state[key] = asked
     st.sidebar.multiselect(label, options, key=key, on_change=state.filter_to_url(param, key))
+# How far back a node's history goes, in the URL too (?range=6+h); the default left out.
+if snap.history_ranged:
+    state.from_url("range", "history_range", data.HISTORY_RANGES)
+    st.session_state.setdefault("history_range", data.DEFAULT_HISTORY)
+    st.sidebar.selectbox("History range", list(data.HISTORY_RANGES), key="history_range",
+                         on_change=state.to_url("range", "history_range"),
+                         help="how far back a node's charts go")
+    chosen = st.session_state["history_range"]
+    state.keep_in_url(range=None if chosen == data.DEFAULT_HISTORY else chosen)
+else:
+    st.sidebar.caption("history: the bundle's own samples (no range to choose)")
 
 page.run()

@@ -12,6 +12,7 @@ import math
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from fleetscope.core import units
 from fleetscope.dashboard import fleet_frames
@@ -33,6 +34,12 @@ def _styled(fig: go.Figure) -> go.Figure:
     fig.update_layout(modebar={"orientation": "v"}, title={"font": {"size": 15}},
                       margin={"r": max(right, MODEBAR_WIDTH)})
     return fig
+
+
+def _colourbar(**settings) -> dict:
+    """A colour bar whose labels stay clear of the toolbar: Plotly widens the right margin to
+    fit the bar in place of the toolbar's, so the bar is padded by the toolbar's width."""
+    return {"xpad": MODEBAR_WIDTH, **settings}
 
 
 def _time_axis() -> dict:
@@ -66,8 +73,11 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
     click on a cell selects its node (st.plotly_chart on_select)."""
     low, high = fleet_frames.SIGNAL_RANGE.get(signal, (None, None))
     unit = fleet_frames.SIGNALS[signal][0]
-    colourbar = {"title": {"text": units.unit_words(unit)}, "len": 320, "lenmode": "pixels",
-                 "y": 1, "yanchor": "top"}
+    rows = len(grid["y"])
+    height = max(320, 16 * rows + 130)
+    # no longer than the plot: a longer bar hides the labels that fall below it
+    colourbar = _colourbar(title={"text": units.unit_words(unit)}, len=min(320, height - 130),
+                           lenmode="pixels", y=1, yanchor="top")
     colourbar.update({k: v for k, v in units.axis(unit).items() if k != "title"})
     if signal == "health":
         colourbar.update({"tickvals": [0, 1, 2], "ticktext": ["ok", "warning", "critical"]})
@@ -84,19 +94,19 @@ def fleet_heatmap(grid: dict, signal: str) -> go.Figure:
                 names.append(name)
                 value = grid["z"][r][c]
                 texts.append(units.format_value(value, unit) if value == value else "no data")
-    markers = go.Scatter(x=xs, y=ys, mode="markers", customdata=names, text=texts,
+    # On a second x axis along the top (the same slots): a tall fleet's slots read at both ends.
+    markers = go.Scatter(x=xs, y=ys, xaxis="x2", mode="markers", customdata=names, text=texts,
                          marker={"symbol": "square", "size": 10, "opacity": 0,
                                  "color": "#000"},
                          selected={"marker": {"opacity": 0}},
                          unselected={"marker": {"opacity": 0}},
                          hovertemplate="%{customdata}<br>" + signal + ": %{text}"
                                        "<extra>%{y}</extra>", showlegend=False)
-    rows = len(grid["y"])
     fig = go.Figure([heat, markers])
-    fig.update_layout(height=max(320, 16 * rows + 110), margin=MARGIN,
-                      xaxis={"title": {"text": "node slot in the rack"}, "dtick": 1
-                             if len(grid["x"]) <= 16 else 4, "showgrid": False,
-                             "zeroline": False},
+    slots = {"dtick": 1 if len(grid["x"]) <= 16 else 4, "showgrid": False, "zeroline": False}
+    fig.update_layout(height=height, margin={**MARGIN, "t": MARGIN["t"] + 20},
+                      xaxis={"title": {"text": "node slot in the rack"}, **slots},
+                      xaxis2={"overlaying": "x", "matches": "x", "side": "top", **slots},
                       yaxis={"autorange": "reversed", "dtick": 1, "type": "category",
                              "tickfont": {"size": 10 if rows > 60 else 12},
                              "showgrid": False},
@@ -161,7 +171,8 @@ def core_heatmap(busy: pd.DataFrame) -> go.Figure:
     times = [t.to_pydatetime() if hasattr(t, "to_pydatetime") else t for t in busy.columns]
     fig = go.Figure(go.Heatmap(z=busy.to_numpy(), x=times, y=list(busy.index),
                                zmin=0, zmax=1, colorscale="YlOrRd",
-                               colorbar={"title": {"text": "busy"}, "tickformat": ".0%"},
+                               colorbar=_colourbar(title={"text": "busy"},
+                                                   tickformat=".0%"),
                                hovertemplate="cpu %{y}<br>%{x}<br>busy %{z:.0%}"
                                              "<extra></extra>"))
     cores = len(busy.index)
@@ -213,6 +224,42 @@ def lines(frame: pd.DataFrame, title: str, colour: str | None = None,
     return _legend_below(fig, names)
 
 
+def small_multiples(frame: pd.DataFrame, title: str, facet: str, unit: str = "",
+                    window: tuple | None = None, panel_height: int = 110) -> go.Figure:
+    """One panel per `facet` value (each RDMA counter) on its own scale, stacked on one time
+    axis: counters hundreds of times apart drawn on one axis flatten all but the largest.
+    Within a panel one line per other varying label (each device), coloured alike in all."""
+    keys = [c for c in frame.columns if c not in ("time", "value", "instance", "__name__", facet)]
+    varying = [k for k in keys if frame[k].nunique() > 1]
+    frame = frame.sort_values("time").assign(
+        series=frame[varying].astype(str).agg(" · ".join, axis=1) if varying else "value")
+    panels = sorted(frame[facet].astype(str).unique())
+    names = sorted(frame["series"].unique())
+    colours = dict(zip(names, px.colors.qualitative.Plotly * (len(names) // 10 + 1),
+                       strict=False))
+    gap = 46  # px between panels: the next panel's title
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=panels,
+                        vertical_spacing=gap / (len(panels) * (panel_height + gap)))
+    for row, (panel, rows) in enumerate(frame.groupby(frame[facet].astype(str)), start=1):
+        for name, line in rows.groupby("series"):
+            fig.add_trace(go.Scatter(x=line["time"], y=line["value"], mode="lines", name=name,
+                                     legendgroup=name, showlegend=row == 1,
+                                     line={"color": colours[name]},
+                                     hovertemplate=units.hover_format(unit)
+                                     + f"<extra>{panel} · {name}</extra>"),
+                          row=row, col=1)
+        settings = units.axis(unit, rows["value"].max())
+        fig.update_yaxes(**{**settings, "title": {"text": ""}}, rangemode="tozero",
+                         row=row, col=1)
+    fig.update_annotations(font={"size": 12}, xanchor="left", x=0)
+    words = units.unit_words(unit)
+    fig.update_layout(title={"text": f"{title} ({words})" if words else title})
+    fig.update_xaxes(range=list(window) if window else None)
+    fig.update_xaxes(**_time_axis(), row=len(panels), col=1)
+    plot_height = len(panels) * (panel_height + gap)
+    return _legend_below(fig, names if len(names) > 1 else [], plot_height)
+
+
 def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> go.Figure:
     """A rule's evidence panel (dashboard/evidence_views.py) over time."""
     title = panel.title if not panel.role else f"{panel.role.capitalize()}: {panel.title}"
@@ -222,13 +269,14 @@ def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> g
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     frame = evidence.dropna(subset=["ratio"])
+    # how to read the scale goes under the axis: a half-width chart's title has no room for it
     fig = px.bar(frame, x="ratio", y="signal", orientation="h",
-                 title="Evidence past its threshold (1x = at it, more = past it, "
-                       "whichever side fires)")
+                 title="Evidence against its threshold")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
     fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
     fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
-                      xaxis={"ticksuffix": "x", "title": {"text": "value / threshold"}},
+                      xaxis={"ticksuffix": "x", "title": {
+                          "text": "value / threshold: 1x at it, more past it (either side)"}},
                       yaxis={"title": {"text": ""}})
     return _styled(fig)
 

@@ -40,6 +40,12 @@ NODE_METRICS = sorted(set(FLEET_METRICS) | {
     "fleetscope_instructions_per_cycle", "fleetscope_rdma_hw_stats_total",
     "fleetscope_cpu_saturated_cores", "fleetscope_pool_threads",
 })
+# How far back a node's history goes (the sidebar's choice, `?range=` in the URL), on the
+# sources that make a history for any range: the demo and Prometheus. A bundle has its own.
+HISTORY_RANGES = {"15 min": 900, "1 h": 3600, "3 h": 3 * 3600, "6 h": 6 * 3600,
+                  "24 h": 24 * 3600}
+DEFAULT_HISTORY = "3 h"
+HISTORY_POINTS = 720  # at most this many steps a history series: a longer range steps wider
 
 
 class SourceError(Exception):
@@ -56,11 +62,17 @@ class Snapshot:
     findings: list[dict]  # findings as docs/diagnosis-json.md has them, worst first
     not_evaluated: list[dict]
     window: tuple[float, float]
-    node_loader: Callable[[str], Series] | None = None  # one node's history
+    # One node's history over the last N seconds (a bundle: its own, whatever N).
+    node_loader: Callable[[str, float], Series] | None = None
     notes: list[str] = field(default_factory=list)
     # Recorded series name -> its vector, answered by a query engine (rules/recording.py);
     # None: the frames evaluate the same expressions over `series` in-process.
     aggregates: dict[str, dict] | None = None
+
+    @property
+    def history_ranged(self) -> bool:
+        """Whether a node's history follows the range asked (a bundle's is what it recorded)."""
+        return self.kind != "bundle"
 
 
 def parse_source(spec: str) -> tuple[str, str]:
@@ -138,7 +150,8 @@ def load_demo(nodes: int = 4096, cores: int = 128, processes: int | None = None)
            + (f", in {answer.processes} processes" if answer.processes > 1 else ""))
     return Snapshot("demo", f"simulated fleet: {nodes:,} nodes x {cores} cores",
                     answer.tables, answer.findings, answer.not_evaluated,
-                    (first / 1000, last / 1000), fleet.node_series,
+                    (first / 1000, last / 1000),
+                    lambda instance, seconds: fleet.node_series(instance, round(seconds / 60)),
                     notes=[how, *answer.notes], aggregates=answer.aggregates)
 
 
@@ -187,7 +200,8 @@ def load_bundle(path: str) -> Snapshot:
         notes.append("few samples: timelines have one interval; record longer bundles "
                      "(fleetscope bundle record --seconds 60) for trends")
     return Snapshot("bundle", f"bundle: {hostname}", fleet, _to_json(found),
-                    not_evaluated, (first / 1000, last / 1000), lambda _: node, notes)
+                    not_evaluated, (first / 1000, last / 1000), lambda _node, _seconds: node,
+                    notes)
 
 
 # What the node table reads of every node, as instant queries: the metadata series (one a
@@ -243,10 +257,10 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
         for labels, value in vector.items():
             series.add_key(name, labels, at_ms, value)
 
-    def node_loader(instance: str) -> Series:
+    def node_loader(instance: str, history_seconds: float) -> Series:
         try:
-            history, _ = prometheus_series(url, set(NODE_METRICS), 3 * 3600, instance,
-                                           step=step)
+            history, _ = prometheus_series(url, set(NODE_METRICS), history_seconds, instance,
+                                           step=max(step, history_seconds / HISTORY_POINTS))
         except PrometheusError as err:
             raise SourceError(str(err)) from None
         return history

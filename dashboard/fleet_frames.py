@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fleetscope.core import units
 from fleetscope.dashboard.frames import recorded
 from fleetscope.rules.recording import NODE_SIGNALS
 
@@ -133,6 +134,22 @@ def findings_for(findings: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     return findings[findings["node"].isin(set(nodes["instance"]))]
 
 
+def search_findings(findings: pd.DataFrame, nodes: pd.DataFrame, text: str) -> pd.DataFrame:
+    """The findings whose node, rule, rack or pool holds every word of `text` (any case,
+    each word in any of them: "chat r003" is the chat pool's findings on rack r003)."""
+    words = text.lower().split()
+    if not words or findings.empty:
+        return findings
+    where = nodes.set_index("instance").reindex(findings["node"])
+    haystack = (findings["node"].str.cat([findings["rule"], where["rack"].fillna("").to_numpy(),
+                                          where["node_pool"].fillna("").to_numpy()], sep=" ")
+                .str.lower())
+    keep = pd.Series(True, index=findings.index)
+    for word in words:
+        keep &= haystack.str.contains(word, regex=False)
+    return findings[keep]
+
+
 def rule_counts(findings: pd.DataFrame) -> pd.DataFrame:
     """Findings per rule, worst first: rule, severity, findings, nodes."""
     if findings.empty:
@@ -220,6 +237,36 @@ def rule_grouping(nodes: pd.DataFrame, findings: pd.DataFrame, rule: str, dimens
     table["firing"] = table["firing"].astype(int)
     return table.sort_values(["firing", "share of group"], ascending=False).reset_index(
         drop=True)[["group", "nodes", "firing", "share of group", "share of firing"]]
+
+
+def peer_comparison(health: pd.DataFrame, signals: pd.DataFrame, findings: pd.DataFrame,
+                    rule: str, dimension: str, group: str) -> tuple[int, int, pd.DataFrame]:
+    """The nodes firing `rule` in one group (a rack, a pool, a stepping) beside the group's
+    healthy peers (no finding at warning or worse): (sick nodes, healthy peers, a table of
+    each heatmap signal's median and p90 on both sides, in its unit, the signals that differ
+    most first).
+    A signal where the sick nodes sit apart from their own peers points at the cause."""
+    column = GROUPINGS.get(dimension, dimension)
+    frame = health.assign(cpu=health["cpu_model"] + " " + health["stepping"])
+    in_group = frame[frame[column] == group]
+    firing = set(findings.loc[findings["rule"] == rule, "node"])
+    sick = in_group["instance"].isin(firing)
+    peers = ~sick & (in_group["health"] == "ok")
+    shown = [name for name in SIGNALS if name not in ("health", "findings")]
+    values = signals.reindex(columns=shown)
+    sides = {}
+    for side, mask in (("sick", sick), ("healthy peers", peers)):
+        chosen = values.reindex(in_group.loc[mask, "instance"])
+        sides[f"{side} median"] = chosen.median()
+        sides[f"{side} p90"] = chosen.quantile(0.9)
+    table = pd.DataFrame(sides).dropna(how="all")
+    low, high = (pd.Series({n: SIGNAL_RANGE[n][i] for n in table.index}) for i in (0, 1))
+    apart = ((table["sick median"] - table["healthy peers median"]).abs() / (high - low))
+    table = table.assign(apart=apart.fillna(-1)).sort_values("apart", ascending=False)
+    shown_values = {side: [units.format_value(value, SIGNALS[name][0])
+                           for name, value in table[side].items()] for side in sides}
+    table = pd.DataFrame({"signal": table.index, **shown_values})
+    return int(sick.sum()), int(peers.sum()), table
 
 
 def not_evaluated_table(not_evaluated: list[dict]) -> pd.DataFrame:

@@ -11,6 +11,8 @@ in between (one load a run, never two).
 
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 
 from fleetscope.dashboard import data, fleet_frames, node_frames
@@ -92,18 +94,34 @@ def findings(snap: data.Snapshot):
     return _findings(_key(snap), snap)
 
 
+def history_seconds(snap: data.Snapshot) -> float:
+    """How far back a node's history goes: the sidebar's range where the source follows one
+    (0 for a bundle, whose history is what it recorded)."""
+    return data.HISTORY_RANGES[history_range()] if snap.history_ranged else 0.0
+
+
+def history_range() -> str:
+    """The sidebar's history range, as it is named there and in the URL ("6 h")."""
+    chosen = st.session_state.get("history_range")
+    return chosen if chosen in data.HISTORY_RANGES else data.DEFAULT_HISTORY
+
+
 @st.cache_resource(show_spinner="Loading the node's history...", max_entries=16)
-def _node_history(key: str, instance: str, _snap: data.Snapshot):
-    return _snap.node_loader(instance) if _snap.node_loader else _snap.series
+def _node_history(key: str, instance: str, seconds: float, _snap: data.Snapshot):
+    return _snap.node_loader(instance, seconds) if _snap.node_loader else _snap.series
 
 
 def node_history(snap: data.Snapshot, instance: str):
-    return _node_history(_key(snap), instance, snap)
+    return _node_history(_key(snap), instance, history_seconds(snap), snap)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def per_core(key: str, instance: str, _snap: data.Snapshot):
+def _per_core(key: str, instance: str, seconds: float, _snap: data.Snapshot):
     return node_frames.per_core_busy(node_history(_snap, instance))
+
+
+def per_core(snap: data.Snapshot, instance: str):
+    return _per_core(_key(snap), instance, history_seconds(snap), snap)
 
 
 def filters() -> dict:
@@ -115,6 +133,18 @@ def filters() -> dict:
 
 def filtered_nodes(snap: data.Snapshot):
     return fleet_frames.filter_nodes(nodes(snap), **filters())
+
+
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")  # ASCII punctuation: Markdown escapes it
+
+
+def static_table(frame, where=st) -> None:
+    """A table whose cells wrap (st.table, where a data grid cuts long text off), its text
+    shown as written: st.table reads cells as Markdown, where "> 25 %" would be a quote."""
+    def escaped(value):
+        return _PUNCTUATION.sub(r"\\\g<0>", value) if isinstance(value, str) else value
+
+    where.table(frame.apply(lambda column: column.map(escaped)), hide_index=True)
 
 
 # -- navigation ----------------------------------------------------------------------------
@@ -149,18 +179,24 @@ def resolve_node(asked: str | None, instances) -> str | None:
     return hosts[0] if len(hosts) == 1 else None
 
 
-def from_url(param: str, key: str, allowed) -> None:
+def from_url(param: str, key: str, allowed=None) -> None:
     """A deep link's query parameter wins over the widget's remembered value: set the
-    widget's session state from it before the widget is drawn (when it is a valid choice)."""
+    widget's session state from it before the widget is drawn (when it is a valid choice;
+    `allowed` None: any text, as a search box takes)."""
     value = st.query_params.get(param)
-    if value is not None and value in allowed:
+    if value is not None and (allowed is None or value in allowed):
         st.session_state[key] = value
 
 
 def to_url(param: str, key: str, drop: tuple[str, ...] = ()):
-    """An on_change callback: the widget's new value goes into the address bar."""
+    """An on_change callback: the widget's new value goes into the address bar (an emptied
+    text box takes its parameter out)."""
     def callback() -> None:
-        st.query_params[param] = str(st.session_state[key])
+        value = str(st.session_state[key])
+        if value:
+            st.query_params[param] = value
+        else:
+            st.query_params.pop(param, None)
         for name in drop:
             st.query_params.pop(name, None)
     return callback

@@ -46,16 +46,26 @@ def metrics(app: AppTest) -> dict[str, str]:
 TABLES = {"rule_counts": {"rule", "findings", "nodes"}, "findings_table": {"confidence", "summary"},
           "numa_table": {"NUMA node", "busy"}, "evidence_table": {"signal", "threshold"},
           "stage_table": {"stage", "share"}, "rule_table": {"rule", "symptom"},
-          "not_evaluated": {"rule", "missing"}}
+          "not_evaluated": {"rule", "missing"},
+          "peer_comparison": {"signal", "sick median", "healthy peers median"}}
 
 
 def table(app: AppTest, name: str):
-    """The first dataframe with the columns that table has (AppTest drops dataframe keys)."""
-    for frame in app.dataframe:
+    """The first dataframe or static table with the columns that table has (AppTest drops
+    dataframe keys), as it reads: a static table's Markdown escapes taken out."""
+    tables = [(frame, False) for frame in app.dataframe] + [(frame, True) for frame in app.table]
+    for frame, static in tables:
         value = frame.value
         if TABLES[name] <= set(getattr(value, "columns", [])):
-            return value
+            return value.replace(r"\\(.)", r"\1", regex=True) if static else value
     raise AssertionError(f"no {name} table on the page")
+
+
+def plotted(values) -> np.ndarray:
+    """A trace's values from a figure's JSON (plotly ships a float array as base64)."""
+    if isinstance(values, dict):
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+    return np.asarray(values, dtype=float)
 
 
 def text_of(app: AppTest) -> str:
@@ -98,6 +108,66 @@ def test_the_fleet_page_leads_with_incidents_a_rack_wide_fault_first(monkeypatch
     assert f"{len(rack_nodes)} of its {len(rack_nodes)} nodes" in first, first
     assert not any(" 1 nodes" in line for line in lines)
     assert all("info" not in line.split(" · ")[1] for line in lines)  # context only
+
+
+def test_the_sick_nodes_of_a_group_are_shown_beside_its_healthy_peers(monkeypatch):
+    """Where a rule fires, its group's sick nodes beside the group's healthy nodes (no fault
+    injected), with counts and each signal on both sides. The demo's isa-mismatch rack: its
+    CPU stepping holds healthy nodes to compare with, its rack none."""
+    fleet = Fleet(nodes=256)
+    table_of = {row["instance"]: row for row in fleet.node_table()}
+    sick = {fleet.instances[i] for i in fleet.faults["isa-mismatch"]}
+    faulty = set().union(*fleet.expected_findings().values())
+    one = table_of[min(sick)]
+
+    def healthy(column: str) -> int:
+        return sum(1 for name, row in table_of.items()
+                   if row[column] == one[column] and name not in faulty)
+
+    app = run_app(monkeypatch, DEMO)
+    assert app.selectbox(key="fleet_group_rule").value == "isa-mismatch"
+    for dimension, column in (("CPU model / stepping", "stepping"), ("node pool", "node_pool")):
+        app.radio(key="fleet_group_by").set_value(dimension).run()
+        assert not app.exception, [e.message for e in app.exception]
+        line = next(str(m.value) for m in app.markdown if "healthy peer" in str(m.value))
+        assert line.startswith(f"**isa-mismatch in {dimension} "), line
+        assert f": {len(sick)} sick nodes beside {healthy(column)} healthy peers**" in line
+        assert 0 < healthy(column) < 256 - len(faulty)
+        compared = table(app, "peer_comparison")
+        assert {"busiest core", "PFC pauses /s"} <= set(compared["signal"])
+    app.radio(key="fleet_group_by").set_value("rack").run()
+    line = next(str(m.value) for m in app.markdown if "healthy peer" in str(m.value))
+    assert f"rack {one['rack']}: {len(sick)} sick nodes beside 0 healthy peers" in line
+    assert any("No healthy peer in rack" in str(c.value) for c in app.caption)
+
+
+def test_the_findings_search_drops_the_rows_that_do_not_match_and_lives_in_the_url(
+        monkeypatch):
+    """?search= filters the findings rows by node, rule, rack or pool (every word must
+    match one of them), where the table's own search only highlights."""
+    fleet = Fleet(nodes=256)
+    pool_of = {row["instance"]: row["node_pool"] for row in fleet.node_table()}
+    congested = fleet.expected_findings()["roce-congestion"]
+    rack = min(congested).split("n")[0]
+    app = run_app(monkeypatch, DEMO, "fleet", {"search": rack})
+    assert app.text_input(key="findings_search").value == rack
+    rows = table(app, "findings_table")
+    assert set(rows["node"]) >= congested and all(n.startswith(rack + "n") for n in rows["node"])
+    app.text_input(key="findings_search").set_value("ROCE").run()
+    rows = table(app, "findings_table")
+    assert set(rows["rule"]) == {"roce-congestion"} and set(rows["node"]) == congested
+    assert app.query_params["search"] == "ROCE"
+    pool = pool_of[min(congested)]
+    app.text_input(key="findings_search").set_value(f"{pool} {rack}").run()
+    rows = table(app, "findings_table")
+    assert set(rows["node"]) >= congested
+    assert all(pool_of[n] == pool and n.startswith(rack + "n") for n in rows["node"])
+    app.text_input(key="findings_search").set_value("no-such-thing").run()
+    assert any("No finding matches" in i.value for i in app.info)
+    app.text_input(key="findings_search").set_value("").run()
+    assert "search" not in app.query_params
+    assert len(table(app, "findings_table")) == min(500, len(app.session_state[
+        "_fleetscope_snapshot"][1].findings))
 
 
 def test_the_sidebar_says_how_old_the_data_is_and_refresh_reloads(monkeypatch):
@@ -169,6 +239,29 @@ def test_fleet_page_heatmap_signal_and_filters(monkeypatch):
     assert metrics(app)["nodes"] == "64"
 
 
+def _history_minutes(app: AppTest) -> float:
+    """How many minutes the Node page's busy-across-cores chart spans."""
+    for chart in app.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        if "Busy across cores" in str(spec["layout"].get("title", {}).get("text", "")):
+            stamps = sorted(np.datetime64(x) for trace in spec["data"] for x in trace["x"])
+            return (stamps[-1] - stamps[0]) / np.timedelta64(1, "m")
+    raise AssertionError("no busy-across-cores chart on the Node page")
+
+
+def test_the_history_range_comes_from_the_address_bar_and_reaches_the_loader(monkeypatch):
+    """?range=1+h: the node's history is made for the last hour (the demo's loader, as a
+    Prometheus one range-queries it); the sidebar's choice goes back into the URL."""
+    app = run_app(monkeypatch, DEMO, "node", {"range": "1 h"})
+    assert app.sidebar.selectbox(key="history_range").value == "1 h"
+    assert _history_minutes(app) == 60
+    app.sidebar.selectbox(key="history_range").select("6 h").run()
+    assert not app.exception, [e.message for e in app.exception]
+    assert app.query_params["range"] == "6 h" and _history_minutes(app) == 360
+    app.sidebar.selectbox(key="history_range").select("3 h").run()  # the default: left out
+    assert "range" not in app.query_params and _history_minutes(app) == 180
+
+
 def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
     fleet = Fleet(nodes=256)
     hog = fleet.instances[fleet.faults["core-imbalance"][0]]
@@ -184,6 +277,26 @@ def test_node_page_per_core_numa_steal_bandwidth_and_nic(monkeypatch):
     assert len(numa) == numa["NUMA node"].nunique()  # alike NUMA nodes are one row
     assert any("core-imbalance" in e.label for e in app.expander)
     assert len(app.get("plotly_chart")) >= 8
+
+
+def test_rdma_counters_are_drawn_each_on_its_own_scale(monkeypatch):
+    """A congested node's RDMA counters, hundreds of times apart (ECN marks vs sequence
+    errors): one panel per counter with its own y axis, a line per device in each."""
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["roce-congestion"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": node})
+    specs = [json.loads(c.proto.spec) for c in app.get("plotly_chart")]
+    rdma = next(s for s in specs if str(s["layout"]["title"]["text"]).startswith("RDMA"))
+    panels = [a["text"] for a in rdma["layout"]["annotations"]]
+    assert {"np_ecn_marked_roce_packets", "packet_seq_err"} <= set(panels), panels
+    axes = {trace.get("yaxis", "y") for trace in rdma["data"]}
+    assert len(axes) == len(panels)
+    for axis in axes:
+        on_axis = [t for t in rdma["data"] if t.get("yaxis", "y") == axis]
+        assert len(on_axis) == 2  # the node's two RDMA devices
+    tops = sorted(max(plotted(t["y"]).max() for t in rdma["data"]
+                      if t.get("yaxis", "y") == axis) for axis in axes)
+    assert tops[-1] > 50 * tops[0]  # why one axis would not do
 
 
 def test_a_node_deep_link_opens_that_node_with_the_finding_and_its_charts(monkeypatch):
@@ -280,9 +393,7 @@ def test_a_firing_bandwidth_node_is_drawn_above_the_line_where_its_rule_fires(mo
              zip(chart["layout"]["annotations"], chart["layout"]["shapes"], strict=True)}
     peak, fires = lines["platform"], lines["memory-bandwidth-saturation"]
     assert fires == pytest.approx(0.8 * peak)
-    y = chart["data"][0]["y"]  # plotly ships a float array as base64 of float64s
-    values = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]) \
-        if isinstance(y, dict) else np.asarray(y, dtype=float)
+    values = plotted(chart["data"][0]["y"])
     assert fires < values[-1] < peak * 1.2, (values[-1], fires, peak)
 
 

@@ -351,6 +351,6 @@ def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core()
     rules = {f["rule"] for f in snap.findings}
     assert {"isa-mismatch", "fd-exhaustion", "numa-remote-access"} <= rules
     assert snap.findings[0]["severity"] == "critical"
-    busy = node_frames.per_core_busy(snap.node_loader("kunpeng-920-128"))
+    busy = node_frames.per_core_busy(snap.node_loader("kunpeng-920-128", 3600))
     assert busy.shape[0] == 128
     assert {n["rule"] for n in snap.not_evaluated} >= {"queue-backlog"}

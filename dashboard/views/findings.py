@@ -83,9 +83,7 @@ links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
                    icon=":material/menu_book:", query_params={"rule": finding["rule"]})
 evidence = evidence_frames.evidence_frame(finding)
 left, right = st.columns([3, 2])
-left.dataframe(evidence.drop(columns="ratio"), hide_index=True, key="evidence_table",
-               column_config={"signal": st.column_config.TextColumn(width="large"),
-                              "over threshold": st.column_config.TextColumn(width="medium")})
+state.static_table(evidence.drop(columns="ratio"), left)
 if evidence["ratio"].notna().any():
     right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars",
                        config=charts.STATIC)

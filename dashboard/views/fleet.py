@@ -1,8 +1,9 @@
 """Fleet: what is red and where. Counts; the incidents first (each rule firing at warning or
 worse, worst then widest: how many nodes and where they concentrate, a link to its findings);
-then the findings worst first (a click on a row opens its node with that finding), where each
-rule concentrates (CPU stepping, rack, pool, kernel), sick nodes by pool, the worst racks and
-a heatmap of every node (a click on a cell or a rack row opens it)."""
+then the findings worst first (a search drops the rows it does not match; a click on a row
+opens its node with that finding), where each rule concentrates (CPU stepping, rack, pool,
+kernel) with its group's sick nodes beside the group's healthy peers, sick nodes by pool, the
+worst racks and a heatmap of every node (a click on a cell or a rack row opens it)."""
 
 import streamlit as st
 
@@ -69,10 +70,22 @@ if len(incidents) > MAX_INCIDENTS:
     st.caption(f"{len(incidents) - MAX_INCIDENTS} more rules fire: see the rows below")
 
 st.subheader("Findings, worst first")
+# The table's own search only highlights: this one drops the rows that do not match.
+state.from_url("search", "findings_search")
+search = st.text_input("Search findings", key="findings_search",
+                       placeholder="node, rule, rack or pool (every word must match)",
+                       on_change=state.to_url("search", "findings_search"))
+state.keep_in_url(search=search.strip() or None)
+matched = fleet_frames.search_findings(findings, nodes, search)
 if findings.empty:
     st.success("No rule fires on these nodes.")
+elif matched.empty:
+    st.info(f"No finding matches {search!r}.")
 else:
-    shown = findings[["severity", "rule", "node", "confidence", "summary"]].head(500)
+    if search.strip():
+        st.caption(f"{units.count(len(matched), 'finding')} of {len(findings):,} match "
+                   f"{search.strip()!r}")
+    shown = matched[["severity", "rule", "node", "confidence", "summary"]].head(500)
     st.caption("Click a row to open its node with the finding.")
     event = st.dataframe(
         shown, hide_index=True, key="findings_table", on_select="rerun",
@@ -83,12 +96,14 @@ else:
     row = state.selected_row(event)
     if row is not None:
         state.open_node(shown.iloc[row]["node"], shown.iloc[row]["rule"])
-    if len(findings) > 500:
-        st.caption(f"the first 500 of {len(findings):,}; narrow with the filters")
+    if len(matched) > 500:
+        st.caption(f"the first 500 of {len(matched):,}; narrow with the search or the "
+                   "filters")
 
 if len(nodes) == 1:
     st.stop()  # groupings, racks and a heatmap of one node say nothing the verdict does not
 
+signals = fleet_frames.with_health(state.signals(snap), health)
 counts = fleet_frames.rule_counts(findings)
 if not counts.empty:
     left, right = st.columns([2, 3])
@@ -103,6 +118,18 @@ if not counts.empty:
     grouping = fleet_frames.rule_grouping(nodes, findings, rule, dimension)
     right.plotly_chart(charts.grouping_bars(grouping.head(20), rule, dimension),
                        key="grouping_bars", config=charts.STATIC)
+    if not grouping.empty:
+        # The sick nodes beside healthy nodes of their own group: what sets them apart.
+        group = grouping["group"].iloc[0]
+        sick, peers, compared = fleet_frames.peer_comparison(
+            health, signals, findings, rule, dimension, group)
+        st.markdown(f"**{rule} in {dimension} {group}: {units.count(sick, 'sick node')} "
+                    f"beside {units.count(peers, 'healthy peer')}** (no finding at warning "
+                    "or worse), the signals that differ most first")
+        if peers:
+            st.dataframe(compared, hide_index=True, key="peer_comparison")
+        else:
+            st.caption(f"No healthy peer in {dimension} {group} to compare with.")
     with st.expander("Nodes per firing rule", expanded=False):
         st.plotly_chart(charts.rule_bars(counts), key="rule_bars", config=charts.STATIC)
         st.dataframe(counts, hide_index=True, key="rule_counts")
@@ -127,7 +154,6 @@ signal = st.selectbox("Heatmap signal", list(fleet_frames.SIGNALS), key="fleet_s
 signal_unit, signal_meaning = fleet_frames.SIGNALS[signal]
 st.caption(signal_meaning + (f" ({units.unit_words(signal_unit)})" if signal_unit else "")
            + "; blank = no data")
-signals = fleet_frames.with_health(state.signals(snap), health)
 grid = fleet_frames.heatmap(nodes, signals, signal)
 event = st.plotly_chart(charts.fleet_heatmap(grid, signal), key="fleet_heatmap",
                         on_select="rerun", selection_mode="points")

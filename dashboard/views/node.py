@@ -41,7 +41,9 @@ row = all_nodes[all_nodes["instance"] == instance].iloc[0]
 st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
            f"(stepping {row.stepping}, {row.arch}) · kernel "
            f"{row.kernel if row.kernel not in ('', '?') else 'not recorded'} · data up to "
-           f"{units.local_time(snap.window[1])}")
+           f"{units.local_time(snap.window[1])}"
+           + (f" · history: the last {state.history_range()} (sidebar)"
+              if snap.history_ranged else ""))
 
 history = state.node_history(snap, instance)
 window = evidence_frames.history_window(history)
@@ -64,8 +66,7 @@ for number, finding in enumerate(mine):
         if subjects:
             st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
                                                    for k, v in subjects.items()))
-        st.dataframe(evidence_frames.evidence_frame(finding).drop(columns="ratio"), hide_index=True,
-                     key=f"node_evidence_{number}")
+        state.static_table(evidence_frames.evidence_frame(finding).drop(columns="ratio"))
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = evidence_frames.evidence_panels(finding["rule"], history,
                                                      finding.get("labels"))
@@ -84,7 +85,7 @@ for number, finding in enumerate(mine):
                                query_params={"node": instance, "rule": finding["rule"]})
 
 st.subheader("Cores")
-busy = state.per_core(f"{state.source()}@{snap.window[1]}", instance, snap)
+busy = state.per_core(snap, instance)
 if busy.empty:
     st.info("This source has no per-core series (the exporter's `per_core: summary`); the "
             "busy distribution across cores is below.")
@@ -162,8 +163,8 @@ if not pfc.empty:
     left.plotly_chart(charts.lines(pfc, "PFC pause frames", unit="frames/s"), key="pfc")
 rdma = frames.timeline(history, "fleetscope_rdma_hw_stats_total")
 if not rdma.empty:
-    right.plotly_chart(charts.lines(rdma, "RDMA congestion counters", unit="1/s"),
-                       key="rdma")
+    right.plotly_chart(charts.small_multiples(rdma, "RDMA congestion counters", "counter",
+                                              unit="1/s", window=window), key="rdma")
 port = frames.timeline(history, "fleetscope_nic_port_bytes_total")
 if not port.empty:
     st.plotly_chart(charts.lines(port, "NIC port traffic", unit="bytes/s"), key="port_bytes")

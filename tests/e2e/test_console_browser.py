@@ -352,6 +352,132 @@ def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
         shutil.rmtree(profile, ignore_errors=True)
 
 
+# Of the plotly chart whose title starts with arguments[0]: the toolbar's box, the colour
+# bar's labels and the slot labels of both x axes, as [left, top, right, bottom].
+HEATMAP_BOXES = """
+const box = e => {
+    const b = e.getBoundingClientRect();
+    return [b.left, b.top, b.right, b.bottom];
+};
+const chart = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].find(
+    c => (c.querySelector('.gtitle') || {}).textContent?.startsWith(arguments[0]));
+if (!chart) return null;
+chart.scrollIntoView({block: 'start'});
+const shown = e => e.getBoundingClientRect().width > 0;
+return {toolbar: box(chart.querySelector('.modebar')),
+        plot: box(chart.querySelector('.nsewdrag')),
+        colourbar: [...chart.querySelectorAll('.colorbar text')].filter(shown).map(
+            t => [t.textContent, box(t)]),
+        slots: [...chart.querySelectorAll('.xtick text, .x2tick text')].filter(shown).map(box)};
+"""
+
+
+def _heatmap_boxes(driver, title: str) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        boxes = driver.execute_script(HEATMAP_BOXES, title)
+        if boxes and boxes["colourbar"] and boxes["slots"]:
+            return boxes
+        time.sleep(1)
+    raise AssertionError(f"no drawn heatmap titled {title!r}")
+
+
+def _overlap(a: list, b: list) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@pytest.mark.live
+def test_heatmap_colour_bars_stay_clear_of_the_toolbar_and_a_fleets_slots_read_on_top(
+        demo, tmp_path):
+    """No label of a heatmap's colour bar (the top one, "critical" or "100 %") lies under the
+    plotly toolbar; the fleet heatmap numbers its node slots above the racks as well as
+    below (a tall fleet's bottom axis is screens away)."""
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    fleet = Fleet(nodes=512)
+    hog = fleet.instances[fleet.faults["core-imbalance"][0]]
+    with chromium() as driver:
+        driver.get(demo + "fleet")
+        wait_for(driver, lambda t: "click a cell to open the node" in t, "the fleet heatmap")
+        fleet_map = _heatmap_boxes(driver, "health per node")
+        driver.get(f"{demo}node?{urllib.parse.urlencode({'node': hog})}")
+        wait_for(driver, lambda t: "Cores" in t and "busiest core" in t, "the node's cores")
+        cores = _heatmap_boxes(driver, "Busy per core")
+        shoot(driver, tmp_path, "node-core-heatmap")
+    for boxes, top_label in ((fleet_map, "critical"), (cores, "100%")):
+        labels = [text.replace(" ", "") for text, _ in boxes["colourbar"]]
+        assert top_label in labels, labels
+        covered = [text for text, where in boxes["colourbar"]
+                   if _overlap(where, boxes["toolbar"])]
+        assert not covered, (covered, boxes["toolbar"])
+    plot_top, plot_bottom = fleet_map["plot"][1], fleet_map["plot"][3]
+    assert any(b[3] <= plot_top for b in fleet_map["slots"]), fleet_map["slots"]
+    assert any(b[1] >= plot_bottom for b in fleet_map["slots"]), fleet_map["slots"]
+
+
+@pytest.mark.live
+def test_runbook_commands_wrap_instead_of_running_off_the_right_edge(demo, tmp_path):
+    """roce-congestion's runbook has commands of 200 characters: its code blocks wrap, none
+    is wider than the page shows."""
+    fenced = runbook("roce-congestion").split("```")[1::2]  # the code blocks
+    assert max(len(line) for block in fenced for line in block.splitlines()) > 150
+    with chromium() as driver:
+        driver.get(demo + "runbook?rule=roce-congestion")
+        wait_for(driver, lambda t: "Related runbooks" in t, "the roce-congestion runbook")
+        time.sleep(2)
+        blocks = driver.execute_script(
+            "return Array.from(document.querySelectorAll('[data-testid=\"stMarkdownPre\"] pre'),"
+            " p => [p.scrollWidth, p.clientWidth, p.textContent.length]);")
+        shoot(driver, tmp_path, "runbook-code")
+    assert blocks and max(length for _, _, length in blocks) > 150, blocks
+    assert all(scroll <= client + 1 for scroll, client, _ in blocks), blocks
+
+
+# The static tables' cells: their text, how wide it is and how wide the cell shows it.
+EVIDENCE_CELLS = """
+return Array.from(document.querySelectorAll('[data-testid="stTable"] td'),
+                  c => [c.textContent.trim(), c.scrollWidth, c.clientWidth]);
+"""
+
+# The charts whose title runs past the chart's right edge (cut off there).
+CHART_TITLES_CUT = """
+return Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]')).flatMap(c => {
+    const title = c.querySelector('.gtitle');
+    return title && title.getBoundingClientRect().right > c.getBoundingClientRect().right + 1
+        ? [title.textContent] : [];
+});
+"""
+
+
+@pytest.mark.live
+def test_evidence_cells_show_their_whole_text(demo, tmp_path):
+    """cpu-throttling's evidence names its signal in 70 characters: the Findings page's
+    evidence table shows all of it (wrapped), no cell cut off; no chart's title runs off its
+    chart."""
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    fleet = Fleet(nodes=512)
+    node = fleet.instances[fleet.faults["cpu-throttling"][0]]
+    signal = "time the pool's cgroups sat throttled (throttled_usec / throttled_time)"
+    with chromium() as driver:
+        query = urllib.parse.urlencode({"rule": "cpu-throttling", "node": node})
+        driver.get(f"{demo}findings?{query}")
+        wait_for(driver, lambda t: "Likely cause" in t and "Confirm by hand" in t,
+                 "the cpu-throttling finding")
+        deadline, cells = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not cells:  # the table may come a moment later
+            cells = driver.execute_script(EVIDENCE_CELLS)
+            time.sleep(0.5)
+        time.sleep(2)
+        titles_cut = driver.execute_script(CHART_TITLES_CUT)
+        shoot(driver, tmp_path, "findings-evidence")
+    texts = [text for text, _, _ in cells]
+    assert signal in texts, texts  # all of it, as text (a data grid paints a cut canvas)
+    assert "> 50 ms/s" in texts, texts  # as written (Markdown would make "> " a quote)
+    assert all(scroll <= client + 1 for _, scroll, client in cells), cells
+    assert not titles_cut, titles_cut
+
+
 @pytest.mark.live
 def test_incidents_lead_the_fleet_page_and_the_data_says_its_age(demo, tmp_path):
     """The demo's rack-wide isa-mismatch (one whole rack, its FleetFault) is the first
