@@ -64,7 +64,12 @@ def enrich(ctx, finding) -> None:
             captures, list) else [], locate=locate,
         cpu_flags=cpu.features if cpu else frozenset(), cpu_arch=cpu.model.arch if cpu
         else "")
-    finding.subjects["binaries"] = [b.binary for b in binaries]
+    # Every binary the log saw die, as the exporter's series name them all; the latest few
+    # described in detail (decoding each costs).
+    detailed = [b.binary for b in binaries]
+    finding.subjects["binaries"] = detailed + [
+        name for name in dict.fromkeys(c.binary for c in reversed(crashes))
+        if name not in detailed]
     finding.subjects["pids"] = list(dict.fromkeys(
         pid for b in binaries for pid in b.pids))[:MAX_SUBJECTS * 4]
     parts, earlier = [], []
