@@ -329,7 +329,7 @@ def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch)
     # an unknown node: said, and no other node's page in its place
     app = run_app(monkeypatch, DEMO, "node", {"node": "no-such-node:9105"})
     assert any("no-such-node:9105" in e.value for e in app.error), [e.value for e in app.error]
-    assert not app.selectbox and not app.expander
+    assert not app.main.selectbox and not app.main.expander  # the sidebar keeps its own
     # a rule that does not fire on the node: the node, and a line saying so
     app = run_app(monkeypatch, DEMO, "node", {"node": healthy, "rule": "fd-exhaustion"})
     assert app.selectbox(key="node_choice").value == healthy
