@@ -146,6 +146,8 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
         print("fleetscope bundle record: error: --interval must be in (0, 3600] and "
               "--seconds in [0, 86400]", file=sys.stderr)
         return EXIT_USAGE
+    if not os.path.isdir(args.root):  # a typo'd root would record an empty bundle
+        return _fail(f"--root {args.root} is not a directory")
     try:
         config = load_config(args.config or default_config_path())
     except ConfigError as err:

@@ -253,3 +253,11 @@ def test_archive_members_carry_no_pax_headers_times_or_owner_names(tmp_path):
     assert any(m.name.endswith("meta.json") for m in members)
     shown = run(["bundle", "show", str(output)])
     assert shown.returncode == 0, shown.stderr
+
+
+def test_a_root_that_is_not_a_directory_is_refused_before_recording(tmp_path):
+    # Reproduced: a mistyped --root recorded an empty bundle and said it was written.
+    output = tmp_path / "node.tar.gz"
+    _one_line_refusal(_record(output, "--root", str(tmp_path / "no-such-root")),
+                      "is not a directory")
+    assert not output.exists()
