@@ -75,6 +75,9 @@ TOOLS: dict[str, tuple[tuple[str, ...], str, Callable[[str], list[AcceleratorDev
 DEVICE_GLOBS = ("dev/nvidia0", "dev/davinci[0-9]*")
 _EXPORTER_FILE = re.compile(r"accelerator-exporter-([0-9]{1,4})\.prom\Z")
 MATRIX_SOURCE = "accelerator_matrix"
+# A tool run is not started again within this many seconds of the last one ending: two
+# Prometheus replicas scraping a node share one run instead of doubling the tools' cost.
+MIN_RERUN_SECONDS = 5.0
 
 
 def exporter_source(index: int) -> str:
@@ -128,9 +131,9 @@ def recorded_files(scrape: Scrape) -> list[str]:
 
 
 class _ToolRuns:
-    """The vendor tools, run together in a background thread whenever a scrape asks and no
-    run is under way; the latest completed run (outputs or errors per tool) is kept with the
-    time it ended."""
+    """The vendor tools, run together in a background thread when a scrape asks, no run is
+    under way and the last ended MIN_RERUN_SECONDS ago or more; the latest completed run
+    (outputs or errors per tool) is kept with the time it ended."""
 
     def __init__(self, source: EvidenceSource, tools: dict[str, str], timeout: float):
         self.source = source
@@ -164,7 +167,9 @@ class _ToolRuns:
         """Start a run unless one is under way; the latest completed run, waiting for the
         first one until `deadline` (monotonic)."""
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
+            idle = self._thread is None or not self._thread.is_alive()
+            if idle and (self.latest is None
+                         or time.time() - self.latest[0] >= MIN_RERUN_SECONDS):
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="fleetscope-accelerator-tools")
                 self._thread.start()
@@ -322,6 +327,8 @@ class AcceleratorCollector(Collector):
                 raise NotAvailable(f"accelerator_matrix {path}: {err.strerror or err}") from None
             matrix = self._cached_matrix((path, info.st_mtime_ns, info.st_size),
                                          lambda: _read_file(path))
+            if isinstance(matrix, ParseError):
+                raise ParseError(f"{path}: {matrix}")
             if isinstance(matrix, Exception):
                 raise matrix
             return matrix

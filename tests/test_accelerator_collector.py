@@ -243,6 +243,40 @@ def test_vendor_tools_on_path_report_the_published_outputs(tool_path):
     assert any(key.startswith(SPEC_PREFIX + "sample_age_seconds") for key in parsed)
 
 
+def test_a_busy_gpu_reports_its_utilisation_as_a_ratio(tool_path):
+    """The RTX 3080 report (v13 schema) is the published one with a busy GPU and power in
+    instant_power_draw."""
+    rtx = FIXTURES / "nvidia-smi" / "rtx-3080-v13.xml"
+    _tool(tool_path, "nvidia-smi", f'exec cat "{rtx}"')
+    parsed, _ = _collect(AcceleratorCollector(_config(accelerator_tools=["nvidia-smi"])),
+                         LiveHost("/"))
+    xml = rtx.read_text()
+    busy = float(re.search(r"<gpu_util>(\d+) %<", xml).group(1))
+    watts = float(re.search(r"<instant_power_draw>([\d.]+) W<", xml).group(1))
+    used = float(re.search(r"<fb_memory_usage>\s*<total>\d+ MiB</total>.*?<used>(\d+) MiB",
+                           xml, re.S).group(1))
+    assert busy > 0
+    where = {"vendor": "nvidia", "device": "0"}
+    assert parsed[_key(SPEC_PREFIX + "utilization_ratio", **where)] == pytest.approx(busy / 100)
+    assert parsed[_key(SPEC_PREFIX + "power_watts", **where)] == watts
+    assert parsed[_key(SPEC_PREFIX + "memory_used_bytes", **where)] == used * MIB
+
+
+def test_scrapes_close_together_share_one_tool_run(tool_path, tmp_path, monkeypatch):
+    from fleetscope.collectors import accelerator
+
+    monkeypatch.setattr(accelerator, "MIN_RERUN_SECONDS", 3600.0)
+    runs = tmp_path / "runs"
+    _tool(tool_path, "npu-smi", f'echo run >> "{runs}"\nexec cat "{NPU_SMI}"')
+    collector = AcceleratorCollector(_config(accelerator_tools=["npu-smi"]))
+    first, _ = _collect(collector, LiveHost("/"))
+    second, scrape = _collect(collector, LiveHost("/"))
+    assert runs.read_text().count("run") == 1
+    assert scrape.sources[("accelerator", "npu-smi")] == (True, "")
+    assert _accelerator_series(first) == _accelerator_series(second)
+    assert second[_key(SPEC_PREFIX + "sample_age_seconds", source="npu-smi")] >= 0
+
+
 def test_a_hanging_tool_is_unavailable_within_the_timeout_and_killed(tool_path):
     _tool(tool_path, "nvidia-smi", "exec sleep 60")
     _tool(tool_path, "npu-smi", f'exec cat "{NPU_SMI}"')
