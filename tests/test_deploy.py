@@ -268,6 +268,12 @@ def test_daemonset_arguments_on_a_host_style_root_run_every_collector_live(
     calls = tmp_path / "ethtool-calls"
     _recording_tool(tmp_path / "bin", "ethtool", calls,
                     "NIC statistics:\\n     rx_prio3_pause: 7\\n")
+    # a node with an inference module: npu-smi on PATH (printing a published table) makes
+    # the accelerator collector run under the default accelerator_tools: auto
+    npu_smi = tmp_path / "bin" / "npu-smi"
+    npu_smi.write_text("#!/bin/sh\nexec cat '%s'\n" % (
+        Path(__file__).parent / "fixtures" / "inference" / "npu-smi" / "910-8npu-info.txt"))
+    npu_smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("FLEETSCOPE_PERF", raising=False)
     exporter = exporter_factory(_linked_root(tmp_path), node_config, rest)
@@ -276,7 +282,7 @@ def test_daemonset_arguments_on_a_host_style_root_run_every_collector_live(
            if f'fleetscope_scrape_collector_success{{collector="{name}"}}' in got}
     assert ran == set(COLLECTORS), set(COLLECTORS) - ran
     assert runs >= 1 and got['fleetscope_scrape_collector_success{collector="perf"}'] == 1
-    for name in ("cpu", "pressure", "irq", "pools", "tcp", "cpu_features"):
+    for name in ("cpu", "pressure", "irq", "pools", "tcp", "cpu_features", "accelerator"):
         assert got[f'fleetscope_scrape_collector_success{{collector="{name}"}}'] == 1, name
     if interfaces:
         assert f"-S {interfaces[0]}" in calls.read_text().splitlines()
