@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetscope.collectors import COLLECTORS
 from fleetscope.collectors.accelerator import AcceleratorCollector
@@ -452,6 +454,36 @@ def test_bad_accelerator_config_is_one_line(raw, words):
     with pytest.raises(ConfigError) as err:
         parse_config(raw, tuple(COLLECTORS))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# Ten nested anchors, each eight times the one before: 9 x 8**9 strings if expanded.
+BOMB = "matrix: [{vendor: nvidia, driver: [[&a [x, x, x, x, x, x, x, x, x], " + ", ".join(
+    f"&{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 8) + "]" for i in range(9)) + "]]}]\n"
+
+
+def test_an_alias_bomb_matrix_is_refused_quickly():
+    from fleetscope.collectors.parsers import ParseError
+    from fleetscope.collectors.parsers.accelerator_matrix import parse_matrix
+
+    with pytest.raises(ParseError, match="driver: a list is not a version"):
+        parse_matrix(BOMB)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["matrix:", " - ", "vendor: nvidia", "driver:", "[", "]", "{",
+                                 "}", "from:", "to:", "1.2", "*", ",", "\n", "  ", "firmware:",
+                                 "model:", "&a", "*a", "huawei", "- [1]"]),
+                max_size=40).map("".join))
+def test_any_matrix_text_is_entries_or_one_parse_error(text):
+    from fleetscope.collectors.parsers import ParseError
+    from fleetscope.collectors.parsers.accelerator_matrix import listed, parse_matrix
+
+    try:
+        matrix = parse_matrix(text)
+    except ParseError as err:
+        assert "\n" not in str(err)
+        return
+    assert listed(matrix, "nvidia", "NVIDIA A100", "535.1", "92.0") in (True, False, None)
 
 
 def test_matrix_docstring_examples():

@@ -113,9 +113,17 @@ def _versions(raw: Any, where: str) -> tuple[Version, ...]:
             items.append(VersionRange(None if low is None else str(low),
                                       None if high is None else str(high)))
         else:
-            raise ParseError(f"{where}: {str(item)[:60]!r} is not a version, a glob or a "
+            raise ParseError(f"{where}: {_shown(item)} is not a version, a glob or a "
                              "{from: V, to: V} range")
     return tuple(items)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line: scalars quoted and cut, containers by type only (a YAML
+    alias bomb would take exponential time to print)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return repr(str(value)[:60])
+    return f"a {type(value).__name__}"
 
 
 def parse_matrix(text: str) -> tuple[MatrixEntry, ...]:
@@ -139,7 +147,7 @@ def parse_matrix(text: str) -> tuple[MatrixEntry, ...]:
         raise ParseError(f"accelerator matrix: unknown keys {extra} (known: format, matrix)")
     if raw.get("format", FORMAT) != FORMAT:
         raise ParseError(f"accelerator matrix: format must be {FORMAT}, got "
-                         f"{str(raw['format'])[:40]!r}")
+                         f"{_shown(raw['format'])}")
     if len(raw["matrix"]) > MAX_ENTRIES:
         raise ParseError(f"accelerator matrix: more than {MAX_ENTRIES} entries")
     entries = []
