@@ -243,6 +243,10 @@ class AcceleratorCollector(Collector):
             for index, (url, background) in enumerate(zip(urls, self._endpoints, strict=True))]
         tools = self._tool_runs(scrape)
         latest = tools.refresh(deadline) if tools is not None else None
+        if tools is None and not urls:
+            with scrape.source(self.name, "accelerator_tools"):
+                raise NotAvailable("no accelerator_exporter_urls and neither nvidia-smi nor "
+                                   "npu-smi on PATH (a module's device node is there)")
         found: list[tuple[AcceleratorDevice, str]] = []
         for index, result in pending:
             with scrape.source(self.name, exporter_source(index),

@@ -319,6 +319,30 @@ def test_a_tool_printing_garbage_costs_its_source_only(tool_path):
     assert any(key.startswith("fleetscope_cpu_") for key in parsed)
 
 
+def test_exporter_output_passes_promtool(tool_path):
+    from .conftest import require_tool
+
+    promtool = require_tool("promtool")
+    _tool(tool_path, "nvidia-smi", f'exec cat "{NVIDIA_XML}"')
+    _tool(tool_path, "npu-smi", f'exec cat "{NPU_SMI}"')
+    matrix = tool_path / "matrix.yaml"
+    matrix.write_text(EXAMPLE_MATRIX.read_text())
+    exporter = Exporter(LiveHost("/"), _config(collectors=["accelerator"],
+                                               accelerator_matrix=str(matrix)))
+    text = render(exporter.collect())
+    assert SPEC_PREFIX + "matrix_listed" in text
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_a_module_without_a_tool_or_url_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _, scrape = _collect(AcceleratorCollector(_config()), LiveHost("/"))
+    ok, reason = scrape.sources[("accelerator", "accelerator_tools")]
+    assert not ok and "neither nvidia-smi nor npu-smi on PATH" in reason
+
+
 # -- no module, no cost --------------------------------------------------------------------------
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0") or bool(
