@@ -390,6 +390,12 @@ def test_bundle_record_then_diagnose_and_replay_give_the_live_series(
     assert json.loads((bundle / "meta.json").read_text())["config"]["accelerator_tools"] == \
         ["nvidia-smi"]
 
+    shown = _run("bundle", "show", str(bundle))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"accelerator outputs\s+accelerator-exporter-0.prom, "
+                     r"accelerator-exporter-1.prom, nvidia-smi-q-x.xml", shown.stdout)
+    assert re.search(r"accelerator matrix\s+yes", shown.stdout)
+
     diagnosis = _run("diagnose", "--bundle", str(bundle), "--json")
     assert diagnosis.returncode in (0, 1, 2), diagnosis.stderr
     assert json.loads(diagnosis.stdout)["source"] == "bundle"

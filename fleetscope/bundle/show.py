@@ -14,11 +14,20 @@ console uses too).
 
 from __future__ import annotations
 
+import fnmatch
 import os
 
 from fleetscope.bundle.read import Bundle, BundleError, one_line
 from fleetscope.collectors.parsers.perf import parse_perf_stat_csv
-from fleetscope.core.bundle_format import AGENT_PROM, BUNDLE_FORMAT, DMESG, PERF_STAT, STATIC
+from fleetscope.core.bundle_format import (
+    ACCELERATOR_MATRIX,
+    AGENT_PROM,
+    BUNDLE_FORMAT,
+    CMD,
+    DMESG,
+    PERF_STAT,
+    STATIC,
+)
 from fleetscope.core.units import time_window
 
 MAX_PERF_TEXT = 1 << 20  # one perf stat output: a few hundred lines at most
@@ -69,10 +78,24 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
             rows.append((what, _perf_counted(bundle)))
             continue
         rows.append((what, "yes" if present else "absent"))
+    rows.append(("accelerator outputs", _accelerator_outputs(last.directory)))
+    rows.append(("accelerator matrix", "yes" if os.path.isfile(
+        os.path.join(static, ACCELERATOR_MATRIX)) else "absent"))
     rows.append((f"kernel log ({DMESG})",
                  "yes" if os.path.isfile(os.path.join(static, DMESG)) else "absent"))
     rows.append(("redacted", describe_redactions(bundle.redacted)))
     return rows
+
+
+def _accelerator_outputs(sample_dir: str) -> str:
+    """The last sample's accelerator files (docs/bundle-format.md), or "absent"."""
+    from fleetscope.bundle.commands import ACCELERATOR_GLOBS
+
+    directory = os.path.join(sample_dir, CMD)
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    kept = [name for name in names
+            if any(fnmatch.fnmatchcase(f"{CMD}/{name}", pattern) for pattern in ACCELERATOR_GLOBS)]
+    return one_line(", ".join(kept), 200) or "absent"
 
 
 def _perf_counted(bundle: Bundle) -> str:
