@@ -453,6 +453,36 @@ def test_the_example_matrix_parses_and_judges_the_fixture_devices(tmp_path):
     assert listed(matrix, "huawei", "910B", "24.1.rc1", "7.1.0.5.220") is False
 
 
+@pytest.mark.parametrize("firmware, expected", [("same", 1), ("other", 0), ("unknown", None)])
+def test_matrix_listed_judges_the_reported_pair(tool_path, vendor_endpoint, firmware, expected):
+    xml = NVIDIA_XML.read_text()
+    driver = re.search(r"<driver_version>([^<]+)<", xml).group(1)
+    vbios = re.search(r"<vbios_version>([^<]+)<", xml).group(1)
+    model = re.search(r"<product_name>([^<]+)<", xml).group(1)
+    listed_firmware = vbios if firmware == "same" else vbios + "9"
+    matrix = tool_path / "matrix.yaml"
+    matrix.write_text(yaml.safe_dump({"matrix": [
+        {"vendor": "nvidia", "model": model, "driver": [driver], "firmware": [listed_firmware]},
+        {"vendor": "nvidia", "model": "NVIDIA A800*", "driver": [{"from": "535.0"}],
+         "firmware": ["92.00.45.00.05"]}]}))
+    if firmware == "unknown":  # dcgm-exporter by default reports no VBIOS
+        config = _config(accelerator_exporter_urls=[f"{vendor_endpoint}/dcgm/metrics"],
+                         accelerator_matrix=str(matrix))
+    else:
+        _tool(tool_path, "nvidia-smi", f'exec cat "{NVIDIA_XML}"')
+        config = _config(accelerator_tools=["nvidia-smi"], accelerator_matrix=str(matrix))
+    parsed, scrape = _collect(AcceleratorCollector(config), LiveHost("/"))
+    assert scrape.sources[("accelerator", "accelerator_matrix")] == (True, "")
+    listed = {key: value for key, value in parsed.items()
+              if key.startswith(SPEC_PREFIX + "matrix_listed")}
+    if expected is None:  # the driver is listed, the firmware cannot be checked
+        assert not listed
+        assert any(key.startswith(SPEC_PREFIX + "info") for key in parsed)
+    else:
+        assert listed == {_key(SPEC_PREFIX + "matrix_listed", vendor="nvidia", device="0",
+                               model=model, driver=driver, firmware=vbios): expected}
+
+
 @pytest.mark.parametrize("text, words", [
     ("matrix: [{vendor: amd, driver: [1]}]\n", "vendor must be one of"),
     ("matrix: [{vendor: nvidia}]\n", "driver must be a non-empty list"),
