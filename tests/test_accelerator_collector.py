@@ -343,6 +343,21 @@ def test_a_module_without_a_tool_or_url_says_so(tmp_path, monkeypatch):
     assert not ok and "neither nvidia-smi nor npu-smi on PATH" in reason
 
 
+def test_one_unreadable_record_costs_that_device_only(tool_path, tmp_path):
+    lines = NPU_SMI.read_text().splitlines()
+    row = next(n for n, line in enumerate(lines) if re.match(r"\|\s*1\s+910B", line))
+    lines[row] = re.sub(r"\|\s*1\s", "| one ", lines[row], count=1)  # NPU 1's id unreadable
+    table = tmp_path / "npu-smi.txt"
+    table.write_text("\n".join(lines) + "\n")
+    _tool(tool_path, "npu-smi", f'exec cat "{table}"')
+    parsed, scrape = _collect(AcceleratorCollector(_config(accelerator_tools=["npu-smi"])),
+                              LiveHost("/"))
+    assert scrape.sources[("accelerator", "npu-smi")] == (True, "")
+    devices = {re.search(r'device="([^"]+)"', key).group(1) for key in parsed
+               if key.startswith(SPEC_PREFIX + "info")}
+    assert devices == {f"{npu}/0" for npu in _npu_smi_rows()} - {"1/0"}
+
+
 # -- no module, no cost --------------------------------------------------------------------------
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0") or bool(
