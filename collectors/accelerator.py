@@ -60,7 +60,7 @@ from .parsers.exporter_metrics import parse_dcgm_exporter, parse_npu_exporter
 from .parsers.npu_smi import parse_npu_smi_info
 from .parsers.nvidia_smi_csv import parse_query_gpu_csv
 from .parsers.nvidia_smi_xml import parse_nvidia_smi_xml
-from .source import EvidenceSource
+from .source import EvidenceSource, LiveHost
 
 log = logging.getLogger("fleetscope.collectors.accelerator")
 
@@ -197,9 +197,7 @@ class AcceleratorCollector(Collector):
 
     @classmethod
     def wanted(cls, config) -> bool:
-        return bool(config.accelerator_exporter_urls) or (
-            config.accelerator_tools != "auto" and bool(config.accelerator_tools)) or (
-            config.accelerator_tools == "auto" and has_module())
+        return cls.wanted_on(config, LiveHost("/"))
 
     @classmethod
     def wanted_on(cls, config, source: EvidenceSource) -> bool:
@@ -245,8 +243,8 @@ class AcceleratorCollector(Collector):
         latest = tools.refresh(deadline) if tools is not None else None
         if tools is None and not urls:
             with scrape.source(self.name, "accelerator_tools"):
-                raise NotAvailable("no accelerator_exporter_urls and neither nvidia-smi nor "
-                                   "npu-smi on PATH (a module's device node is there)")
+                raise NotAvailable("no accelerator_exporter_urls, and neither nvidia-smi nor "
+                                   "npu-smi on PATH")
         found: list[tuple[AcceleratorDevice, str]] = []
         for index, result in pending:
             with scrape.source(self.name, exporter_source(index),
