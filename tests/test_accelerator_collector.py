@@ -440,6 +440,28 @@ def _run_exporter_once(root: Path, tmp_path: Path) -> dict[str, float]:
         process.stop()
 
 
+def test_recording_a_recorded_tree_carries_its_accelerator_files(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "cmd").mkdir(parents=True)
+    (tree / "proc").mkdir()
+    (tree / "cmd" / "npu-smi-info.txt").write_bytes(NPU_SMI.read_bytes())
+    (tree / "accelerator-matrix.yaml").write_text(EXAMPLE_MATRIX.read_text())
+    out = tmp_path / "out"
+    recorded = _run("bundle", "record", "--root", str(tree), "--seconds", "0", "--interval",
+                    "1", "-o", str(out))
+    assert recorded.returncode == 0, recorded.stderr
+    assert (out / "samples" / "s0000" / "cmd" / "npu-smi-info.txt").read_bytes() == \
+        NPU_SMI.read_bytes()
+    assert (out / "static" / "accelerator-matrix.yaml").read_text() == \
+        EXAMPLE_MATRIX.read_text()
+    # replayed with the default config: the outputs alone make the collector run
+    exporter = Exporter(recorded_sample(str(out / "samples" / "s0000")), _config())
+    parsed = samples(render(exporter.collect()))
+    assert len([key for key in parsed if key.startswith(SPEC_PREFIX + "info")]) == \
+        len(_npu_smi_rows())
+    assert any(key.startswith(SPEC_PREFIX + "matrix_listed") for key in parsed)
+
+
 def test_replay_reads_the_recorded_files_and_runs_nothing(tmp_path, tool_path):
     _tool(tool_path, "nvidia-smi", f"touch '{tmp_path}/ran'; exec cat '{NVIDIA_XML}'")
     sample = tmp_path / "sample"
