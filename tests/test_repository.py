@@ -100,3 +100,18 @@ def test_only_the_bundle_reader_names_the_bundle_metadata_file():
                     and "tests" not in path.relative_to(ROOT).parts
                     and "meta.json" in path.read_text(encoding="utf-8"))
     assert naming == []
+
+
+def test_readme_config_block_loads_as_written():
+    # Reproduced: the README's config example failed its own validation ("platform.
+    # memory_peak_bytes_per_second must be a positive number"): YAML 1.1 reads 409.6e9, an
+    # exponent without a sign, as a string. A new user copies this block first.
+    import yaml
+
+    from fleetscope.core.config import parse_config
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"Config \(`--config`.*?```yaml\n(.*?)```", text, re.S).group(1)
+    config = parse_config(yaml.safe_load(block))
+    assert config.memory_peak_bytes_per_second == 409.6e9
+    assert [pool.name for pool in config.pools] == ["chat-online", "batch"]

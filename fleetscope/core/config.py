@@ -192,8 +192,20 @@ def check_bounded(raw: Any, what: str = "the config") -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
+# A decimal number as YAML 1.2 and JSON write it: PyYAML (YAML 1.1) loads `409.6e9` or `1e9`,
+# an exponent without a sign or a mantissa without a dot, as a string.
+_YAML12_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+\Z")
+
+
+def _numeric(value: Any) -> Any:
+    """`value`, or the float of a string YAML 1.1 left unread (`409.6e9`)."""
+    if isinstance(value, str) and _YAML12_FLOAT.match(value.strip()):
+        return float(value)
+    return value
+
+
 def _number(raw: dict, key: str, default: float, low: float, high: float) -> float:
-    value = raw.get(key, default)
+    value = _numeric(raw.get(key, default))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise ConfigError(f"{key} must be a number from {low} to {high}, got {value!r}")
     return float(value)
@@ -327,7 +339,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
     if unknown:
         raise ConfigError(f"platform has unknown keys: {', '.join(sorted(map(str, unknown)))}")
     ddrc = _number(platform, "ddrc_bytes_per_count", 32.0, 1.0, 4096.0)
-    peak = platform.get("memory_peak_bytes_per_second")
+    peak = _numeric(platform.get("memory_peak_bytes_per_second"))
     bad_peak = isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0
     if peak is not None and bad_peak:
         raise ConfigError("platform.memory_peak_bytes_per_second must be a positive number")
