@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
 
-from . import engine, fleet_findings, prometheus
+from . import accelerator_fleet, engine, fleet_findings, prometheus
 
 NODE_LABEL = NODE_LABELS[0]
 STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
@@ -270,6 +270,8 @@ class RemoteDiagnosis:
     window: tuple[float, float]
     stats: QueryStats
     fleet_findings: list[dict] = field(default_factory=list)
+    # The fleet's inference modules by model and driver/firmware (accelerator_fleet.py).
+    accelerator_groups: list[dict] = field(default_factory=list)
     from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
     partial: list[str] = field(default_factory=list)  # why the data was partial, if it was
 
@@ -364,12 +366,15 @@ def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
     nodes = client.label_values(NODE_LABEL, ("fleetscope_exporter_build_info",
                                              "fleetscope_cpu_info"), window[0], window[1])
     nodes = sorted(set(nodes) | {f.node for f in findings})
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        modules = pool.submit(accelerator_fleet.accelerator_groups, client, end)
         info = list(pool.map(lambda name: [dict(labels_of(s)) for s in client.query(name, end)],
                              ATTRIBUTE_METRICS))
+        groups = modules.result()
     attributes = fleet_findings.node_attributes(*info, node_label=NODE_LABEL)
     shared = fleet_findings.fleet_findings([f.to_json() for f in findings], attributes)
-    return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared)
+    return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared,
+                           groups)
 
 
 # The console on a Prometheus that evaluates `fleetscope rules export`: its alerts are the
