@@ -101,3 +101,91 @@ def test_the_engine_answers_one_series_per_group_not_per_node(modules, engine):
     per_series = max(len(json.dumps(g)) for g in groups)
     assert client.stats.bytes_received < len(accelerator_fleet.QUERIES) * len(groups) * \
         per_series * 2
+
+
+# -- the console ---------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_heatmap_signals_are_each_nodes_mean_utilisation_and_fullest_module(modules,
+                                                                                  engine):
+    from fleetscope.dashboard import data, fleet_frames
+
+    signals = fleet_frames.node_signals(data.load_prometheus(modules["urls"][engine]))
+    for node in modules["fleet"]:
+        if not node.devices:
+            assert node.instance not in signals.index or \
+                signals.loc[node.instance, ["module utilisation", "module memory (fullest)"]] \
+                .isna().all()
+            continue
+        utilisation = sum(d["util"] for d in node.devices) / len(node.devices)
+        fullest = max(d["used"] / d["total"] for d in node.devices)
+        assert signals.loc[node.instance, "module utilisation"] == pytest.approx(utilisation)
+        assert signals.loc[node.instance, "module memory (fullest)"] == pytest.approx(fullest)
+
+
+def _console(monkeypatch, url: str, page: str, query: dict | None = None):
+    pytest.importorskip("streamlit")
+    from tests.test_dashboard_app import run_app
+
+    return run_app(monkeypatch, f"prometheus:{url}", page, query)
+
+
+def _module_table(app):
+    tables = [frame.value for frame in app.dataframe
+              if "matrix listed" in getattr(frame.value, "columns", [])]
+    return tables[0] if tables else None
+
+
+def test_a_node_page_lists_the_nodes_modules_as_loaded(monkeypatch, modules):
+    from fleetscope.core import units
+
+    node = modules["fleet"][1]  # an A100 node: device 3 with XID 79 and 2 uncorrected ECC
+    spec = module_fleet.GROUPS[node.group]
+    app = _console(monkeypatch, modules["urls"]["prometheus"], "node", {"node": node.instance})
+    assert app.selectbox(key="node_choice").value == node.instance
+    table = _module_table(app)
+    assert table is not None, "no module table on the node page"
+    assert table["device"].tolist() == [d["device"] for d in node.devices]
+    assert set(table["model"]) == {spec.model}
+    assert set(table["driver / firmware"]) == {f"{spec.driver} / VBIOS {spec.firmware}"}
+    assert table["utilisation"].tolist() == [units.format_value(d["util"], "ratio")
+                                             for d in node.devices]
+    assert table["memory used / total"].tolist() == [
+        f"{units.format_value(d['used'], 'bytes')} / {units.format_value(d['total'], 'bytes')}"
+        for d in node.devices]
+    errors = dict(zip(table["device"], table["errors"], strict=True))
+    assert errors.pop("3") == "XID 79, 2 uncorrected ECC"
+    assert set(errors.values()) == {"none"}
+    assert set(table["matrix listed"]) == {"yes"}
+    assert not any("No inference module" in i.value for i in app.info)
+
+
+def test_a_node_page_without_modules_says_so(monkeypatch, modules):
+    bare = next(n for n in modules["fleet"] if not n.devices)
+    unmatrixed = next(n for n in modules["fleet"] if n.group == "910b-nomatrix")
+    app = _console(monkeypatch, modules["urls"]["prometheus"], "node", {"node": bare.instance})
+    assert app.selectbox(key="node_choice").value == bare.instance
+    assert _module_table(app) is None
+    assert any("No inference module reported" in i.value for i in app.info)
+    # an Ascend node without a matrix: its chips, and no matrix to list them in
+    app = _console(monkeypatch, modules["urls"]["prometheus"], "node",
+                   {"node": unmatrixed.instance})
+    table = _module_table(app)
+    assert len(table) == len(unmatrixed.devices)
+    assert set(table["model"]) == {"Ascend 910B"}
+    assert set(table["matrix listed"]) == {"no matrix"}
+    assert set(table["errors"]) == {"none"}
+
+
+def test_the_fleet_heatmap_draws_module_utilisation(monkeypatch, modules):
+    app = _console(monkeypatch, modules["urls"]["prometheus"], "fleet")
+    app.selectbox(key="fleet_signal").select("module utilisation").run()
+    assert not app.exception
+    heat = json.loads(app.get("plotly_chart")[-1].proto.spec)
+    from tests.test_dashboard_app import plotted
+
+    drawn = {round(float(v), 6) for row in heat["data"][0]["z"]
+             for v in (plotted(row) if isinstance(row, dict) else row)
+             if v is not None and v == v}
+    loaded = {round(sum(d["util"] for d in n.devices) / len(n.devices), 6)
+              for n in modules["fleet"] if n.devices}
+    assert drawn == loaded
