@@ -10,7 +10,8 @@ queue depths) keep the rate they had in the bundle, other gauges their last valu
 15 s ending a few minutes in the future (so "now" lies inside the data whatever the generation took;
 past it, the diagnosis is made at the data's end). Faults sit on known nodes: isa-mismatch
 on every node of the older CPU stepping (r1p0, one node in 128), roce-congestion on 29 of
-the 32 nodes of one rack, each other rule on a few nodes.
+the 32 nodes of one rack, each other rule on a few nodes. The nodes of pool-a carry four
+healthy inference modules each (the console's module utilisation and memory).
 
 The same samples go to Prometheus (`promtool tsdb create-blocks-from openmetrics`, then
 Prometheus over the blocks) and to VictoriaMetrics (its /api/v1/import/prometheus), both on
@@ -59,7 +60,7 @@ def _scenario_dirs() -> list[Path]:
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
     return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
-GENERATOR = 3  # bump when the samples written change: a kept fleet is rebuilt
+GENERATOR = 4  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -84,6 +85,8 @@ SIGILL = "fleetscope_sigill_crashes_total"
 GROWING_GAUGES = ("agent_queue_depth",)
 BACKLOG_PROFILE = "queue-backlog"
 SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the binary
+ACCELERATOR = "fleetscope_accelerator_"
+MODULES_PER_NODE = 4
 
 
 @dataclass
@@ -187,6 +190,22 @@ def _labels_text(labels) -> str:
     return ",".join(f'{k}="{v}"' for k, v in labels)
 
 
+def healthy_modules() -> list[Series]:
+    """Inference modules of a node of pool-a whose profile has none (the console draws
+    their utilisation and memory): four A100s, half busy, half their memory used, no error,
+    no compatibility matrix configured, so no module rule has anything to say."""
+    out = []
+    for device in range(MODULES_PER_NODE):
+        labels = (("device", str(device)), ("vendor", "nvidia"))
+        identity = (*labels, ("driver", "535.54.03"), ("firmware", "92.00.36.00.02"),
+                    ("model", "NVIDIA A100-SXM4-80GB"), ("source", "dcgm-exporter"))
+        out += [Series(ACCELERATOR + "info", identity, 1.0, 0.0),
+                Series(ACCELERATOR + "utilization_ratio", labels, 0.5, 0.0),
+                Series(ACCELERATOR + "memory_used_bytes", labels, 40.0 * 2**30, 0.0),
+                Series(ACCELERATOR + "memory_total_bytes", labels, 80.0 * 2**30, 0.0)]
+    return out
+
+
 def node_series(node: Node, profiles: dict[str, list[Series]]) -> list[Series]:
     """The node's series with its target labels and its CPU's identity."""
     target = (("instance", node.instance), ("job", "fleetscope"), ("node_pool", node.node_pool),
@@ -200,6 +219,8 @@ def node_series(node: Node, profiles: dict[str, list[Series]]) -> list[Series]:
     out = [Series("fleetscope_cpu_info", cpu, 1.0, 0.0),
            Series("fleetscope_cpu_features_info", features, 1.0, 0.0)]
     out += profiles[node.profile]
+    if node.node_pool == "pool-a" and not any(s.name.startswith(ACCELERATOR) for s in out):
+        out += healthy_modules()
     return [Series(s.name, tuple(sorted(s.labels + target)), s.first, s.slope) for s in out]
 
 
