@@ -130,9 +130,10 @@ def _console(monkeypatch, url: str, page: str, query: dict | None = None):
 
 
 def _module_table(app):
-    tables = [frame.value for frame in app.dataframe
+    """The node page's module table as it reads (its Markdown escapes taken out)."""
+    tables = [frame.value for frame in app.table
               if "matrix listed" in getattr(frame.value, "columns", [])]
-    return tables[0] if tables else None
+    return tables[0].replace(r"\\(.)", r"\1", regex=True) if tables else None
 
 
 def test_a_node_page_lists_the_nodes_modules_as_loaded(monkeypatch, modules):
@@ -189,3 +190,42 @@ def test_the_fleet_heatmap_draws_module_utilisation(monkeypatch, modules):
     loaded = {round(sum(d["util"] for d in n.devices) / len(n.devices), 6)
               for n in modules["fleet"] if n.devices}
     assert drawn == loaded
+
+
+def test_the_node_pages_in_chromium(modules, tmp_path):
+    """`fleetscope console --source prometheus:URL` in headless Chromium: a module node's page
+    shows a row for each of its modules, a node without any says so."""
+    from tests.e2e.test_console_browser import (
+        chromium,
+        free_port,
+        shoot,
+        stop,
+        wait_for,
+        wait_healthy,
+    )
+
+    node = modules["fleet"][1]
+    bare = next(n for n in modules["fleet"] if not n.devices)
+    spec = module_fleet.GROUPS[node.group]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with open(tmp_path / "console.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "console", "--source",
+                                 f"prometheus:{modules['urls']['prometheus']}", "--port",
+                                 str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_healthy(url, proc)
+        with chromium() as driver:
+            driver.get(f"{url}node?node={node.instance}")
+            text = wait_for(driver, lambda t: "matrix listed" in t and "XID 79" in t,
+                            "the module table")
+            shoot(driver, tmp_path, "node-modules")
+            rows = [line for line in text.splitlines()
+                    if f"{spec.driver} / VBIOS {spec.firmware}" in line]
+            assert len(rows) == len(node.devices), text[:3000]
+            driver.get(f"{url}node?node={bare.instance}")
+            wait_for(driver, lambda t: "No inference module reported" in t and
+                     bare.instance in t, "the line saying the node reports no module")
+    finally:
+        stop(proc)

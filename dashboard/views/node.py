@@ -94,7 +94,7 @@ else:
     st.caption(f"{units.count(len(modules), 'module')} at the last sample: utilisation, "
                "device memory, the vendor's errors and whether the operator's compatibility "
                "matrix lists the driver/firmware pair")
-    st.dataframe(node_frames.modules_display(modules), hide_index=True, key="module_table")
+    state.static_table(node_frames.modules_display(modules))  # a few rows, read whole
 
 st.subheader("Cores")
 busy = state.per_core(snap, instance)
