@@ -82,6 +82,7 @@ _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_
              "summary": ("", "_count", "_sum")}
 STAGE_FAMILY = schema.STAGE_DURATION.name
 QUEUE_FAMILY = schema.QUEUE_DEPTH.name
+MODULE_QUEUE_FAMILY = schema.MODULE_QUEUE_DEPTH.name  # re-exported as the runtime wrote it
 GENAI_OPERATION = schema.GENAI_OPERATION_DURATION
 GENAI_TOOL = schema.GENAI_TOOL_DURATION
 INFERENCE_OPERATIONS = {None, "chat", "generate_content", "text_completion", "embeddings"}
