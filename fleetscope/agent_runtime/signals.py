@@ -43,7 +43,8 @@ API: `AgentSignals(pool, workload_class, agent, provider)` with `session()`, `st
 `set_queue_depth()`, `set_module_queue_depth()`, `session_migrated()`, `heartbeat_age()`,
 `current_session()`, `exposition()` (with EXPOSITION_CONTENT_TYPE), `shutdown()`;
 `BadToolArguments`, `classify_exception()`; the label values allowed: STAGES, OUTCOMES,
-CLASSES. Names, units, label values and buckets come from schema.py, which the exporter and the simulators share.
+CLASSES. Names, units, label values and buckets come from schema.py, which the exporter and
+the simulators share.
 A session is an in-flight task for the heartbeat gauge: entering or leaving any stage inside
 it, or `Session.beat()`, refreshes its heartbeat, so a worker parked in a tool call shows an
 age that keeps growing (rule `worker-blocked-external-call`).
