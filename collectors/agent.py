@@ -278,12 +278,12 @@ def _late(what: str, timeout: float) -> str:
     return f"{what}: no answer within {timeout:g} s"
 
 
-def fetch_exposition(url: str, timeout: float) -> str:
+def fetch_exposition(url: str, timeout: float, what: str = "agent endpoint") -> str:
     """GET a metrics endpoint (text format, no proxy, no compression); NotAvailable when it
     cannot be reached or answers other than 200."""
     where = _redact(url)
     if urlsplit(url).scheme not in ("http", "https"):
-        raise NotAvailable(f"agent_metrics_url {where} is not an http(s) URL")
+        raise NotAvailable(f"{what} {where} is not an http(s) URL")
     request = urllib.request.Request(url, headers={
         "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
         "User-Agent": f"fleetscope/{__version__}",
@@ -297,7 +297,7 @@ def fetch_exposition(url: str, timeout: float) -> str:
         raise NotAvailable(f"{where} answered HTTP {err.code}") from None
     except (TimeoutError, urllib.error.URLError) as err:
         if isinstance(err, TimeoutError) or isinstance(err.reason, TimeoutError):
-            raise NotAvailable(_late("agent endpoint", timeout)) from None
+            raise NotAvailable(_late(what, timeout)) from None
         raise NotAvailable(f"{where} unreachable: {err.reason}") from None
     except (OSError, http.client.HTTPException, ValueError) as err:
         raise NotAvailable(f"{where} unreachable: {type(err).__name__}: {err}") from None
