@@ -157,7 +157,7 @@ def _work_queue_peers(raw: dict) -> tuple[str, ...]:
     url = raw.get("redis_url")
     if isinstance(url, str) and url.startswith(("redis://", "rediss://")):
         try:
-            parsed = urllib.parse.urllib.parse.urlsplit(url)
+            parsed = urllib.parse.urlsplit(url)
             host, port = parsed.hostname, parsed.port or 6379
         except ValueError:
             host = None
