@@ -428,7 +428,17 @@ def _redis_client(url: str, timeout: float) -> Any:
 class AgentCollector(Collector):
     name = "agent"
     missing_hints = (("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues "
-                                "(a bundle carries them as agent.prom)"),)
+                                "(a bundle carries them as agent.prom)"),
+                     (MODULE_QUEUE_FAMILY, "the agent runtime reports no module-side queue "
+                                           "(agent_module_queue_depth, set_module_queue_depth()): "
+                                           "no inference module, or a runtime that does not "
+                                           "report it"))
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        if not any(name.startswith("agent_") for name in present):
+            prefix = "agent_"  # no runtime at all, whatever the family
+        return super().why_missing(prefix, present)
 
     def __init__(self, config):
         super().__init__(config)

@@ -65,7 +65,7 @@ RULE = Rule(
         Panel("Module utilisation per device", Max(accelerator("utilization_ratio"), by=DEVICE),
               "ratio", None),
     ),
-    fleet=FleetFault(("chat",), 4, 20, effects=(
+    fleet=FleetFault(("batch",), 4, 20, effects=(
         # one GPU fell off the bus: XID 79 on the node's first module, its work stopped
         Set("accel_last_xid", 79),
         Set("accel_ecc_uncorrected", 2),

@@ -84,8 +84,8 @@ RULE = Rule(
         Panel("Requests waiting on the module side",
               MODULE_QUEUE, "requests", MODULE_QUEUE_DEPTH, narrow=False),
     ),
-    fleet=FleetFault(("codegen",), 6, 30, effects=(
-        # long code contexts: the GPUs alternate between full and nearly idle every scrape
+    fleet=FleetFault(("batch",), 6, 30, effects=(
+        # uneven batch documents: the modules alternate between full and near idle each scrape
         Set("accel_util_swing", Noisy(0.8, 0.15, stream=101)),
         Set("accel_util", 0.55),
         Set("module_queue_depth", Noisy(9, 6, stream=102)),

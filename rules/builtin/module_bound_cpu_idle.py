@@ -76,7 +76,7 @@ RULE = Rule(
         Panel("Requests waiting on the module side",
               MODULE_QUEUE, "requests", MODULE_QUEUE_DEPTH, narrow=False),
     ),
-    fleet=FleetFault(("chat",), 6, 40, effects=(
+    fleet=FleetFault(("batch",), 6, 40, effects=(
         # the modules flat out, requests waiting on them, the CPUs waiting for replies
         Set("accel_util", Noisy(0.95, 0.04, stream=106)),
         Set("accel_util_swing", 0.02),
