@@ -101,8 +101,8 @@ RULE = Rule(
         Set("accel_util_swing", 0.02),
         Set("queue_depth", lambda site: 8 + site.since / 60),
     )),
-    proof=Proof(scenario, summary=r"the CPUs are the bottleneck: the median core 9\d% busy "
-                                  r"and an agent queue growing while the inference modules "
-                                  r"idle",
+    proof=Proof(scenario,
+                summary=r"the CPUs are the bottleneck: the median core (9\d|100)% busy and an "
+                        r"agent queue growing while the inference modules idle",
                 lookalikes=(idle_modules_cpus_keep_up,)),
 )
