@@ -174,8 +174,9 @@ def plan(nodes: int) -> list[Node]:
             profile = "roce-congestion"
         out.append(Node(f"node-{index:05d}:9105", profile, f"r{rack:03d}",
                         "pool-a" if rack % 2 == 0 else "pool-b", "r1p0" if old else "r1p1"))
-    others = sorted(p.name for p in _scenario_dirs()
-                    if p.name not in (*HEALTHY, "isa-mismatch", "roce-congestion"))
+    # fault profiles: every scenario but the healthy ones (the rules' look-alikes included)
+    others = sorted(p.name for p in _scenario_dirs() if not p.name.startswith("healthy-")
+                    and p.name not in ("isa-mismatch", "roce-congestion"))
     free = [n for n in out if n.profile in HEALTHY]
     # Half the healthy nodes stay healthy, whatever the fleet's size: a false alarm needs a
     # node without a fault to show on (a 64-node fleet once had none of either kind left).
@@ -531,7 +532,8 @@ def injected(profile: str) -> set[str]:
     nothing on a healthy node."""
     from fleetscope.rules.catalog import by_id
 
-    return set() if profile in HEALTHY else {profile, *by_id(profile).proof.also_shown}
+    healthy = profile in HEALTHY or profile.startswith("healthy-")
+    return set() if healthy else {profile, *by_id(profile).proof.also_shown}
 
 
 def score(document: dict, fleet: list[Node]) -> dict[str, list[str]]:

@@ -3,6 +3,7 @@
 Importing this package does no I/O; collectors read only inside `collect()`.
 """
 
+from .accelerator import AcceleratorCollector
 from .agent import AgentCollector
 from .base import Collector, NotAvailable, Scrape
 from .cpu import CpuCollector
@@ -39,6 +40,7 @@ COLLECTORS[MemoryCollector.name] = MemoryCollector
 COLLECTORS[LocksCollector.name] = LocksCollector
 COLLECTORS[ListenCollector.name] = ListenCollector
 COLLECTORS[HarmCollector.name] = HarmCollector
+COLLECTORS[AcceleratorCollector.name] = AcceleratorCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "evidence_source"]

@@ -82,6 +82,7 @@ _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_
              "summary": ("", "_count", "_sum")}
 STAGE_FAMILY = schema.STAGE_DURATION.name
 QUEUE_FAMILY = schema.QUEUE_DEPTH.name
+MODULE_QUEUE_FAMILY = schema.MODULE_QUEUE_DEPTH.name  # re-exported as the runtime wrote it
 GENAI_OPERATION = schema.GENAI_OPERATION_DURATION
 GENAI_TOOL = schema.GENAI_TOOL_DURATION
 INFERENCE_OPERATIONS = {None, "chat", "generate_content", "text_completion", "embeddings"}
@@ -277,12 +278,12 @@ def _late(what: str, timeout: float) -> str:
     return f"{what}: no answer within {timeout:g} s"
 
 
-def fetch_exposition(url: str, timeout: float) -> str:
+def fetch_exposition(url: str, timeout: float, what: str = "agent endpoint") -> str:
     """GET a metrics endpoint (text format, no proxy, no compression); NotAvailable when it
     cannot be reached or answers other than 200."""
     where = _redact(url)
     if urlsplit(url).scheme not in ("http", "https"):
-        raise NotAvailable(f"agent_metrics_url {where} is not an http(s) URL")
+        raise NotAvailable(f"{what} {where} is not an http(s) URL")
     request = urllib.request.Request(url, headers={
         "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
         "User-Agent": f"fleetscope/{__version__}",
@@ -296,7 +297,7 @@ def fetch_exposition(url: str, timeout: float) -> str:
         raise NotAvailable(f"{where} answered HTTP {err.code}") from None
     except (TimeoutError, urllib.error.URLError) as err:
         if isinstance(err, TimeoutError) or isinstance(err.reason, TimeoutError):
-            raise NotAvailable(_late("agent endpoint", timeout)) from None
+            raise NotAvailable(_late(what, timeout)) from None
         raise NotAvailable(f"{where} unreachable: {err.reason}") from None
     except (OSError, http.client.HTTPException, ValueError) as err:
         raise NotAvailable(f"{where} unreachable: {type(err).__name__}: {err}") from None
@@ -427,7 +428,17 @@ def _redis_client(url: str, timeout: float) -> Any:
 class AgentCollector(Collector):
     name = "agent"
     missing_hints = (("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues "
-                                "(a bundle carries them as agent.prom)"),)
+                                "(a bundle carries them as agent.prom)"),
+                     (MODULE_QUEUE_FAMILY, "the agent runtime reports no module-side queue "
+                                           "(agent_module_queue_depth, set_module_queue_depth()): "
+                                           "no inference module, or a runtime that does not "
+                                           "report it"))
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        if not any(name.startswith("agent_") for name in present):
+            prefix = "agent_"  # no runtime at all, whatever the family
+        return super().why_missing(prefix, present)
 
     def __init__(self, config):
         super().__init__(config)

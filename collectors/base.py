@@ -42,6 +42,13 @@ class Collector:
         ask for it, and costs such a node nothing."""
         return True
 
+    @classmethod
+    def wanted_on(cls, config: Any, source: EvidenceSource) -> bool:
+        """`wanted`, told the evidence too: a collector whose subject only some nodes have
+        (inference modules) looks for it on the live node, or for its outputs in a
+        recorded sample."""
+        return cls.wanted(config)
+
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         raise NotImplementedError
 

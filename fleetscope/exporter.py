@@ -61,7 +61,8 @@ class Exporter:
         enabled = config.collectors
         self.collectors = [
             cls(config) for name, cls in COLLECTORS.items()
-            if (enabled is None and cls.wanted(config)) or (enabled and name in enabled)
+            if (enabled is None and cls.wanted_on(config, self.source))
+            or (enabled and name in enabled)
         ]
         # The exporter's own process (CPU, RSS, fds) comes from prometheus-client: it is about
         # this process, so it reads the real /proc whatever the root.

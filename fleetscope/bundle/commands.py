@@ -7,6 +7,10 @@
                               `fleetscope isa check --json` of each binary the kernel log
                               saw die of SIGILL, against this node's CPU
     agent.prom                the agent runtime's metrics, with Redis queue depths merged
+    cmd/accelerator-exporter-<n>.prom, cmd/nvidia-smi-q-x.xml, cmd/npu-smi-info.txt
+                              the accelerator collector's sources, as they answered
+                              (docs/accelerators.md); static/accelerator-matrix.yaml: a copy
+                              of the config's accelerator_matrix
 
 perf runs in the background across each interval, so recording does not stretch it. Each
 part fails alone: a node without perf or ethtool records the rest. Commands are run by the
@@ -26,6 +30,7 @@ from fleetscope.bundle.files import copy_globs
 from fleetscope.collectors.base import NotAvailable, Scrape
 from fleetscope.collectors.source import EvidenceSource, Reader, kill
 from fleetscope.core.bundle_format import (
+    ACCELERATOR_MATRIX,
     AGENT_PROM,
     CMD,
     PERF_ARGS,
@@ -44,6 +49,9 @@ NETWORK_GLOBS = (
     "sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*",
     "sys/class/net/*/upper_*", "proc/net/route", "proc/net/ipv6_route",
 )
+
+ACCELERATOR_GLOBS = ("cmd/accelerator-exporter-*.prom", "cmd/nvidia-smi-q-x.xml",
+                     "cmd/nvidia-smi-query-gpu.csv", "cmd/npu-smi-info.txt")
 
 
 def _safe_file_part(name: str) -> bool:
@@ -122,6 +130,41 @@ class CommandOutputs:
             with open(os.path.join(sample_dir, AGENT_PROM), "w") as out:
                 out.write(text)
 
+    def _accelerator(self, sample_dir: str) -> None:
+        from fleetscope.collectors.accelerator import AcceleratorCollector, record_outputs
+
+        if not AcceleratorCollector.wanted_on(self.config, self.source):
+            return
+        for relative, text in record_outputs(self.config, self.source).items():
+            os.makedirs(os.path.join(sample_dir, CMD), exist_ok=True)
+            with open(os.path.join(sample_dir, relative), "w", encoding="utf-8") as out:
+                out.write(text)
+
+    def matrix(self, static_dir: str, reader: Reader) -> None:
+        """static/accelerator-matrix.yaml: the config's accelerator_matrix file as it is
+        (replay judges the recorded devices by it), or a recorded root's copy."""
+        from fleetscope.collectors.parsers.accelerator_matrix import MAX_MATRIX_CHARS
+
+        if self.live:
+            path = self.config.accelerator_matrix
+            if not path:
+                return
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read(MAX_MATRIX_CHARS + 1)
+            except OSError as err:
+                log.warning("bundle: accelerator_matrix %s not copied: %s", path,
+                            err.strerror or err)
+                return
+        else:
+            try:
+                data = reader.read_bytes(ACCELERATOR_MATRIX, MAX_MATRIX_CHARS + 1)
+            except NotAvailable:
+                return
+        os.makedirs(static_dir, exist_ok=True)
+        with open(os.path.join(static_dir, ACCELERATOR_MATRIX), "wb") as out:
+            out.write(data)
+
     def static(self, static_dir: str, dmesg: str | None) -> None:
         """Once per bundle: `isa check` of every binary the kernel log saw die of SIGILL that
         can be found on this node, against this node's CPU (cmd/isa-check-<binary>.json).
@@ -161,8 +204,11 @@ class CommandOutputs:
         and, on a live host, its command outputs."""
         copy_globs(reader, NETWORK_GLOBS, sample_dir)
         if not self.live:
-            return  # a replayed root has no commands to run and no endpoints to ask
-        for part in (self._finish_perf, self._ethtool, self._agent):
+            # a replayed root has no commands to run and no endpoints to ask: its recorded
+            # accelerator outputs are carried over as they are
+            copy_globs(reader, ACCELERATOR_GLOBS, sample_dir)
+            return
+        for part in (self._finish_perf, self._ethtool, self._agent, self._accelerator):
             try:
                 part(sample_dir)
             except Exception as err:  # one missing tool must not cost the bundle

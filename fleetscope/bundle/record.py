@@ -446,6 +446,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             with open(os.path.join(static, DMESG), "w", encoding="utf-8") as out:
                 out.write(dmesg)
         commands.static(static, dmesg)
+        commands.matrix(static, static_reader)
         if dmesg is not None and commands.own_root:
             capture_sigill_faults(static, dmesg, config.binary_dirs)
         _record_meta(bundle_dir, interval, samples, config, redactor)

@@ -31,6 +31,11 @@ PERF_ARGS = f"{CMD}/perf-stat.args"  # its argv, one word a line
 AGENT_PROM = "agent.prom"  # the agent runtime's exposition, Redis queue depths merged
 DMESG = "dmesg.txt"  # static/: output of `dmesg`
 SIGILL_FAULTS = f"{CMD}/sigill-faults.json"  # static/: bytes around each SIGILL's instruction
+# Inference accelerators (docs/accelerators.md): each tool's or exporter's output, verbatim.
+NVIDIA_SMI_XML = f"{CMD}/nvidia-smi-q-x.xml"  # nvidia-smi -q -x
+NVIDIA_SMI_CSV = f"{CMD}/nvidia-smi-query-gpu.csv"  # nvidia-smi --query-gpu=... --format=csv
+NPU_SMI_INFO = f"{CMD}/npu-smi-info.txt"  # npu-smi info
+ACCELERATOR_MATRIX = "accelerator-matrix.yaml"  # static/: the config's accelerator_matrix
 
 
 def sample_path(index: int) -> str:
@@ -41,6 +46,12 @@ def sample_path(index: int) -> str:
 def ethtool_file(interface: str) -> str:
     """`cmd/ethtool-S-<iface>.txt`: the output of `ethtool -S <iface>` in a sample."""
     return f"{CMD}/ethtool-S-{interface}.txt"
+
+
+def accelerator_exporter_file(index: int) -> str:
+    """`cmd/accelerator-exporter-<n>.prom`: the /metrics text of the n-th (from 0)
+    accelerator_exporter_urls entry in a sample."""
+    return f"{CMD}/accelerator-exporter-{index}.prom"
 
 
 def isa_check_file(binary: str) -> str:

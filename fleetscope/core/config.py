@@ -78,6 +78,12 @@ class Config:
     perf_window_seconds: float = 5.0  # perf stat sampling window, in a background thread
     command_timeout_seconds: float = 10.0  # perf, ethtool: killed and reported past this
     agent_timeout_seconds: float = 2.0  # agent metrics endpoint and Redis, per scrape
+    # Inference accelerators (collectors/accelerator.py, docs/accelerators.md): the local
+    # dcgm-exporter / npu-exporter endpoints, else the vendor tools ("auto": those on PATH).
+    accelerator_exporter_urls: tuple[str, ...] = ()
+    accelerator_tools: str | tuple[str, ...] = "auto"
+    accelerator_timeout_seconds: float = 5.0
+    accelerator_matrix: str | None = None  # the operator's driver/firmware matrix (YAML)
     # A worker thread parked in one network call longer than this is blocked (the warning
     # tier of worker-blocked-external-call; the heartbeat's 120 s stays critical).
     blocked_call_seconds: float = 30.0
@@ -101,6 +107,10 @@ _KNOWN_KEYS = {
     "perf_window_seconds",
     "command_timeout_seconds",
     "agent_timeout_seconds",
+    "accelerator_exporter_urls",
+    "accelerator_tools",
+    "accelerator_timeout_seconds",
+    "accelerator_matrix",
     "pools",
     "agent_metrics_url",
     "redis_url",
@@ -187,6 +197,39 @@ def _number(raw: dict, key: str, default: float, low: float, high: float) -> flo
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise ConfigError(f"{key} must be a number from {low} to {high}, got {value!r}")
     return float(value)
+
+
+ACCELERATOR_TOOLS = ("nvidia-smi", "npu-smi")  # the vendor tools collectors/accelerator.py runs
+
+
+def _accelerator_urls(raw: dict) -> tuple[str, ...]:
+    urls = raw.get("accelerator_exporter_urls") or []
+    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+        raise ConfigError("accelerator_exporter_urls must be a list of http(s) URLs")
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"accelerator_exporter_urls: {url[:80]!r} is not an http(s) URL")
+    return tuple(urls)
+
+
+def _accelerator_tools(raw: dict) -> str | tuple[str, ...]:
+    tools = raw.get("accelerator_tools", "auto")
+    if tools == "auto":
+        return tools
+    if tools is None:
+        return ()
+    if not isinstance(tools, list) or not all(tool in ACCELERATOR_TOOLS for tool in tools):
+        raise ConfigError("accelerator_tools must be 'auto' or a list of "
+                          f"{', '.join(ACCELERATOR_TOOLS)} (empty: none), got {str(tools)[:60]!r}")
+    return tuple(dict.fromkeys(tools))
+
+
+def _accelerator_matrix(raw: dict) -> str | None:
+    path = raw.get("accelerator_matrix")
+    if path is not None and (not isinstance(path, str) or not path or "\0" in path):
+        raise ConfigError("accelerator_matrix must be the path of a YAML file")
+    return path
 
 
 def _harm_targets(raw: dict) -> HarmTargets:
@@ -327,6 +370,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         perf_window_seconds=_number(raw, "perf_window_seconds", 5.0, 0.1, 3600.0),
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
+        accelerator_exporter_urls=_accelerator_urls(raw),
+        accelerator_tools=_accelerator_tools(raw),
+        accelerator_timeout_seconds=_number(raw, "accelerator_timeout_seconds", 5.0, 0.05, 60.0),
+        accelerator_matrix=_accelerator_matrix(raw),
         blocked_call_seconds=_number(raw, "blocked_call_seconds", 30.0, 0.0, 86400.0),
         work_queue_peers=_work_queue_peers(raw),
         redact=tuple(redact),
