@@ -193,6 +193,12 @@ def with_matchers(expr: Expr, matchers: dict[str, str]) -> Expr:
 def node_filtered(expr: Expr, nodes: list[str]) -> list[Expr]:
     """`expr` filtered to `nodes`, NODES_PER_QUERY at a time, fewer where the filter in every
     selector of a long condition would pass MAX_QUERY_CHARS."""
+    return [filtered for _chunk, filtered in node_chunks(expr, nodes)]
+
+
+def node_chunks(expr: Expr, nodes: list[str]) -> list[tuple[list[str], Expr]]:
+    """(nodes, `expr` filtered to them) for `nodes` NODES_PER_QUERY at a time, fewer where
+    the filter in every selector of a long expression would pass MAX_QUERY_CHARS."""
     out, first, size = [], 0, NODES_PER_QUERY
     while first < len(nodes):
         chunk = nodes[first:first + size]
@@ -200,7 +206,7 @@ def node_filtered(expr: Expr, nodes: list[str]) -> list[Expr]:
         if size > 1 and len(filtered.promql()) > MAX_QUERY_CHARS:
             size = max(1, size // 2)
             continue
-        out.append(filtered)
+        out.append((chunk, filtered))
         first += len(chunk)
     return out
 
@@ -574,7 +580,8 @@ def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
 def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
                     candidates: list[_Candidate], scope: dict[str, str]) -> None:
     """Each evidence expression once per (rule, time) for up to NODES_PER_QUERY firing
-    nodes at a time, then split back to the findings by their labels."""
+    nodes at a time (fewer where a long expression would pass MAX_QUERY_CHARS), then split
+    back to the findings by their labels."""
     groups: dict[tuple[str, int], list[_Candidate]] = {}
     for candidate in candidates:
         groups.setdefault((candidate.finding.rule.id, candidate.at_ms), []).append(candidate)
@@ -582,12 +589,11 @@ def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
     for (_rule_id, at_ms), members in groups.items():
         rule = members[0].finding.rule
         nodes = sorted({m.finding.node for m in members})
-        for first in range(0, len(nodes), NODES_PER_QUERY):
-            chunk = nodes[first:first + NODES_PER_QUERY]
-            matcher = scope or {NODE_LABEL: node_regex(chunk)}
-            for index, item in enumerate(rule.evidence):
-                jobs.append((members, set(chunk), index,
-                             with_matchers(item.expr, matcher).promql(), at_ms / 1000))
+        for index, item in enumerate(rule.evidence):
+            chunks = [(nodes, with_matchers(item.expr, scope))] if scope else \
+                node_chunks(item.expr, nodes)
+            for chunk, filtered in chunks:
+                jobs.append((members, set(chunk), index, filtered.promql(), at_ms / 1000))
     answers = pool.map(lambda job: client.query(
         job[3], job[4], f"evidence of {job[0][0].finding.rule.id}"), jobs)
     vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples
