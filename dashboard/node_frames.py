@@ -146,9 +146,11 @@ def modules(series: Series) -> pd.DataFrame:
     model, driver, firmware and a column per MODULE_VALUES name (NaN where the source does
     not say). Empty when the node has no module."""
     rows: dict[tuple[str, str], dict] = {}
-    for labels in series.by_name.get(f"{ACCELERATOR}info", {}):
-        found = dict(labels)
-        key = (found.get("vendor", ""), found.get("device", ""))
+    # The pair each module runs now: a node upgraded within its history has the old pair's
+    # info series too, ended before the last sample.
+    info = latest(series, f"{ACCELERATOR}info")
+    for found in info.to_dict("records") if "device" in info else []:
+        key = (str(found.get("vendor", "")), str(found["device"]))
         rows.setdefault(key, {}).update({name: found.get(name, "") for name in
                                          ("model", "driver", "firmware")})
     for suffix, column in MODULE_VALUES.items():

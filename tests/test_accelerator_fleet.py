@@ -122,11 +122,15 @@ def test_the_heatmap_signals_are_each_nodes_mean_utilisation_and_fullest_module(
         assert signals.loc[node.instance, "module memory (fullest)"] == pytest.approx(fullest)
 
 
-def _console(monkeypatch, url: str, page: str, query: dict | None = None):
+def _app(monkeypatch, source: str, page: str, query: dict | None = None):
     pytest.importorskip("streamlit")
     from tests.test_dashboard_app import run_app
 
-    return run_app(monkeypatch, f"prometheus:{url}", page, query)
+    return run_app(monkeypatch, source, page, query)
+
+
+def _console(monkeypatch, url: str, page: str, query: dict | None = None):
+    return _app(monkeypatch, f"prometheus:{url}", page, query)
 
 
 def _module_table(app):
@@ -229,3 +233,56 @@ def test_the_node_pages_in_chromium(modules, tmp_path):
                      bare.instance in t, "the line saying the node reports no module")
     finally:
         stop(proc)
+
+
+# -- the demo fleet (dashboard/fleet_sim.py) -----------------------------------------------
+DEMO_NODES = 256
+
+
+def _demo_nodes():
+    import numpy as np
+
+    from fleetscope.dashboard.fleet_sim import Fleet
+
+    fleet = Fleet(nodes=DEMO_NODES)
+    faulty = {int(i) for placed in fleet.faults.values() for i in placed}
+    every = np.arange(len(fleet.instances))
+    carries = fleet.has_modules(every)
+    return fleet, [int(i) for i in every[carries] if i not in faulty], \
+        [int(i) for i in every[~carries] if i not in faulty], int(carries.sum())
+
+
+def test_the_demo_node_pages_show_the_modules_or_say_there_are_none(monkeypatch):
+    from fleetscope.dashboard.fleet_sim import CPU_MODELS, MODULE_MODELS, MODULES_PER_NODE
+    from fleetscope.diagnose.accelerator_fleet import FIRMWARE_WORD, module_name
+
+    fleet, with_modules, without, _ = _demo_nodes()
+    index = with_modules[0]
+    kind = MODULE_MODELS[CPU_MODELS[fleet.model[index]].arch]
+    app = _app(monkeypatch, f"demo:{DEMO_NODES}", "node", {"node": fleet.instances[index]})
+    table = _module_table(app)
+    assert table is not None, "no module table on a module node's page"
+    assert table["device"].tolist() == [str(d) for d in range(MODULES_PER_NODE)]
+    assert set(table["model"]) == {module_name(kind.vendor, kind.model)}
+    driver, firmware = kind.pairs[0]  # a healthy node runs the pair its matrix lists
+    assert set(table["driver / firmware"]) == {
+        f"{driver} / {FIRMWARE_WORD.get(kind.vendor, 'firmware')} {firmware}"}
+    assert set(table["matrix listed"]) == {"yes"}
+    app = _app(monkeypatch, f"demo:{DEMO_NODES}", "node", {"node": fleet.instances[without[0]]})
+    assert _module_table(app) is None
+    assert any("No inference module reported" in i.value for i in app.info)
+
+
+def test_the_demo_heatmap_draws_module_memory_on_the_module_nodes_alone(monkeypatch):
+    from tests.test_dashboard_app import plotted
+
+    _, _, _, carrying = _demo_nodes()
+    app = _app(monkeypatch, f"demo:{DEMO_NODES}", "fleet")
+    app.selectbox(key="fleet_signal").select("module memory (fullest)").run()
+    assert not app.exception
+    heat = json.loads(app.get("plotly_chart")[-1].proto.spec)
+    drawn = [float(v) for row in heat["data"][0]["z"]
+             for v in (plotted(row) if isinstance(row, dict) else row)
+             if v is not None and v == v]
+    assert len(drawn) == carrying
+    assert all(0 < v <= 1 for v in drawn)
