@@ -4,21 +4,25 @@ engine), and the console's heatmap and node page draw the modules.
 
 The fleet (tests/module_fleet.py: 320 nodes, 37 of them on a driver their matrix does not
 list, a group half without a matrix, a fifth of the nodes without modules) is the ground
-truth every count here is checked against.
+truth every count here is checked against. The console is also checked on the demo fleet
+(its module nodes against dashboard/fleet_sim.py's plan) and on scenario bundles (their
+node's table against the recorded dcgm-exporter scrape and npu-smi table).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from fleetscope.diagnose import accelerator_fleet, remote
 from tests import module_fleet
-from tests.conftest import fleet_bench, require_tool
+from tests.conftest import SCENARIOS, fleet_bench, require_tool
 
 ENGINES = ["prometheus", "victoriametrics"]
 
@@ -286,3 +290,48 @@ def test_the_demo_heatmap_draws_module_memory_on_the_module_nodes_alone(monkeypa
              if v is not None and v == v]
     assert len(drawn) == carrying
     assert all(0 < v <= 1 for v in drawn)
+
+
+# -- a bundle (the scenario bundles of tests/fixtures/make_scenarios.py) --------------------
+def _last_sample(bundle: Path) -> Path:
+    meta = json.loads((bundle / "meta.json").read_text())
+    return bundle / meta["samples"][-1]["dir"]
+
+
+def test_a_bundle_node_page_lists_what_its_dcgm_exporter_scrape_holds(monkeypatch):
+    """The accelerator-errors scenario: dcgm-exporter's /metrics recorded in each sample. The
+    table is read against the last scrape itself: its GPUs, their model, driver, VBIOS and
+    last XID."""
+    bundle = SCENARIOS / "accelerator-errors"
+    scrape = (_last_sample(bundle) / "cmd" / "accelerator-exporter-0.prom").read_text()
+    util = re.findall(r'^DCGM_FI_DEV_GPU_UTIL\{gpu="(\d+)".*modelName="([^"]+)".*'
+                      r'DCGM_FI_DRIVER_VERSION="([^"]+)",DCGM_FI_DEV_VBIOS_VERSION="([^"]+)"'
+                      r'.* (\d+)$', scrape, re.M)
+    xids = dict(re.findall(r'^DCGM_FI_DEV_XID_ERRORS\{gpu="(\d+)".* (\d+)$', scrape, re.M))
+    assert util and any(int(x) for x in xids.values())  # the scenario's fault is in the file
+    app = _app(monkeypatch, f"bundle:{bundle}", "node")
+    table = _module_table(app)
+    assert table is not None, "no module table for the bundle's node"
+    assert table["device"].tolist() == [gpu for gpu, *_ in util]
+    assert table["model"].tolist() == [model for _, model, *_ in util]
+    assert table["driver / firmware"].tolist() == [f"{driver} / VBIOS {vbios}"
+                                                   for _, _, driver, vbios, _ in util]
+    assert table["utilisation"].tolist() == [f"{int(busy)} %" for *_, busy in util]
+    errors = dict(zip(table["device"], table["errors"], strict=True))
+    assert errors == {gpu: f"XID {xid}" if int(xid) else "none" for gpu, xid in xids.items()}
+    # the recorded matrix (static/accelerator-matrix.yaml) judged the pair
+    assert set(table["matrix listed"]) <= {"yes", "no"}
+
+
+def test_a_bundle_node_page_lists_the_npus_of_its_npu_smi_table(monkeypatch):
+    bundle = SCENARIOS / "cpu-bound-module-idle"
+    text = (_last_sample(bundle) / "cmd" / "npu-smi-info.txt").read_text()
+    npus = re.findall(r"^\| (\d+)\s+(\S+)\s+\| (\w+)", text, re.M)
+    assert npus
+    app = _app(monkeypatch, f"bundle:{bundle}", "node")
+    table = _module_table(app)
+    assert table is not None, "no module table for the bundle's node"
+    assert len(table) == len(npus)
+    assert [d.split("/")[0] for d in table["device"]] == [npu for npu, *_ in npus]
+    assert set(table["model"]) == {f"Ascend {name}" for _, name, _ in npus}
+    assert set(table["matrix listed"]) == {"no matrix"}  # npu-smi scenarios run without one
