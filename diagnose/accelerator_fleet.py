@@ -85,11 +85,13 @@ def matrix_words(nodes: int, listed: int, not_listed: int) -> tuple[str, str]:
         return "not listed", "not in the matrix"
     if listed == nodes:
         return "listed", "in the matrix"
+    # No verdict: no matrix configured there, or the pair could not be judged (firmware
+    # unknown where the matrix names firmware: docs/accelerators.md).
     if unchecked == nodes:
-        return "unchecked", "no matrix configured"
+        return "unchecked", "not checked against a matrix"
     parts = [f"{_count(not_listed)} not in the matrix"] if not_listed else []
     parts += [f"{_count(listed)} in it"] if listed else []
-    parts += [f"{_count(unchecked)} without a matrix"] if unchecked else []
+    parts += [f"{_count(unchecked)} not checked"] if unchecked else []
     return ("some not listed" if not_listed else "partly checked"), ", ".join(parts)
 
 
