@@ -193,7 +193,7 @@ def modules_display(table: pd.DataFrame) -> pd.DataFrame:
 
     def listed(value) -> str:
         if value != value or value is None:
-            return "no matrix"
+            return "not checked"  # no matrix, or a pair it cannot judge
         return "yes" if value >= 1 else "no"
 
     rows = []
