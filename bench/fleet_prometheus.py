@@ -87,9 +87,11 @@ SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the bin
 # The queue of the node whose CPUs hold its modules back creeps up, a task every five
 # minutes: growing, yet under the backlog threshold for the fleet's hours.
 CREEPING = {"cpu-bound-module-idle": ("agent_queue_depth", 1 / 300)}
-# Gauges that swing between samples keep swinging: every other step at the top of what the
-# bundle recorded, the rest at its bottom (a module's utilisation).
-SWINGING_GAUGES = ("fleetscope_accelerator_utilization_ratio",)
+# The module utilisation of the node where its swing is the fault keeps swinging: every other
+# step at the top of what the bundle recorded, the rest at its bottom. Elsewhere it keeps its
+# last value: a mean over a window of alternating samples depends on whether the window holds
+# four samples or five (VictoriaMetrics' left-open windows), and the engines would disagree.
+SWINGING = {"accelerator-utilization-swing": "fleetscope_accelerator_utilization_ratio"}
 
 
 @dataclass
@@ -159,7 +161,7 @@ def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
                 if name == creeping:
                     first, slope = v0, rate
                 swing = 0.0
-                if name in SWINGING_GAUGES:
+                if name == SWINGING.get(directory.name):
                     values = [v for _, v in points]
                     first, swing = max(values), max(values) - min(values)
                 out.append(Series(name, labels, first, max(slope, 0.0), swing))
