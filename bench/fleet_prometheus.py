@@ -60,7 +60,7 @@ def _scenario_dirs() -> list[Path]:
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
     return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
-GENERATOR = 4  # bump when the samples written change: a kept fleet is rebuilt
+GENERATOR = 5  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -87,6 +87,14 @@ BACKLOG_PROFILE = "queue-backlog"
 SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the binary
 ACCELERATOR = "fleetscope_accelerator_"
 MODULES_PER_NODE = 4
+# The queue of the node whose CPUs hold its modules back creeps up, a task every five
+# minutes: growing, yet under the backlog threshold for the fleet's hours.
+CREEPING = {"cpu-bound-module-idle": ("agent_queue_depth", 1 / 300)}
+# The module utilisation of the node where its swing is the fault keeps swinging: every other
+# step at the top of what the bundle recorded, the rest at its bottom. Elsewhere it keeps its
+# last value: a mean over a window of alternating samples depends on whether the window holds
+# four samples or five (VictoriaMetrics' left-open windows), and the engines would disagree.
+SWINGING = {"accelerator-utilization-swing": "fleetscope_accelerator_utilization_ratio"}
 
 
 @dataclass
@@ -95,6 +103,7 @@ class Series:
     labels: tuple[tuple[str, str], ...]
     first: float
     slope: float  # per second; 0 for gauges
+    swing: float = 0.0  # odd steps this much below `first` (a swinging gauge)
 
 
 @dataclass
@@ -151,7 +160,14 @@ def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
                 first = v0 if moving else v1
                 if name == SIGILL and directory.name == "isa-mismatch":
                     slope = SIGILL_PER_SECOND  # crashing now, not only in the kernel log
-                out.append(Series(name, labels, first, max(slope, 0.0)))
+                creeping, rate = CREEPING.get(directory.name, (None, 0.0))
+                if name == creeping:
+                    first, slope = v0, rate
+                swing = 0.0
+                if name == SWINGING.get(directory.name):
+                    values = [v for _, v in points]
+                    first, swing = max(values), max(values) - min(values)
+                out.append(Series(name, labels, first, max(slope, 0.0), swing))
         profiles[directory.name] = out
     return profiles
 
@@ -222,7 +238,8 @@ def node_series(node: Node, profiles: dict[str, list[Series]]) -> list[Series]:
     out += profiles[node.profile]
     if node.node_pool == "pool-a" and not any(s.name.startswith(ACCELERATOR) for s in out):
         out += healthy_modules()
-    return [Series(s.name, tuple(sorted(s.labels + target)), s.first, s.slope) for s in out]
+    return [Series(s.name, tuple(sorted(s.labels + target)), s.first, s.slope, s.swing)
+            for s in out]
 
 
 def write_samples(path: Path, fleet: list[Node], profiles, start_s: int, points: int,
@@ -244,9 +261,10 @@ def write_samples(path: Path, fleet: list[Node], profiles, start_s: int, points:
                 out.write(f"# TYPE {name} unknown\n")
             for series in members:
                 prefix = f"{name}{{{_labels_text(series.labels)}}} "
-                first, slope = series.first, series.slope
-                out.write("".join(f"{prefix}{first + slope * offset!r} {stamp}\n"
-                                  for offset, stamp in zip(offsets, stamps, strict=True)))
+                first, slope, swing = series.first, series.slope, series.swing
+                out.write("".join(f"{prefix}{first + slope * offset - swing * (k % 2)!r} "
+                                  f"{stamp}\n" for k, (offset, stamp) in
+                                  enumerate(zip(offsets, stamps, strict=True))))
                 count += points
         if openmetrics:
             out.write("# EOF\n")

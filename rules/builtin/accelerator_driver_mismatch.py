@@ -12,7 +12,7 @@ decides", not the newest driver: a pair outside it is how throughput ends at hal
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Set
-from ..harm import HARM
+from ..harm import HARM, HARM_SIGNALS
 from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Count, Min
 from ..signals import accelerator
@@ -63,7 +63,9 @@ RULE = Rule(
     evidence=(
         Evidence("modules on a pair the matrix does not list", _UNLISTED_MODULES, 0,
                  "modules"),
-        Evidence("the node's worst harm signal over its target", HARM, 0, "value"),
+        # the harm, each signal against its default target (the node's own is in its config)
+        *(Evidence(signal.title, signal.value, signal.default, signal.unit)
+          for signal in HARM_SIGNALS),
     ),
     confidence=0.75,
     views=(

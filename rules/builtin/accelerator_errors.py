@@ -53,7 +53,7 @@ RULE = Rule(
     evidence=(
         Evidence("last XID error (DCGM)", _XID, 0, "xid"),
         Evidence("uncorrected ECC errors in the window", _ECC_GROWTH, 0, "errors"),
-        Evidence("Ascend error code raised", _CODES, 0, "code"),
+        Evidence("Ascend error codes raised", _CODES, 0, "codes"),
         Evidence("vendor health (1 OK)", _HEALTH, 1, "ratio", pick="min"),
     ),
     confidence=0.9,

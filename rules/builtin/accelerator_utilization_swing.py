@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..fleet import FleetFault, Noisy, Set
 from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, MaxOverTime, MinOverTime
-from ..signals import DEVICE, MODULE_BUSY, MODULE_QUEUE, MODULE_QUEUE_HELD, accelerator
+from ..signals import DEVICE, MODULE_QUEUE, MODULE_QUEUE_HELD, accelerator
 
 RANK = 7.3
 SWING = 0.5  # utilisation moved by more than half its range within the window
@@ -74,7 +74,6 @@ RULE = Rule(
                  "ratio"),
         Evidence("requests waiting on the module side, least over the window",
                  MODULE_QUEUE_HELD, MODULE_QUEUE_DEPTH, "requests"),
-        Evidence("busiest module's mean utilisation", MODULE_BUSY, 1.0, "ratio"),
     ),
     confidence=0.7,
     subject_labels={"devices": "device"},
