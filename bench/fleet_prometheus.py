@@ -10,7 +10,8 @@ queue depths) keep the rate they had in the bundle, other gauges their last valu
 15 s ending a few minutes in the future (so "now" lies inside the data whatever the generation took;
 past it, the diagnosis is made at the data's end). Faults sit on known nodes: isa-mismatch
 on every node of the older CPU stepping (r1p0, one node in 128), roce-congestion on 29 of
-the 32 nodes of one rack, each other rule on a few nodes.
+the 32 nodes of one rack, each other rule on a few nodes. The nodes of pool-a carry four
+healthy inference modules each (the console's module utilisation and memory).
 
 The same samples go to Prometheus (`promtool tsdb create-blocks-from openmetrics`, then
 Prometheus over the blocks) and to VictoriaMetrics (its /api/v1/import/prometheus), both on
@@ -59,7 +60,7 @@ def _scenario_dirs() -> list[Path]:
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
     return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
-GENERATOR = 3  # bump when the samples written change: a kept fleet is rebuilt
+GENERATOR = 5  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -84,6 +85,16 @@ SIGILL = "fleetscope_sigill_crashes_total"
 GROWING_GAUGES = ("agent_queue_depth",)
 BACKLOG_PROFILE = "queue-backlog"
 SIGILL_PER_SECOND = 1 / 60  # a crash a minute on a node that cannot run the binary
+ACCELERATOR = "fleetscope_accelerator_"
+MODULES_PER_NODE = 4
+# The queue of the node whose CPUs hold its modules back creeps up, a task every five
+# minutes: growing, yet under the backlog threshold for the fleet's hours.
+CREEPING = {"cpu-bound-module-idle": ("agent_queue_depth", 1 / 300)}
+# The module utilisation of the node where its swing is the fault keeps swinging: every other
+# step at the top of what the bundle recorded, the rest at its bottom. Elsewhere it keeps its
+# last value: a mean over a window of alternating samples depends on whether the window holds
+# four samples or five (VictoriaMetrics' left-open windows), and the engines would disagree.
+SWINGING = {"accelerator-utilization-swing": "fleetscope_accelerator_utilization_ratio"}
 
 
 @dataclass
@@ -92,6 +103,7 @@ class Series:
     labels: tuple[tuple[str, str], ...]
     first: float
     slope: float  # per second; 0 for gauges
+    swing: float = 0.0  # odd steps this much below `first` (a swinging gauge)
 
 
 @dataclass
@@ -148,7 +160,14 @@ def load_profiles(all_series: bool = False) -> dict[str, list[Series]]:
                 first = v0 if moving else v1
                 if name == SIGILL and directory.name == "isa-mismatch":
                     slope = SIGILL_PER_SECOND  # crashing now, not only in the kernel log
-                out.append(Series(name, labels, first, max(slope, 0.0)))
+                creeping, rate = CREEPING.get(directory.name, (None, 0.0))
+                if name == creeping:
+                    first, slope = v0, rate
+                swing = 0.0
+                if name == SWINGING.get(directory.name):
+                    values = [v for _, v in points]
+                    first, swing = max(values), max(values) - min(values)
+                out.append(Series(name, labels, first, max(slope, 0.0), swing))
         profiles[directory.name] = out
     return profiles
 
@@ -171,8 +190,9 @@ def plan(nodes: int) -> list[Node]:
             profile = "roce-congestion"
         out.append(Node(f"node-{index:05d}:9105", profile, f"r{rack:03d}",
                         "pool-a" if rack % 2 == 0 else "pool-b", "r1p0" if old else "r1p1"))
-    others = sorted(p.name for p in _scenario_dirs()
-                    if p.name not in (*HEALTHY, "isa-mismatch", "roce-congestion"))
+    # fault profiles: every scenario but the healthy ones (the rules' look-alikes included)
+    others = sorted(p.name for p in _scenario_dirs() if not p.name.startswith("healthy-")
+                    and p.name not in ("isa-mismatch", "roce-congestion"))
     free = [n for n in out if n.profile in HEALTHY]
     # Half the healthy nodes stay healthy, whatever the fleet's size: a false alarm needs a
     # node without a fault to show on (a 64-node fleet once had none of either kind left).
@@ -185,6 +205,22 @@ def plan(nodes: int) -> list[Node]:
 
 def _labels_text(labels) -> str:
     return ",".join(f'{k}="{v}"' for k, v in labels)
+
+
+def healthy_modules() -> list[Series]:
+    """Inference modules of a node of pool-a whose profile has none (the console draws
+    their utilisation and memory): four A100s, half busy, half their memory used, no error,
+    no compatibility matrix configured, so no module rule has anything to say."""
+    out = []
+    for device in range(MODULES_PER_NODE):
+        labels = (("device", str(device)), ("vendor", "nvidia"))
+        identity = (*labels, ("driver", "535.54.03"), ("firmware", "92.00.36.00.02"),
+                    ("model", "NVIDIA A100-SXM4-80GB"), ("source", "dcgm-exporter"))
+        out += [Series(ACCELERATOR + "info", identity, 1.0, 0.0),
+                Series(ACCELERATOR + "utilization_ratio", labels, 0.5, 0.0),
+                Series(ACCELERATOR + "memory_used_bytes", labels, 40.0 * 2**30, 0.0),
+                Series(ACCELERATOR + "memory_total_bytes", labels, 80.0 * 2**30, 0.0)]
+    return out
 
 
 def node_series(node: Node, profiles: dict[str, list[Series]]) -> list[Series]:
@@ -200,7 +236,10 @@ def node_series(node: Node, profiles: dict[str, list[Series]]) -> list[Series]:
     out = [Series("fleetscope_cpu_info", cpu, 1.0, 0.0),
            Series("fleetscope_cpu_features_info", features, 1.0, 0.0)]
     out += profiles[node.profile]
-    return [Series(s.name, tuple(sorted(s.labels + target)), s.first, s.slope) for s in out]
+    if node.node_pool == "pool-a" and not any(s.name.startswith(ACCELERATOR) for s in out):
+        out += healthy_modules()
+    return [Series(s.name, tuple(sorted(s.labels + target)), s.first, s.slope, s.swing)
+            for s in out]
 
 
 def write_samples(path: Path, fleet: list[Node], profiles, start_s: int, points: int,
@@ -222,9 +261,10 @@ def write_samples(path: Path, fleet: list[Node], profiles, start_s: int, points:
                 out.write(f"# TYPE {name} unknown\n")
             for series in members:
                 prefix = f"{name}{{{_labels_text(series.labels)}}} "
-                first, slope = series.first, series.slope
-                out.write("".join(f"{prefix}{first + slope * offset!r} {stamp}\n"
-                                  for offset, stamp in zip(offsets, stamps, strict=True)))
+                first, slope, swing = series.first, series.slope, series.swing
+                out.write("".join(f"{prefix}{first + slope * offset - swing * (k % 2)!r} "
+                                  f"{stamp}\n" for k, (offset, stamp) in
+                                  enumerate(zip(offsets, stamps, strict=True))))
                 count += points
         if openmetrics:
             out.write("# EOF\n")
@@ -510,7 +550,8 @@ def injected(profile: str) -> set[str]:
     nothing on a healthy node."""
     from fleetscope.rules.catalog import by_id
 
-    return set() if profile in HEALTHY else {profile, *by_id(profile).proof.also_shown}
+    healthy = profile in HEALTHY or profile.startswith("healthy-")
+    return set() if healthy else {profile, *by_id(profile).proof.also_shown}
 
 
 def score(document: dict, fleet: list[Node]) -> dict[str, list[str]]:

@@ -184,7 +184,16 @@ class _ToolRuns:
 class AcceleratorCollector(Collector):
     name = "accelerator"
     missing_hints = ((PREFIX, "no inference module on this node, or no accelerator source "
-                              "configured (accelerator_exporter_urls / accelerator_tools)"),)
+                              "configured (accelerator_exporter_urls / accelerator_tools)"),
+                     (PREFIX + "matrix_listed", "no compatibility matrix configured "
+                                                "(accelerator_matrix), or the source names no "
+                                                "driver/firmware pair the matrix can judge"))
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        if PREFIX + "info" not in present:
+            prefix = PREFIX  # no module seen at all
+        return super().why_missing(prefix, present)
 
     def __init__(self, config):
         super().__init__(config)

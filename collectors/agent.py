@@ -82,6 +82,7 @@ _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_
              "summary": ("", "_count", "_sum")}
 STAGE_FAMILY = schema.STAGE_DURATION.name
 QUEUE_FAMILY = schema.QUEUE_DEPTH.name
+MODULE_QUEUE_FAMILY = schema.MODULE_QUEUE_DEPTH.name  # re-exported as the runtime wrote it
 GENAI_OPERATION = schema.GENAI_OPERATION_DURATION
 GENAI_TOOL = schema.GENAI_TOOL_DURATION
 INFERENCE_OPERATIONS = {None, "chat", "generate_content", "text_completion", "embeddings"}
@@ -427,7 +428,17 @@ def _redis_client(url: str, timeout: float) -> Any:
 class AgentCollector(Collector):
     name = "agent"
     missing_hints = (("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues "
-                                "(a bundle carries them as agent.prom)"),)
+                                "(a bundle carries them as agent.prom)"),
+                     (MODULE_QUEUE_FAMILY, "the agent runtime reports no module-side queue "
+                                           "(agent_module_queue_depth, set_module_queue_depth()): "
+                                           "no inference module, or a runtime that does not "
+                                           "report it"))
+
+    @classmethod
+    def why_missing(cls, prefix: str, present: set[str]) -> str:
+        if not any(name.startswith("agent_") for name in present):
+            prefix = "agent_"  # no runtime at all, whatever the family
+        return super().why_missing(prefix, present)
 
     def __init__(self, config):
         super().__init__(config)

@@ -39,7 +39,10 @@ NODE_METRICS = sorted(set(FLEET_METRICS) | {
     "fleetscope_memory_bandwidth_peak_bytes_per_second", "fleetscope_nic_port_bytes_total",
     "fleetscope_instructions_per_cycle", "fleetscope_rdma_hw_stats_total",
     "fleetscope_cpu_saturated_cores", "fleetscope_pool_threads",
-})
+} | {f"fleetscope_accelerator_{name}" for name in (
+    "info", "utilization_ratio", "memory_used_bytes", "memory_total_bytes",
+    "temperature_celsius", "power_watts", "ecc_uncorrected_errors", "ecc_corrected_errors",
+    "last_xid", "error_codes", "healthy", "matrix_listed")})
 # How far back a node's history goes (the sidebar's choice, `?range=` in the URL), on the
 # sources that make a history for any range: the demo and Prometheus. A bundle has its own.
 HISTORY_RANGES = {"15 min": 900, "1 h": 3600, "3 h": 3 * 3600, "6 h": 6 * 3600,

@@ -31,13 +31,18 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "queue depth": ("tasks", "max of agent_queue_depth"),
     "P99 session latency (online)": ("s", "histogram_quantile(0.99, "
                                      "agent_session_duration_seconds{class=online})"),
+    "module utilisation": ("ratio", "mean of fleetscope_accelerator_utilization_ratio over "
+                           "the node's inference modules"),
+    "module memory (fullest)": ("ratio", "the fullest module's device memory: "
+                                "fleetscope_accelerator_memory_used_bytes / _total_bytes"),
 }
 # Fixed colour ranges so a colour means the same on every fleet and every load.
 SIGNAL_RANGE = {"health": (0, 2), "findings": (0, 4),
                 "busy (median core)": (0, 1), "busiest core": (0, 1), "steal (p90 core)": (0, 0.3),
                 "memory bandwidth % of peak": (0, 1), "L3 miss ratio": (0, 0.5),
                 "PFC pauses /s": (0, 1000), "queue depth": (0, 200),
-                "P99 session latency (online)": (0, 5)}
+                "P99 session latency (online)": (0, 5), "module utilisation": (0, 1),
+                "module memory (fullest)": (0, 1)}
 
 SIGNAL_COLOURS = {"health": [[0, "#e8f5e9"], [0.33, "#e8f5e9"], [0.33, "#ff9f1c"],
                              [0.67, "#ff9f1c"], [0.67, "#d62728"], [1, "#d62728"]],
@@ -163,10 +168,13 @@ def rule_counts(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 def node_health(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
-    """Per node its worst severity: critical, warning or ok; and how many findings."""
+    """Per node its worst severity: critical, warning or ok (an info finding is context, ok
+    as the diagnosis status counts it); and how many findings."""
     worst = {}
     count = findings.groupby("node").size() if not findings.empty else pd.Series(dtype=int)
     for node, severity in zip(findings["node"], findings["severity"], strict=True):
+        if severity == "info":
+            continue
         if SEVERITY_ORDER[severity] < SEVERITY_ORDER.get(worst.get(node, "ok"), 9):
             worst[node] = severity
     out = nodes.copy()

@@ -84,6 +84,31 @@ KERNELS = ("5.10.0-136.12.0.86.oe2203sp1.{arch}", "5.10.0-182.0.0.95.oe2203sp3.{
 RACK_MODELS = (0, 1, 2, 3, 0, 1, 2, 4)
 
 NODE_POOLS = ("chat", "codegen", "batch", "mixed")
+# Node pools whose nodes carry inference modules, and the modules per CPU architecture: what
+# they are, the exporter that reports them, and (listed, not listed) driver/firmware pairs of
+# examples/accelerator-matrix.yaml: the second is the vendor's other release the matrix pairs
+# with other firmware (docs/accelerators.md).
+MODULE_POOLS = ("chat", "codegen", "batch")
+MODULES_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class ModuleModel:
+    vendor: str
+    model: str
+    source: str
+    memory_bytes: float
+    pairs: tuple[tuple[str, str], tuple[str, str]]  # (driver, firmware) listed, not listed
+    module: str  # the serving engine the agent runtime names in agent_module_queue_depth
+
+
+MODULE_MODELS = {
+    "x86_64": ModuleModel("nvidia", "NVIDIA A100-SXM4-80GB", "dcgm-exporter", 81228 * 2 ** 20,
+                          (("535.183.06", "92.00.45.00.05"), ("525.105.03", "92.00.36.00.02")),
+                          "vllm"),
+    "aarch64": ModuleModel("huawei", "910B", "npu-exporter", 65536 * 2 ** 20,
+                           (("24.1.rc1", "7.1.0.6.220"), ("23.0.3", "7.1.0.6.220")), "mindie"),
+}
 NODE_POOL_SHARE = (0.40, 0.25, 0.25, 0.10)
 
 
@@ -168,6 +193,16 @@ SIGNALS = {
     "pfc_pause_rate": (NODE, "PFC pause frames a second received"),
     "listen_overflow_rate": (NODE, "listen queue overflows (and drops) a second"),
     "listen_queue": (NODE, "connections waiting in the gateway's accept queue"),
+    # inference modules (eight per node of the chat and codegen pools)
+    "accel_util": (NODE, "the modules' mean utilisation"),
+    "accel_util_swing": (NODE, "how far the modules' utilisation swings from one scrape to the "
+                               "next (amplitude, 0-1)"),
+    "accel_memory_ratio": (NODE, "device memory used over total of the node's first module"),
+    "accel_last_xid": (NODE, "the first module's last XID (NVIDIA); on Ascend a raised error "
+                             "code and health not OK"),
+    "accel_ecc_uncorrected": (NODE, "uncorrected ECC errors a minute on the first module"),
+    "accel_matrix_listed": (NODE, "1: the modules run a pair the matrix lists; 0: the vendor's "
+                                  "other pair, which it does not"),
     # a workload pool's processes
     "threads_per_process": (POOL, "threads each process runs"),
     "runnable_share": (POOL, "share of the pool's threads runnable"),
@@ -192,6 +227,7 @@ SIGNALS = {
     "device_interrupt_rate": (POOL, "device interrupts a second on an online pool's CPUs"),
     # a workload pool's agent runtime
     "queue_depth": (POOL, "tasks waiting in the pool's queue"),
+    "module_queue_depth": (POOL, "requests waiting on the inference module's side"),
     "heartbeat_age": (POOL, "seconds since the oldest task's heartbeat"),
     "session_migration_rate": (POOL, "sessions moved to another worker a second"),
     "tool_timeout_share": (POOL, "share of tool calls that time out"),
@@ -685,6 +721,7 @@ class Fleet:
                 last = np.where(since >= 0, t[None, :] - np.minimum(ago, since), np.nan)
                 yield events.last_seen, labels, last, hit
         yield from self._memory_families(idx, t, s, want, counter, node_labels)
+        yield from self._module_families(idx, t, s, want, counter)
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
 
     def _memory_families(self, idx, t, s, want, counter, node_labels):
@@ -710,6 +747,67 @@ class Fleet:
         if want("fleetscope_memory_allocation_stalls_total"):
             yield ("fleetscope_memory_allocation_stalls_total", node_labels(),
                    counter(stalls, stalls[:, -1] * 3600), np.arange(len(idx)))
+
+    def has_modules(self, idx: np.ndarray) -> np.ndarray:
+        """Whether each node carries inference modules (its node pool's role)."""
+        return np.isin(self.pool[idx], [NODE_POOLS.index(p) for p in MODULE_POOLS])
+
+    def _module_families(self, idx, t, s, want, counter):
+        """The fleetscope_accelerator_* series of the nodes with modules (none elsewhere)."""
+        fx = s["effects"]
+        seed = self.seed
+        n, m = len(idx), len(t)
+        tk = (t // STEP_S)[None, :]
+        ii = idx[:, None]
+        util = fx.node("accel_util", np.clip(0.35 + 0.4 * s["day"] + 0.05 * _noise(
+            seed, 110, ii, tk), 0.05, 0.85))
+        swing = fx.node("accel_util_swing", np.full((n, m), 0.04))
+        memory = fx.node("accel_memory_ratio", np.full((n, m), 0.9))
+        xid = fx.node("accel_last_xid", np.zeros((n, m)))
+        ecc = fx.node("accel_ecc_uncorrected", np.zeros((n, m))) / 60
+        listed = fx.node("accel_matrix_listed", np.ones((n, m)))
+        # the swing: every other scrape above the mean, the rest below
+        util = np.clip(util + swing / 2 * np.where(tk % 2 == 0, 1.0, -1.0), 0.0, 1.0)
+        for arch, kind in MODULE_MODELS.items():
+            rows = np.flatnonzero(self.has_modules(idx) & np.asarray(
+                [CPU_MODELS[self.model[i]].arch == arch for i in idx]))
+            if not len(rows):
+                continue
+            inst = [self.instances[idx[r]] for r in rows]
+            for device in range(MODULES_PER_NODE):
+                where = [{"instance": x, "vendor": kind.vendor, "device": str(device)}
+                         for x in inst]
+                first = device == 0
+                spread = 0.03 * (device - 3.5) / 3.5
+                values = {
+                    "utilization_ratio": np.clip(util[rows] + spread, 0.0, 1.0),
+                    "memory_used_bytes": kind.memory_bytes * (
+                        memory[rows] if first else 0.9 + 0 * memory[rows] + 0.004 * device),
+                    "memory_total_bytes": np.full((len(rows), m), kind.memory_bytes),
+                }
+                # uncorrected ECC: DCGM's DBE volatile total, npu-exporter's HBM double-bit
+                values["ecc_uncorrected_errors"] = counter(ecc[rows] * first,
+                                                           ecc[rows, -1] * first * 3600)
+                if kind.vendor == "nvidia":
+                    values["last_xid"] = xid[rows] * first
+                else:
+                    values["error_codes"] = (xid[rows] > 0) * first * 1.0
+                    values["healthy"] = 1.0 - (xid[rows] > 0) * first
+                for name, value in values.items():
+                    if want(f"fleetscope_accelerator_{name}"):
+                        yield f"fleetscope_accelerator_{name}", where, value, rows
+                # each pair's series while the node runs it (the matrix judges the pair)
+                for number, (driver, firmware) in enumerate(kind.pairs):
+                    running = listed[rows] == (1 - number)
+                    pair = [{**w, "model": kind.model, "driver": driver, "firmware": firmware}
+                            for w in where]
+                    if want("fleetscope_accelerator_info"):
+                        yield ("fleetscope_accelerator_info",
+                               [{**p, "source": kind.source} for p in pair],
+                               np.where(running, 1.0, np.nan), rows)
+                    if want("fleetscope_accelerator_matrix_listed"):
+                        yield ("fleetscope_accelerator_matrix_listed", pair,
+                               np.where(running, 1.0 - number, np.nan), rows)
 
     def _pool_families(self, idx, t, s, want, counter, node_labels):
         seed = self.seed
@@ -891,6 +989,15 @@ class Fleet:
             yield ("agent_queue_depth",
                    [{**d, "queue": p.queue} for d, p in zip(base_labels, pools, strict=True)],
                    depth, rows)
+        waiting = moved("module_queue_depth", np.floor(3 * _uniform(seed, 52, r_ii, tk)))
+        served = np.flatnonzero(self.has_modules(r_ii[:, 0]))
+        if want("agent_module_queue_depth") and len(served):
+            engines = [MODULE_MODELS[CPU_MODELS[self.model[i]].arch].module
+                       for i in r_ii[served, 0]]
+            yield ("agent_module_queue_depth",
+                   [{**base_labels[r], "module": e} for r, e in zip(served, engines,
+                                                                    strict=True)],
+                   waiting[served], rows[served])
         age = moved("heartbeat_age", 0.2 + 6 * _uniform(seed, 51, r_ii, tk))
         if want("agent_task_heartbeat_age_seconds"):
             yield "agent_task_heartbeat_age_seconds", labels(), age, rows

@@ -120,3 +120,95 @@ def pool_memory(series: Series) -> pd.DataFrame:
         return pd.DataFrame()
     return frame.pivot_table(index="pool", columns="locality", values="value",
                              aggfunc="sum").reset_index()
+
+
+# A node's inference modules: the exporter's fleetscope_accelerator_* series, one row a device
+# (a GPU, a MIG instance, an Ascend chip), keyed by vendor and device as the series are.
+ACCELERATOR = "fleetscope_accelerator_"
+MODULE_VALUES = {"utilization_ratio": "utilisation", "memory_used_bytes": "memory used",
+                 "memory_total_bytes": "memory total", "temperature_celsius": "temperature",
+                 "power_watts": "power", "ecc_uncorrected_errors": "ECC uncorrected",
+                 "ecc_corrected_errors": "ECC corrected", "last_xid": "last XID",
+                 "error_codes": "error codes", "healthy": "healthy",
+                 "matrix_listed": "matrix listed"}
+MODULE_COLUMNS = ["device", "model", "driver / firmware", "utilisation", "memory used / total",
+                  "temperature", "power", "errors", "matrix listed"]
+
+
+def _device_order(key: tuple[str, str]) -> tuple:
+    """nvidia before huawei as listed, then device "2" before "10", "1/0" before "1/1"."""
+    vendor, device = key
+    return vendor, [int(p) if p.isdigit() else p for p in device.replace("/", " ").split()]
+
+
+def modules(series: Series) -> pd.DataFrame:
+    """One row per module the node reports, its values at the last sample: vendor, device,
+    model, driver, firmware and a column per MODULE_VALUES name (NaN where the source does
+    not say). Empty when the node has no module."""
+    rows: dict[tuple[str, str], dict] = {}
+    # The pair each module runs now: a node upgraded within its history has the old pair's
+    # info series too, ended before the last sample.
+    info = latest(series, f"{ACCELERATOR}info")
+    for found in info.to_dict("records") if "device" in info else []:
+        key = (str(found.get("vendor", "")), str(found["device"]))
+        rows.setdefault(key, {}).update({name: found.get(name, "") for name in
+                                         ("model", "driver", "firmware")})
+    for suffix, column in MODULE_VALUES.items():
+        frame = latest(series, ACCELERATOR + suffix)
+        if frame.empty or "device" not in frame:
+            continue
+        for record in frame.to_dict("records"):
+            key = (str(record.get("vendor", "")), str(record["device"]))
+            rows.setdefault(key, {})[column] = record["value"]
+    columns = ["vendor", "device", "model", "driver", "firmware", *MODULE_VALUES.values()]
+    table = pd.DataFrame([{"vendor": vendor, "device": device, **values}
+                          for (vendor, device), values in sorted(rows.items(),
+                                                                 key=lambda r: _device_order(
+                                                                     r[0]))],
+                         columns=columns)
+    return table
+
+
+def _errors(row: pd.Series) -> str:
+    """What the vendor says is wrong with a module now, or "none"; "not reported" where the
+    source has no error series at all (nvidia-smi's table has no XID)."""
+    said = []
+    for column, text in (("last XID", "XID {:.0f}"), ("ECC uncorrected", "{:.0f} uncorrected ECC"),
+                         ("error codes", "{:.0f} error codes")):
+        value = row.get(column)
+        if value == value and value is not None and value > 0:
+            said.append(text.format(value))
+    healthy = row.get("healthy")
+    if healthy == healthy and healthy is not None and healthy < 1:
+        said.append("vendor health not OK")
+    reported = [row.get(c) for c in ("last XID", "ECC uncorrected", "error codes", "healthy")]
+    if said:
+        return ", ".join(said)
+    return "none" if any(v == v and v is not None for v in reported) else "not reported"
+
+
+def modules_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The Node page's module table: MODULE_COLUMNS, in units people read."""
+    from fleetscope.diagnose.accelerator_fleet import FIRMWARE_WORD, module_name
+
+    def listed(value) -> str:
+        if value != value or value is None:
+            return "not checked"  # no matrix, or a pair it cannot judge
+        return "yes" if value >= 1 else "no"
+
+    rows = []
+    for _, row in table.iterrows():
+        firmware = f"{FIRMWARE_WORD.get(row['vendor'], 'firmware')} {row['firmware']}" \
+            if isinstance(row["firmware"], str) and row["firmware"] else "firmware ?"
+        driver = row["driver"] if isinstance(row["driver"], str) and row["driver"] else "?"
+        model = row["model"] if isinstance(row["model"], str) else ""
+        rows.append({
+            "device": row["device"], "model": module_name(row["vendor"], model),
+            "driver / firmware": f"{driver} / {firmware}",
+            "utilisation": units.format_value(row["utilisation"], "ratio"),
+            "memory used / total": f"{units.format_value(row['memory used'], 'bytes')} / "
+                                   f"{units.format_value(row['memory total'], 'bytes')}",
+            "temperature": units.format_value(row["temperature"], "°C"),
+            "power": units.format_value(row["power"], "W"),
+            "errors": _errors(row), "matrix listed": listed(row["matrix listed"])})
+    return pd.DataFrame(rows, columns=MODULE_COLUMNS)

@@ -92,6 +92,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     progress = _Progress(not args.json, "reading the bundle" if args.bundle else "sampling")
     health: SamplingHealth | None = None
     answered = None  # a query engine's own evaluation (--prometheus)
+    modules: list[dict] = []  # the fleet's inference modules (--fleet --evaluate local)
     warned: dict[str, list[str]] = {}  # metric -> warnings of its answers (partial data)
     try:
         enricher = None
@@ -128,6 +129,15 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             end = time.time()
             window = (end - args.seconds, end)
             source = "prometheus"
+            if args.fleet:
+                from . import remote
+                from .accelerator_fleet import accelerator_groups
+
+                try:
+                    modules = accelerator_groups(
+                        remote.QueryClient(args.prometheus, args.timeout), end)
+                except remote.RemoteError as err:
+                    return _fail(str(err))
         elif args.prometheus:
             # The query engine evaluates the rules and returns the firing nodes alone
             # (diagnose/remote.py).
@@ -172,6 +182,9 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if answered is not None:
         document["fleet_findings"] = answered.fleet_findings
         document["query_engine"] = answered.stats.to_json()
+    if args.fleet:  # beside the contract's fields: the modules by model and driver/firmware
+        document["accelerator_groups"] = (answered.accelerator_groups if answered is not None
+                                          else modules)
     if partial:  # beside the contract's fields: the engine's data was partial
         document["partial"] = True
         document["partial_reasons"] = partial

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
 
-from . import engine, fleet_findings, prometheus
+from . import accelerator_fleet, engine, fleet_findings, prometheus
 
 NODE_LABEL = NODE_LABELS[0]
 STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
@@ -193,6 +193,12 @@ def with_matchers(expr: Expr, matchers: dict[str, str]) -> Expr:
 def node_filtered(expr: Expr, nodes: list[str]) -> list[Expr]:
     """`expr` filtered to `nodes`, NODES_PER_QUERY at a time, fewer where the filter in every
     selector of a long condition would pass MAX_QUERY_CHARS."""
+    return [filtered for _chunk, filtered in node_chunks(expr, nodes)]
+
+
+def node_chunks(expr: Expr, nodes: list[str]) -> list[tuple[list[str], Expr]]:
+    """(nodes, `expr` filtered to them) for `nodes` NODES_PER_QUERY at a time, fewer where
+    the filter in every selector of a long expression would pass MAX_QUERY_CHARS."""
     out, first, size = [], 0, NODES_PER_QUERY
     while first < len(nodes):
         chunk = nodes[first:first + size]
@@ -200,7 +206,7 @@ def node_filtered(expr: Expr, nodes: list[str]) -> list[Expr]:
         if size > 1 and len(filtered.promql()) > MAX_QUERY_CHARS:
             size = max(1, size // 2)
             continue
-        out.append(filtered)
+        out.append((chunk, filtered))
         first += len(chunk)
     return out
 
@@ -270,6 +276,8 @@ class RemoteDiagnosis:
     window: tuple[float, float]
     stats: QueryStats
     fleet_findings: list[dict] = field(default_factory=list)
+    # The fleet's inference modules by model and driver/firmware (accelerator_fleet.py).
+    accelerator_groups: list[dict] = field(default_factory=list)
     from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
     partial: list[str] = field(default_factory=list)  # why the data was partial, if it was
 
@@ -364,12 +372,15 @@ def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
     nodes = client.label_values(NODE_LABEL, ("fleetscope_exporter_build_info",
                                              "fleetscope_cpu_info"), window[0], window[1])
     nodes = sorted(set(nodes) | {f.node for f in findings})
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        modules = pool.submit(accelerator_fleet.accelerator_groups, client, end)
         info = list(pool.map(lambda name: [dict(labels_of(s)) for s in client.query(name, end)],
                              ATTRIBUTE_METRICS))
+        groups = modules.result()
     attributes = fleet_findings.node_attributes(*info, node_label=NODE_LABEL)
     shared = fleet_findings.fleet_findings([f.to_json() for f in findings], attributes)
-    return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared)
+    return RemoteDiagnosis(findings, not_evaluated, nodes, window, client.stats, shared,
+                           groups)
 
 
 # The console on a Prometheus that evaluates `fleetscope rules export`: its alerts are the
@@ -569,7 +580,8 @@ def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
 def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
                     candidates: list[_Candidate], scope: dict[str, str]) -> None:
     """Each evidence expression once per (rule, time) for up to NODES_PER_QUERY firing
-    nodes at a time, then split back to the findings by their labels."""
+    nodes at a time (fewer where a long expression would pass MAX_QUERY_CHARS), then split
+    back to the findings by their labels."""
     groups: dict[tuple[str, int], list[_Candidate]] = {}
     for candidate in candidates:
         groups.setdefault((candidate.finding.rule.id, candidate.at_ms), []).append(candidate)
@@ -577,12 +589,11 @@ def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
     for (_rule_id, at_ms), members in groups.items():
         rule = members[0].finding.rule
         nodes = sorted({m.finding.node for m in members})
-        for first in range(0, len(nodes), NODES_PER_QUERY):
-            chunk = nodes[first:first + NODES_PER_QUERY]
-            matcher = scope or {NODE_LABEL: node_regex(chunk)}
-            for index, item in enumerate(rule.evidence):
-                jobs.append((members, set(chunk), index,
-                             with_matchers(item.expr, matcher).promql(), at_ms / 1000))
+        for index, item in enumerate(rule.evidence):
+            chunks = [(nodes, with_matchers(item.expr, scope))] if scope else \
+                node_chunks(item.expr, nodes)
+            for chunk, filtered in chunks:
+                jobs.append((members, set(chunk), index, filtered.promql(), at_ms / 1000))
     answers = pool.map(lambda job: client.query(
         job[3], job[4], f"evidence of {job[0][0].finding.rule.id}"), jobs)
     vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples

@@ -174,6 +174,14 @@ def print_fleet_findings(document: dict, console: Console) -> None:
         console.print(f"[{_STYLE[entry['severity']]}]fleet:[/] {entry['summary']}")
 
 
+def print_accelerator_groups(document: dict, console: Console) -> None:
+    """The fleet's inference modules by model and driver/firmware (`diagnose --fleet`), a
+    pair missing from the operators' compatibility matrix first."""
+    for group in document.get("accelerator_groups") or []:
+        style = "yellow" if group["nodes_not_listed"] else "dim"
+        console.print(Text.assemble(("modules: ", style), group["summary"]))
+
+
 def print_report(document: dict, console: Console | None = None) -> None:
     console = _width(console)
     if console.is_terminal:
@@ -205,6 +213,7 @@ def _print_report(document: dict, console: Console) -> None:
                            "judged on part of it are not evaluated: "
                            + " | ".join(document.get("partial_reasons") or []), style="bold"))
     print_fleet_findings(document, console)
+    print_accelerator_groups(document, console)
     console.print()
     if findings:
         for number, group in enumerate(group_findings(findings), 1):

@@ -97,12 +97,15 @@ class Proof:
     must lead with this rule, with a summary matching `summary` and, where given, the
     subjects `subjects` = (kind, expected list or None for "not empty"). `also_shown`: the
     rules the fault's symptoms raise besides this one (never a second fault), which a fleet
-    of such nodes may also show."""
+    of such nodes may also show. `lookalikes`: scenarios of healthy nodes that show part of
+    the picture (the harm without the cause, or the cause's signal at a normal level), named
+    `healthy-*`, built the same way: the rule, and every other, stays silent on them."""
 
     scenario: Callable
     summary: str
     subjects: tuple[str, list | None] | None = None
     also_shown: tuple[str, ...] = ()
+    lookalikes: tuple[Callable, ...] = ()
 
 
 @dataclass(frozen=True)

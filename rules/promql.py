@@ -362,21 +362,37 @@ class AvgOverTime(Expr):
 
     selector: Selector
     window_seconds: int
+    function = "avg_over_time"  # the PromQL function; _OVER_TIME computes it
 
     def promql(self) -> str:
-        return f"avg_over_time({self.selector.promql()}[{_duration(self.window_seconds)}])"
+        return f"{self.function}({self.selector.promql()}[{_duration(self.window_seconds)}])"
 
     def evaluate(self, series, at_ms):
         start = at_ms - series.window_ms(self.window_seconds)
+        reduce = _OVER_TIME[self.function]
         out: Vector = {}
         for labels, points in self.selector.matching(series):
             values = [v for t, v in points if start <= t <= at_ms]
             if values:
-                out[labels] = _avg(values)
+                out[labels] = reduce(values)
         return out
 
     def metrics(self):
         return self.selector.metrics()
+
+
+class MaxOverTime(AvgOverTime):
+    """max_over_time(selector[window]): a gauge's highest value in the window (a swing's
+    top; with MinOverTime its bottom: how far it moved)."""
+
+    function = "max_over_time"
+
+
+class MinOverTime(AvgOverTime):
+    """min_over_time(selector[window]): a gauge's lowest value in the window (a queue that
+    never emptied held at least this many)."""
+
+    function = "min_over_time"
 
 
 def _sum(values: list[float]) -> float:
@@ -404,6 +420,10 @@ def _min(values: list[float]) -> float:
     numbers = [v for v in values if v == v]
     return min(numbers) if numbers else math.nan
 
+
+# max_over_time/min_over_time skip NaN as max/min do (promql/functions.go, 2.x)
+_OVER_TIME: dict[str, Callable[[list[float]], float]] = {
+    "avg_over_time": _avg, "max_over_time": _max, "min_over_time": _min}
 
 _AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": _sum,

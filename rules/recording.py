@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import NODE, WINDOW
-from .promql import Expr, HistogramQuantile, Max, Rate, Selector, Sum
+from .promql import Arith, Avg, Expr, HistogramQuantile, Max, Rate, Selector, Sum
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,15 @@ NODE_SIGNALS: dict[str, Recording] = {
         Max(HistogramQuantile(0.99, Sum(Rate(Selector(
             "agent_session_duration_seconds_bucket", {"class": "online"}), WINDOW),
             by=(*NODE, "pool", "le"))), by=NODE)),
+    # A node's inference modules (docs/diagnosis-json.md names the series): how busy they
+    # are on average, and the fullest one's device memory (one full card is the fault).
+    "module utilisation": Recording(
+        "instance:fleetscope_accelerator_utilization_ratio:avg",
+        Avg(Selector("fleetscope_accelerator_utilization_ratio"), by=NODE)),
+    "module memory (fullest)": Recording(
+        "instance:fleetscope_accelerator_memory_used_ratio:max",
+        Max(Arith("/", Selector("fleetscope_accelerator_memory_used_bytes"),
+                  Selector("fleetscope_accelerator_memory_total_bytes")), by=NODE)),
 }
 # The Latency page: seconds per second each pool spends per stage, and its sessions (one
 # inference stage a session).

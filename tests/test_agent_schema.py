@@ -20,6 +20,7 @@ DOCUMENTED = {
     "agent_tool_calls_total": ("counter", {"pool", "tool", "model", "outcome"}),
     "agent_task_heartbeat_age_seconds": ("gauge", {"pool"}),
     "agent_session_migrations_total": ("counter", {"pool"}),
+    "agent_module_queue_depth": ("gauge", {"pool", "module"}),
 }
 
 
@@ -42,6 +43,7 @@ def test_the_simulator_and_the_collector_use_the_schema_not_a_copy():
     assert fleet_sim.SESSION_BUCKETS is schema.SESSION_BUCKETS
     assert agent.STAGE_FAMILY == schema.STAGE_DURATION.name
     assert agent.QUEUE_FAMILY == schema.QUEUE_DEPTH.name
+    assert agent.MODULE_QUEUE_FAMILY == schema.MODULE_QUEUE_DEPTH.name
     assert agent.GENAI_OPERATION == schema.GENAI_OPERATION_DURATION
 
 
@@ -61,6 +63,7 @@ def test_the_runtime_emits_the_schema():
         for stage in schema.STAGES:
             signals.record_stage(stage, 0.01)
     signals.set_queue_depth("tasks:chat", 3)
+    signals.set_module_queue_depth("gpu0", 2)
     signals.record_tool_call("search", "m", "ok", seconds=0.1)
     signals.session_migrated()
     text = signals.exposition().decode()

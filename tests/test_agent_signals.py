@@ -221,6 +221,7 @@ def agent_config(**extra) -> dict:
 
 def _exercise(signals: AgentSignals) -> None:
     signals.set_queue_depth("tasks:chat", 7)
+    signals.set_module_queue_depth("npu0", 5)
     signals.session_migrated()
     with signals.stage("model_load"):
         pass
@@ -249,6 +250,9 @@ def test_module_exports_exactly_the_contract_names_and_labels():
     assert_contract_shape(text)
     got = samples(text)
     assert got['agent_queue_depth{pool="chat-online",queue="tasks:chat"}'] == 7
+    assert got['agent_module_queue_depth{module="npu0",pool="chat-online"}'] == 5
+    assert label_names(text, "agent_module_queue_depth") == {frozenset({"pool", "module"})}
+    assert families_of(text)["agent_module_queue_depth"].type == "gauge"
     assert got['agent_session_migrations_total{pool="chat-online"}'] == 1
     assert got['agent_session_duration_seconds_count{class="online",pool="chat-online"}'] == 1
     stages = {s.labels["stage"] for s in families_of(text)["agent_stage_duration_seconds"].samples}
@@ -623,6 +627,20 @@ def test_fixture_root_with_agent_prom_replays_in_process(tmp_path, traps):
     config = parse_config(_replay_config(traps), ("agent",))
     text = render(Exporter(str(root), config).collect())
     assert samples(text)['agent_session_migrations_total{pool="chat-online"}'] == 1
+    _assert_untouched(traps)
+
+
+def test_collector_reexports_the_module_queue_as_the_runtime_wrote_it(tmp_path, traps):
+    root = tmp_path / "root"
+    root.mkdir()
+    signals = AgentSignals(POOL, "online")
+    signals.set_module_queue_depth("gpu3", 11)
+    (root / "agent.prom").write_bytes(signals.exposition())
+    signals.shutdown()
+    config = parse_config(_replay_config(traps), ("agent",))
+    text = render(Exporter(str(root), config).collect())
+    assert samples(text)['agent_module_queue_depth{module="gpu3",pool="chat-online"}'] == 11
+    assert label_names(text, "agent_module_queue_depth") == {frozenset({"pool", "module"})}
     _assert_untouched(traps)
 
 

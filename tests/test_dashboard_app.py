@@ -463,6 +463,8 @@ def test_fixture_bundle_every_page(monkeypatch, page):
         assert app.selectbox(key="node_choice").value == "kunpeng-920-128"
         assert metrics(app)["median core busy"].endswith("%")
         assert not table(app, "numa_table").empty
+        # a CPU node: no module series in its bundle, and the page says so
+        assert any("No inference module reported" in i.value for i in app.info)
     elif page == "findings":
         first = app.selectbox(key="findings_rule").value
         assert first in {"isa-mismatch", "fd-exhaustion"}

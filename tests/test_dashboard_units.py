@@ -334,3 +334,17 @@ def test_the_core_heatmap_ticks_whole_cores(cores, step):
                         columns=pd.to_datetime([0, 15], unit="s"))
     yaxis = charts.core_heatmap(busy).layout.yaxis
     assert (yaxis.tickmode, yaxis.dtick) == ("linear", step)
+
+
+def test_a_node_with_only_an_info_finding_is_healthy_and_counted():
+    """accelerator-driver-mismatch's info tier (a pair off the matrix, no harm) was a health
+    of its own: the node fell out of the health counts by pool and off the heatmap."""
+    nodes = pd.DataFrame({"instance": ["a", "b", "c"], "node_pool": ["p", "p", "q"],
+                          "rack": ["r1", "r1", "r2"], "cpu_model": ["x"] * 3,
+                          "stepping": ["s"] * 3, "arch": ["aarch64"] * 3, "kernel": ["k"] * 3})
+    findings = pd.DataFrame({"rule": ["r-info", "r-warn", "r-info"],
+                             "severity": ["info", "warning", "info"], "node": ["a", "b", "b"]})
+    health = fleet_frames.node_health(nodes, findings)
+    assert dict(zip(health["instance"], health["health"], strict=True)) == {
+        "a": "ok", "b": "warning", "c": "ok"}
+    assert fleet_frames.health_by(nodes, findings, "node_pool")["nodes"].sum() == 3

@@ -225,3 +225,33 @@ def test_threads_taking_turns_on_a_lock_are_named_as_a_lead_of_the_harm(waiting)
     harm.rule.enrich(SimpleNamespace(series=series), harm)
     lead = "3.0 threads of pool chat-online taking turns in futex waits"
     assert (lead in harm.extra_summary) == (waiting > 0), harm.extra_summary
+
+
+def test_evidence_of_many_firing_nodes_stays_under_the_query_limit():
+    """Reproduced on VictoriaMetrics: accelerator-driver-mismatch firing on 37 nodes asked for
+    its harm evidence (every selector filtered to the nodes) in one 27 KB query, HTTP 422.
+    Evidence is split like the conditions; every firing node is still asked for, once per
+    evidence expression."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleetscope.diagnose import remote
+    from fleetscope.diagnose.engine import Finding
+    from fleetscope.rules.catalog import CATALOG
+
+    rule = max(CATALOG, key=lambda r: max(len(e.expr.promql()) for e in r.evidence))
+    nodes = [f"agentnode{i:05d}rack{i // 32:03d}:9105" for i in range(200)]
+    asked: list[str] = []
+
+    class Client:
+        def query(self, promql, at, tag=""):
+            asked.append(promql)
+            return []
+
+    candidates = [remote._Candidate(Finding(rule, node, {"instance": node}, 1.0, 0.5), 0)
+                  for node in nodes]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        remote._fetch_evidence(Client(), pool, candidates, {})
+    assert asked and all(len(q) <= remote.MAX_QUERY_CHARS for q in asked)
+    assert len(asked) > len(rule.evidence)  # split
+    for node in nodes:
+        assert sum(f"{node}|" in q or f'{node}"' in q for q in asked) == len(rule.evidence)

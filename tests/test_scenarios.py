@@ -20,15 +20,31 @@ import pytest
 from fleetscope.rules.catalog import CATALOG, by_id
 from tests.conftest import SCENARIOS
 from tests.diagnosis_schema import diagnosis_schema
+from tests.fixture_trees import scenario_names
 
-HEALTHY = ("healthy-idle", "healthy-busy")
+# healthy-idle and healthy-busy, and the rules' healthy look-alikes (Proof.lookalikes)
+HEALTHY = tuple(name for name in scenario_names() if name.startswith("healthy-"))
 RULE_IDS = sorted(rule.id for rule in CATALOG)
 EXIT = {"critical": 2, "warning": 1}
 
-# Signals the healthy bundles lack on purpose: none. (A kernel log without SIGILL gives no
+# Signals the bundles lack on purpose: none (a kernel log without SIGILL gives no
 # fleetscope_sigill_crashes_total series, but the collector's always-present
-# fleetscope_sigill_reports_suppressed_total shows the log was read: evaluated, not found.)
-HEALTHY_NOT_EVALUATED: set[str] = set()
+# fleetscope_sigill_reports_suppressed_total shows the log was read: evaluated, not found),
+# except the inference-module rules on a node without modules (most scenarios: CPU nodes),
+# and the matrix where the node's source names no firmware (npu-smi info): not evaluated,
+# and the reason says so (the collectors' missing_hints).
+MODULE_RULES = {rule.id for rule in CATALOG
+                if any(name.startswith("fleetscope_accelerator_") for name in rule.requires())}
+NO_MODULE = "no inference module on this node"
+NO_MATRIX = "no compatibility matrix configured (accelerator_matrix)"
+
+
+def unevaluated_for_want_of_modules(document: dict) -> bool:
+    """Every rule not evaluated is a module rule that says why: no module data on the node,
+    or no matrix verdict for its driver/firmware pair."""
+    return all(item["rule"] in MODULE_RULES and (NO_MODULE in item["reason"]
+                                                  or NO_MATRIX in item["reason"])
+               for item in document["not_evaluated"])
 
 _results: dict[str, tuple[int, dict, str]] = {}
 
@@ -45,10 +61,11 @@ def diagnose(name: str) -> tuple[int, dict, str]:
     return _results[name]
 
 
-def test_one_bundle_per_rule_and_two_healthy_ones():
+def test_one_bundle_per_rule_and_the_healthy_ones():
     names = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").is_file())
     assert names == sorted(RULE_IDS + list(HEALTHY))
     assert all(rule.proof is not None for rule in CATALOG)
+    assert {"healthy-idle", "healthy-busy"} < set(HEALTHY)
 
 
 @pytest.mark.parametrize("rule_id", RULE_IDS)
@@ -86,8 +103,9 @@ def test_rule_scenario_gives_that_rule_first(rule_id):
         assert primary["subjects"][kind], primary["subjects"]
         if expected is not None:
             assert primary["subjects"][kind] == expected
-    # everything else was evaluated: the bundles carry every signal
-    assert not document["not_evaluated"]
+    # everything else was evaluated: the bundles carry every signal (but modules where the
+    # node has none)
+    assert unevaluated_for_want_of_modules(document), document["not_evaluated"]
 
 
 @pytest.mark.parametrize("rule_id", RULE_IDS)
@@ -110,8 +128,26 @@ def test_healthy_scenario_is_ok(name):
     assert document["status"] == "ok", document["findings"]
     assert code == 0, stderr
     assert not [f for f in document["findings"] if f["severity"] in ("warning", "critical")]
-    skipped = {n["rule"] for n in document["not_evaluated"]}
-    assert skipped <= HEALTHY_NOT_EVALUATED, document["not_evaluated"]
+    assert unevaluated_for_want_of_modules(document), document["not_evaluated"]
+
+
+def test_a_node_without_modules_says_each_module_rule_was_not_evaluated_and_why():
+    _, document, _ = diagnose("healthy-idle")  # a CPU node: no exporter, no vendor tool
+    reasons = {item["rule"]: item["reason"] for item in document["not_evaluated"]}
+    assert set(reasons) == MODULE_RULES and len(MODULE_RULES) == 6
+    assert all(NO_MODULE in reason for reason in reasons.values()), reasons
+
+
+@pytest.mark.parametrize("rule_id, mirror", [("cpu-bound-module-idle", "module-bound-cpu-idle"),
+                                             ("module-bound-cpu-idle", "cpu-bound-module-idle")])
+def test_cpu_versus_module_attribution_goes_both_ways(rule_id, mirror):
+    """Each attribution fires on its own scenario and not on the other's, where both are
+    evaluated (module data on the node)."""
+    _, own, _ = diagnose(rule_id)
+    _, other, _ = diagnose(mirror)
+    assert own["findings"][0]["rule"] == rule_id
+    assert rule_id not in {f["rule"] for f in other["findings"]}
+    assert rule_id not in {item["rule"] for item in other["not_evaluated"]}
 
 
 def test_scenario_bundles_follow_the_bundle_format():

@@ -1,6 +1,7 @@
 """Node: `/node?node=NAME[&rule=ID]`. The node's findings first, each with the charts that
-prove it (the one named by `rule` open), then per-core busy, NUMA, steal and run delay,
-memory bandwidth against the peak and the NIC counters."""
+prove it (the one named by `rule` open), then its inference modules (or the line saying it
+reports none), per-core busy, NUMA, steal and run delay, memory bandwidth against the peak
+and the NIC counters."""
 
 import streamlit as st
 
@@ -83,6 +84,17 @@ for number, finding in enumerate(mine):
             links[2].page_link(state.page("node"), label="Show its charts",
                                icon=":material/show_chart:",
                                query_params={"node": instance, "rule": finding["rule"]})
+
+st.subheader("Inference modules")
+modules = node_frames.modules(history)
+if modules.empty:
+    st.info("No inference module reported by this node (no fleetscope_accelerator_* series: "
+            "it has none, or no accelerator source is configured).")
+else:
+    st.caption(f"{units.count(len(modules), 'module')} at the last sample: utilisation, "
+               "device memory, the vendor's errors and whether the operator's compatibility "
+               "matrix lists the driver/firmware pair")
+    state.static_table(node_frames.modules_display(modules))  # a few rows, read whole
 
 st.subheader("Cores")
 busy = state.per_core(snap, instance)

@@ -48,6 +48,10 @@ class Metric:
 
 QUEUE_DEPTH = Metric("agent_queue_depth", "gauge", ("pool", "queue"), "{task}",
                      "Tasks waiting in a queue of this pool.")
+# Beside it, issue 26: requests waiting on the inference module's side (the serving engine's
+# waiting queue, e.g. vLLM's num_requests_waiting), per module the pool sends work to.
+MODULE_QUEUE_DEPTH = Metric("agent_module_queue_depth", "gauge", ("pool", "module"), "{request}",
+                            "Requests waiting on the inference module's side.")
 SESSION_DURATION = Metric("agent_session_duration_seconds", "histogram", ("pool", "class"), "s",
                           "Duration of agent sessions, by workload class.", SESSION_BUCKETS)
 STAGE_DURATION = Metric("agent_stage_duration_seconds", "histogram", ("pool", "stage"), "s",
@@ -59,7 +63,7 @@ HEARTBEAT_AGE = Metric("agent_task_heartbeat_age_seconds", "gauge", ("pool",), "
 SESSION_MIGRATIONS = Metric("agent_session_migrations_total", "counter", ("pool",),
                             "{session}", "Sessions that arrived here from another worker or node.")
 METRICS = (QUEUE_DEPTH, SESSION_DURATION, STAGE_DURATION, TOOL_CALLS, HEARTBEAT_AGE,
-           SESSION_MIGRATIONS)
+           SESSION_MIGRATIONS, MODULE_QUEUE_DEPTH)
 
 # OpenTelemetry GenAI conventions: the instrument names the runtime records, and the
 # Prometheus names they are exported under (dots become underscores, the unit a suffix).

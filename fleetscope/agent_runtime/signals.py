@@ -6,6 +6,7 @@ call in the helpers below, and serves `exposition()` at `/metrics` (the endpoint
 labels are exactly those of docs/metrics-and-rules.md, Agent signals:
 
     agent_queue_depth{pool,queue}                          gauge
+    agent_module_queue_depth{pool,module}                  gauge (waiting on the module)
     agent_session_duration_seconds{pool,class}             histogram
     agent_stage_duration_seconds{pool,stage}               histogram (stage: STAGES)
     agent_tool_calls_total{pool,tool,model,outcome}        counter   (outcome: OUTCOMES)
@@ -34,14 +35,16 @@ Example:
             arguments = parse(reply)           # raise BadToolArguments -> bad_arguments
             search(arguments, timeout=5)       # TimeoutError -> timeout, other -> error
     signals.set_queue_depth("tasks:chat", redis.llen("tasks:chat"))
+    signals.set_module_queue_depth("npu0", engine_stats["num_requests_waiting"])
     body = signals.exposition()                # bytes for GET /metrics
 
 API: `AgentSignals(pool, workload_class, agent, provider)` with `session()`, `stage()`,
 `inference()`, `tool_call()` (context managers), `record_stage()`, `record_tool_call()`,
-`set_queue_depth()`, `session_migrated()`, `heartbeat_age()`, `current_session()`,
-`exposition()` (with EXPOSITION_CONTENT_TYPE), `shutdown()`; `BadToolArguments`,
-`classify_exception()`; the label values allowed: STAGES, OUTCOMES, CLASSES. Names, units,
-label values and buckets come from schema.py, which the exporter and the simulators share.
+`set_queue_depth()`, `set_module_queue_depth()`, `session_migrated()`, `heartbeat_age()`,
+`current_session()`, `exposition()` (with EXPOSITION_CONTENT_TYPE), `shutdown()`;
+`BadToolArguments`, `classify_exception()`; the label values allowed: STAGES, OUTCOMES,
+CLASSES. Names, units, label values and buckets come from schema.py, which the exporter and
+the simulators share.
 A session is an in-flight task for the heartbeat gauge: entering or leaving any stage inside
 it, or `Session.beat()`, refreshes its heartbeat, so a worker parked in a tool call shows an
 age that keeps growing (rule `worker-blocked-external-call`).
@@ -223,6 +226,9 @@ class AgentSignals:
         self._queue_depth = meter.create_gauge(
             schema.QUEUE_DEPTH.name, unit=schema.QUEUE_DEPTH.unit,
             description=schema.QUEUE_DEPTH.help)
+        self._module_queue_depth = meter.create_gauge(
+            schema.MODULE_QUEUE_DEPTH.name, unit=schema.MODULE_QUEUE_DEPTH.unit,
+            description=schema.MODULE_QUEUE_DEPTH.help)
         self._session_duration = self._histogram(meter, schema.SESSION_DURATION)
         self._stage_duration = self._histogram(meter, schema.STAGE_DURATION)
         self._tool_calls = meter.create_counter(
@@ -435,6 +441,12 @@ class AgentSignals:
     def set_queue_depth(self, queue: str, depth: float) -> None:
         """Tasks waiting in `queue` (a Redis key, a topic) as this runtime last saw it."""
         self._queue_depth.set(depth, {"pool": self.pool, "queue": queue})
+
+    def set_module_queue_depth(self, module: str, depth: float) -> None:
+        """Requests waiting on the inference module `module` (a device, a serving engine's
+        name) as its engine last reported them: the module side of the wait, beside the
+        pool's own queue (rule module-bound-cpu-idle reads it)."""
+        self._module_queue_depth.set(depth, {"pool": self.pool, "module": module})
 
     def session_migrated(self, count: int = 1) -> None:
         """A session arrived from another worker or node (its context had to be re-synced)."""
