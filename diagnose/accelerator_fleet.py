@@ -18,14 +18,17 @@ the answers hold one series per group, whatever the fleet's size. A node whose m
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fleetscope.rules.catalog import NODE_LABELS
 
-if TYPE_CHECKING:
-    from .remote import QueryClient
-
 NODE_LABEL = NODE_LABELS[0]
+
+
+class QueryClient(Protocol):
+    """diagnose/remote.py's client: instant queries under its deadline and answer cap."""
+
+    def query(self, promql: str, at: float, tag: str = "") -> list[dict]: ...
 
 GROUP = ("vendor", "model", "driver", "firmware")
 INFO = "fleetscope_accelerator_info"
