@@ -163,13 +163,11 @@ def rule_counts(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 def node_health(nodes: pd.DataFrame, findings: pd.DataFrame) -> pd.DataFrame:
-    """Per node its worst severity: critical, warning or ok (an `info` finding leaves a node
-    ok, as it leaves a diagnosis's status ok); and how many findings."""
+    """Per node its worst severity: critical, warning or ok; and how many findings."""
     worst = {}
     count = findings.groupby("node").size() if not findings.empty else pd.Series(dtype=int)
     for node, severity in zip(findings["node"], findings["severity"], strict=True):
-        if severity in ("critical", "warning") and \
-                SEVERITY_ORDER[severity] < SEVERITY_ORDER.get(worst.get(node, "ok"), 9):
+        if SEVERITY_ORDER[severity] < SEVERITY_ORDER.get(worst.get(node, "ok"), 9):
             worst[node] = severity
     out = nodes.copy()
     out["health"] = [worst.get(node, "ok") for node in out["instance"]]
