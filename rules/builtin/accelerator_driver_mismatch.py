@@ -79,10 +79,7 @@ RULE = Rule(
         Set("accel_matrix_listed", 0),
         Add("cpu_stages_stretch", 2.5),
         Add("session_tail", 0.5),
-    ), also=(FleetFault(("codegen",), 8, 60, staggered=False, effects=(
-        # the same pair on nodes whose workloads still meet their targets: information
-        Set("accel_matrix_listed", 0),
-    )),)),
+    )),
     proof=Proof(scenario, summary=r"NVIDIA A100-SXM4-80GB with driver 525\.105\.03 and "
                                   r"firmware 92\.00\.36\.00\.02 is not in the compatibility "
                                   r"matrix, and the node's workloads miss their targets"),
