@@ -590,6 +590,8 @@ class SetOp(_Binary):
 
     def evaluate(self, series, at_ms):
         left = self.left.evaluate(series, at_ms)
+        if not left and self.op != "or":
+            return {}  # `and`/`unless` of nothing: the right side cannot change that
         right = self.right.evaluate(series, at_ms)
         right_keys = {self._key(k) for k in right}
         if self.op == "and":

@@ -98,8 +98,9 @@ def test_an_effect_on_a_signal_the_simulator_lacks_is_refused(throwaway):
 
 
 def _probe(throwaway, effects) -> Fleet:
-    """A 64-node fleet with a probe fault on a few chat nodes."""
-    probe = FleetFault(("chat",), 256, 30, effects=effects)
+    """A 64-node fleet with a probe fault on a few codegen nodes (online workers and inference
+    modules)."""
+    probe = FleetFault(("codegen",), 256, 30, effects=effects)
     with CATALOG.registered(replace(throwaway.RULE, fleet=probe), throwaway.RANK):
         return Fleet(nodes=64, cores=16)
 
