@@ -35,7 +35,7 @@ def test_every_selector_gets_the_node_filter():
             # ALERTS (read by unexplained-harm) is matched `on (instance)`: no filter needed,
             # and its `fleetscope_rule` label is no selector
             selectors = (text.count("fleetscope_") + text.count("agent_")
-                         - text.count("fleetscope_rule="))
+                         + text.count("gen_ai_") - text.count("fleetscope_rule="))
             assert text.count('instance="n1:9105"') == selectors, rule.id
     regex = remote.node_regex(["a.b:1", "c:2"])
     assert Selector("x", {"instance": regex}).promql() == 'x{instance=~"a\\\\.b:1|c:2"}'
