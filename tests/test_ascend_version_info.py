@@ -10,6 +10,8 @@ never through the parser the collector uses.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from fleetscope.collectors.parsers.ascend_version import (
 from fleetscope.collectors.source import recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
+from fleetscope.exporter import Exporter
 
 from .conftest import samples
 
@@ -176,3 +179,27 @@ def test_a_corrupt_firmware_file_costs_the_firmware_only(tmp_path):
     assert scrape.sources[("accelerator", "ascend-driver-version")] == (True, "")
 
 
+# -- bundle record and replay ------------------------------------------------------------------
+
+def test_bundle_record_carries_the_files_and_replays_the_same_series(tmp_path):
+    tree = _tree(tmp_path / "t", DRIVER_FILE.read_text(), FIRMWARE_FILE.read_text())
+    out = tmp_path / "out"
+    recorded = subprocess.run(
+        [sys.executable, "-m", "fleetscope", "bundle", "record", "--root", str(tree),
+         "--seconds", "0", "--interval", "1", "-o", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert recorded.returncode == 0, recorded.stderr
+    for part, fixture in (("driver", DRIVER_FILE), ("firmware", FIRMWARE_FILE)):
+        copy = out / "static" / "usr/local/Ascend" / part / "version.info"
+        assert copy.read_bytes() == fixture.read_bytes()
+    config = parse_config({}, tuple(COLLECTORS))
+
+    def accelerator_series(directory: Path) -> dict[str, float]:
+        parsed = samples(render(Exporter(recorded_sample(str(directory)), config).collect()))
+        return {key: value for key, value in parsed.items()
+                if key.startswith("fleetscope_accelerator_")}
+
+    replayed = accelerator_series(out / "samples" / "s0000")
+    assert replayed == accelerator_series(tree)
+    assert len(_by_device(replayed, LISTED)) == 8
+    assert all(f'firmware="{FIRMWARE}"' in key for key in replayed if key.startswith(INFO))
