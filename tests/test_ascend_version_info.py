@@ -179,6 +179,28 @@ def test_a_corrupt_firmware_file_costs_the_firmware_only(tmp_path):
     assert scrape.sources[("accelerator", "ascend-driver-version")] == (True, "")
 
 
+@pytest.mark.parametrize("scrape_file, vendor, filled", [
+    ("npu-exporter/prometheus_metrics", "huawei", True),
+    ("dcgm-exporter/a800-sxm4-80gb-8gpu-mig.metrics", "nvidia", False),
+])
+def test_exporter_chips_are_filled_and_gpus_left_alone(tmp_path, scrape_file, vendor, filled):
+    root = tmp_path / "t"
+    for part, fixture in (("driver", DRIVER_FILE), ("firmware", FIRMWARE_FILE)):
+        (root / "usr/local/Ascend" / part).mkdir(parents=True)
+        (root / "usr/local/Ascend" / part / "version.info").write_bytes(fixture.read_bytes())
+    (root / "cmd").mkdir()
+    (root / "cmd" / "accelerator-exporter-0.prom").write_bytes(
+        (FIXTURES / scrape_file).read_bytes())
+    parsed, _ = _collect(root)
+    info = [key for key in parsed if key.startswith(INFO + "{")]
+    assert info and all(f'vendor="{vendor}"' in key for key in info)
+    assert all((f'firmware="{FIRMWARE}"' in key) is filled for key in info)
+    assert all((f'driver="{DRIVER}"' in key) is filled for key in info)
+    if filled:  # the eight chips `id` 0-7 of the npu-exporter golden file
+        assert len(info) == len(set(re.findall(r'npu_chip_info_health_status\{[^}]*id="(\d+)"',
+                                                 (FIXTURES / scrape_file).read_text())))
+
+
 # -- bundle record and replay ------------------------------------------------------------------
 
 def test_bundle_record_carries_the_files_and_replays_the_same_series(tmp_path):
