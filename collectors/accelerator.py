@@ -11,6 +11,10 @@ Sources, in this order (docs/accelerators.md):
                                 shell; `auto` (the default): those on PATH, only when no
                                 exporter url is set
     accelerator_matrix          the driver/firmware matrix (parsers/accelerator_matrix.py)
+    usr/local/Ascend/{driver,firmware}/version.info
+                                the Ascend packages' versions (parsers/ascend_version.py),
+                                read through the scrape when an npu source found chips: the
+                                NPU firmware, which neither npu source reports
 
 Live (`scrape.evidence.live`): the exporter endpoints are fetched as the agent runtime's
 endpoint is (collectors/agent.py): all at once, never longer than
@@ -43,6 +47,8 @@ from collections.abc import Callable, Iterator
 
 from fleetscope.core.bundle_format import (
     ACCELERATOR_MATRIX,
+    ASCEND_DRIVER_VERSION,
+    ASCEND_FIRMWARE_VERSION,
     CMD,
     NPU_SMI_INFO,
     NVIDIA_SMI_CSV,
@@ -56,6 +62,7 @@ from .base import Collector, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.accelerator import MAX_OUTPUT_CHARS, AcceleratorDevice
 from .parsers.accelerator_matrix import MAX_MATRIX_CHARS, MatrixEntry, listed, parse_matrix
+from .parsers.ascend_version import parse_driver_version_info, parse_firmware_version_info
 from .parsers.exporter_metrics import parse_dcgm_exporter, parse_npu_exporter
 from .parsers.npu_smi import parse_npu_smi_info
 from .parsers.nvidia_smi_csv import parse_query_gpu_csv
@@ -75,6 +82,14 @@ TOOLS: dict[str, tuple[tuple[str, ...], str, Callable[[str], list[AcceleratorDev
 DEVICE_GLOBS = ("dev/nvidia0", "dev/davinci[0-9]*")
 _EXPORTER_FILE = re.compile(r"accelerator-exporter-([0-9]{1,4})\.prom\Z")
 MATRIX_SOURCE = "accelerator_matrix"
+# The Ascend packages' version files: (source name, file, parser, AcceleratorDevice field).
+ASCEND_VERSION_FILES = (
+    ("ascend-driver-version", ASCEND_DRIVER_VERSION, parse_driver_version_info,
+     "driver_version"),
+    ("ascend-firmware-version", ASCEND_FIRMWARE_VERSION, parse_firmware_version_info,
+     "firmware_version"),
+)
+ASCEND_SOURCES = ("npu-exporter", "npu-smi")
 # A tool run is not started again within this many seconds of the last one ending: two
 # Prometheus replicas scraping a node share one run instead of doubling the tools' cost.
 MIN_RERUN_SECONDS = 5.0
@@ -230,6 +245,7 @@ class AcceleratorCollector(Collector):
         else:
             found, ages = self._replay(scrape), {}
             matrix = self._recorded_matrix(scrape)
+        found = self._with_ascend_versions(scrape, found)
         yield from families(found, matrix)
         if ages:
             age = gauge(PREFIX + "sample_age_seconds",
@@ -313,6 +329,39 @@ class AcceleratorCollector(Collector):
                     devices, kind = TOOLS[source][2](text), source
                 found.extend((device, kind) for device in devices)
         return found
+
+    def _with_ascend_versions(self, scrape: Scrape, found: list[tuple[AcceleratorDevice, str]]
+                              ) -> list[tuple[AcceleratorDevice, str]]:
+        """The Ascend chips with the driver and firmware of the packages' version files. The
+        driver file wins over npu-smi's banner (the same number but between an upgrade and
+        its reboot): the pair judged is the one the packages install, both from the files.
+        An absent file changes nothing and is no error; a corrupt one is its source's."""
+        if not any(device.vendor == "huawei" and source in ASCEND_SOURCES
+                   for device, source in found):
+            return found
+        versions: dict[str, str] = {}
+        for name, path, parse, field in ASCEND_VERSION_FILES:
+            try:
+                text: str | ParseError = scrape.read_text(path)
+            except NotAvailable:
+                continue
+            except ParseError as err:
+                text = err
+            with scrape.source(self.name, name):
+                if isinstance(text, ParseError):
+                    raise text
+                versions[field] = parse(text).version
+        if not versions:
+            return found
+        filled = []
+        for device, source in found:
+            if device.vendor == "huawei" and source in ASCEND_SOURCES:
+                device = device._replace(
+                    driver_version=versions.get("driver_version") or device.driver_version,
+                    firmware_version=device.firmware_version
+                    or versions.get("firmware_version"))
+            filled.append((device, source))
+        return filled
 
     # -- the matrix ------------------------------------------------------------------
 

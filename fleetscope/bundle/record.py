@@ -43,6 +43,8 @@ from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.source import DMESG, EvidenceSource, Reader, RecordingOf
 from fleetscope.core.bundle_format import (
+    ASCEND_DRIVER_VERSION,
+    ASCEND_FIRMWARE_VERSION,
     BUNDLE_FORMAT,
     CMD,
     META,
@@ -57,6 +59,7 @@ STATIC_GLOBS = (
     "sys/devices/system/node/online", "sys/devices/system/node/node*/cpulist",
     "sys/devices/system/node/node*/distance", "sys/devices/system/node/node*/meminfo",
     "sys/devices/system/cpu/online", "sys/devices/system/cpu/cpu*/topology/*",
+    ASCEND_DRIVER_VERSION, ASCEND_FIRMWARE_VERSION,
 )
 SAMPLE_GLOBS = (
     "proc/stat", "proc/loadavg", "proc/meminfo", "proc/vmstat", "proc/schedstat",

@@ -4,7 +4,8 @@ its files may have, reading meta.json, and where a sample's files are looked up.
     meta.json   {"format": "fleetscope-bundle/1", "hostname": "n1", "interval_s": 5.0,
                  "samples": [{"dir": "samples/s0000", "time": 1764660000.0}, ...],
                  "config": {...}}
-    static/     captured once: proc/cpuinfo, topology, dmesg.txt, cmd/isa-check-<binary>.json
+    static/     captured once: proc/cpuinfo, topology, dmesg.txt, cmd/isa-check-<binary>.json,
+                usr/local/Ascend/{driver,firmware}/version.info
     samples/s0000/  proc/stat ... cmd/perf-stat.csv  cmd/ethtool-S-<iface>.txt  agent.prom
 
 Standard library only, and nothing of fleetscope: the collectors (through `--root`), bundle
@@ -36,6 +37,9 @@ NVIDIA_SMI_XML = f"{CMD}/nvidia-smi-q-x.xml"  # nvidia-smi -q -x
 NVIDIA_SMI_CSV = f"{CMD}/nvidia-smi-query-gpu.csv"  # nvidia-smi --query-gpu=... --format=csv
 NPU_SMI_INFO = f"{CMD}/npu-smi-info.txt"  # npu-smi info
 ACCELERATOR_MATRIX = "accelerator-matrix.yaml"  # static/: the config's accelerator_matrix
+# static/: the Ascend driver's and firmware's version files (the NPU firmware version)
+ASCEND_DRIVER_VERSION = "usr/local/Ascend/driver/version.info"
+ASCEND_FIRMWARE_VERSION = "usr/local/Ascend/firmware/version.info"
 
 
 def sample_path(index: int) -> str:
@@ -75,6 +79,7 @@ READ_LIMITS = {
     "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
     "cpu.cfs_quota_us": 4 * KIB, "cpu.cfs_period_us": 4 * KIB, "cpuacct.usage": 4 * KIB,
     "pids.current": 4 * KIB, "pids.max": 4 * KIB, "pids.events": 4 * KIB,
+    "version.info": 64 * KIB,
 }
 MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
 
