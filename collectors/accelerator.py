@@ -198,11 +198,17 @@ class _ToolRuns:
 
 class AcceleratorCollector(Collector):
     name = "accelerator"
+    # A configured source that failed leaves the same absence: say so, or an unreachable
+    # exporter reads as a node without modules.
     missing_hints = ((PREFIX, "no inference module on this node, or no accelerator source "
-                              "configured (accelerator_exporter_urls / accelerator_tools)"),
+                              "configured (accelerator_exporter_urls / accelerator_tools), or "
+                              "the configured one unavailable (fleetscope_scrape_source_available"
+                              "{collector=\"accelerator\"} 0: the exporter's log says why)"),
                      (PREFIX + "matrix_listed", "no compatibility matrix configured "
-                                                "(accelerator_matrix), or the source names no "
-                                                "driver/firmware pair the matrix can judge"))
+                                                "(accelerator_matrix) or it could not be read "
+                                                "(the exporter's log says why), or the source "
+                                                "names no driver/firmware pair the matrix can "
+                                                "judge"))
 
     @classmethod
     def why_missing(cls, prefix: str, present: set[str]) -> str:
