@@ -124,12 +124,13 @@ def _evaluate_part(fleet: Fleet, racks: range) -> dict:
     aggregates: dict[str, list] = {r.record: [] for r in RECORDINGS}
     tables: dict[str, list] = {name: [] for name in TABLE_METRICS}
     for shard in shards:  # the recordings at each shard's last sample, as the pages would
-        for recording in RECORDINGS:
-            at_ms = shard.last_sample_ms(recording.expr.metrics())
-            if at_ms is not None:
-                aggregates[recording.record] += [
-                    [list(labels), value]
-                    for labels, value in recording.expr.evaluate(shard, at_ms).items()]
+        with shard.memoized():
+            for recording in RECORDINGS:
+                at_ms = shard.last_sample_ms(recording.expr.metrics())
+                if at_ms is not None:
+                    aggregates[recording.record] += [
+                        [list(labels), value]
+                        for labels, value in recording.expr.evaluate(shard, at_ms).items()]
         for name in TABLE_METRICS:
             tables[name] += [[list(labels), points]
                              for labels, points in shard.by_name.get(name, {}).items()]

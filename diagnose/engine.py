@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from fleetscope.core.runbooks import runbook_path
@@ -219,20 +220,29 @@ def evaluate(series: Series, hostname: str, *,
     node gets at most one finding per rule: its most severe tier, and of several label sets
     (pools, queues) the strongest, the others named in its summary."""
     timestamps = series.timestamps()
-    findings: list[Finding] = []
-    not_evaluated: list[dict] = []
     if not timestamps:
         return [], [{"rule": r.id, "reason": "no samples"} for r in rules]
     series.max_window_ms = rate_window_ms(timestamps)
-    span_ms = timestamps[-1] - timestamps[0]
-    series.max_lookback_ms = span_ms or None
+    series.max_lookback_ms = (timestamps[-1] - timestamps[0]) or None
     steps = evaluation_steps(timestamps, series.max_window_ms)
+    with ExitStack() as passes:  # the rules share their signals' vectors (Series.memoized)
+        passes.enter_context(series.memoized())
+        return _evaluate_rules(series, hostname, timestamps, steps, enrich, rules, passes)
+
+
+def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps: list[int],
+                    enrich: Callable[[Finding], None] | None, rules: tuple[Rule, ...],
+                    passes: ExitStack) -> tuple[list[Finding], list[dict]]:
+    findings: list[Finding] = []
+    not_evaluated: list[dict] = []
+    span_ms = timestamps[-1] - timestamps[0]
     alerts: Series | None = None
     for rule in sorted(rules, key=reads_alerts):  # stable: rules that read ALERTS go last
         series_read = series
         if reads_alerts(rule):
             if alerts is None:
-                alerts = with_alerts(series, findings, timestamps)
+                alerts = passes.enter_context(
+                    with_alerts(series, findings, timestamps).memoized())
             series_read = alerts
         missing = missing_signals(rule, series_read)
         if missing:

@@ -160,7 +160,7 @@ class OtherFindings(Expr):
     def promql(self) -> str:
         return self.selector().promql()
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         return self.selector().evaluate(series, at_ms)
 
     def metrics(self):

@@ -21,6 +21,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
 
 LOOKBACK_MS = 5 * 60 * 1000  # Prometheus's default --query.lookback-delta
@@ -53,6 +54,20 @@ class Series:
         # max_lookback_ms (the whole span). None: the rule's own windows, as Prometheus.
         self.max_window_ms: int | None = None
         self.max_lookback_ms: int | None = None
+        self.memo: Memo | None = None  # set inside memoized()
+
+    @contextmanager
+    def memoized(self) -> Iterator[Series]:
+        """Evaluations inside share their results (see Expr.evaluate): for one pass of many
+        rules over series that do not change meanwhile. Nested uses share the outer memo."""
+        if self.memo is not None:
+            yield self
+            return
+        self.memo = Memo()
+        try:
+            yield self
+        finally:
+            self.memo = None
 
     def window_ms(self, window_seconds: int) -> int:
         window_ms = window_seconds * 1000
@@ -91,6 +106,16 @@ class Series:
         return sorted(seen)
 
 
+class Memo:
+    """What one pass over a Series has evaluated: each node's vector by time, each
+    selector's matching series. By node identity, the node kept with its entry so that no
+    other node (a selector built for one call) can take over its id in the pass."""
+
+    def __init__(self) -> None:
+        self.vectors: dict[tuple[int, int], tuple[Expr, Vector]] = {}
+        self.matches: dict[int, tuple[Expr, list[tuple[Labels, list[tuple[int, float]]]]]] = {}
+
+
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
@@ -110,6 +135,18 @@ class Expr:
         raise NotImplementedError
 
     def evaluate(self, series: Series, at_ms: int) -> Vector:
+        """The instant vector at `at_ms`. Inside `series.memoized()` a node already evaluated
+        there is answered from the memo: the catalog's rules share their harm and cause
+        signals, and a rule's tiers and evidence their terms. Not to be changed."""
+        memo = series.memo
+        if memo is None:
+            return self._evaluate(series, at_ms)
+        known = memo.vectors.get((id(self), at_ms))
+        if known is None or known[0] is not self:
+            known = memo.vectors[id(self), at_ms] = (self, self._evaluate(series, at_ms))
+        return known[1]
+
+    def _evaluate(self, series: Series, at_ms: int) -> Vector:
         raise NotImplementedError
 
     def metrics(self) -> set[str]:
@@ -220,6 +257,15 @@ class Selector(Expr):
         return tests
 
     def matching(self, series: Series) -> Iterable[tuple[Labels, list[tuple[int, float]]]]:
+        memo = series.memo
+        if memo is None:
+            return self._matching(series)
+        known = memo.matches.get(id(self))
+        if known is None or known[0] is not self:
+            known = memo.matches[id(self)] = (self, list(self._matching(series)))
+        return known[1]
+
+    def _matching(self, series: Series) -> Iterator[tuple[Labels, list[tuple[int, float]]]]:
         family = series.by_name.get(self.name)
         if not family:
             return
@@ -228,16 +274,24 @@ class Selector(Expr):
             yield from family.items()
             return
         for labels, points in family.items():
-            as_dict = dict(labels)
             for key, value, pattern in tests:
-                got = as_dict.get(key, "")
-                # PromQL regexes are anchored: fullmatch
-                if got != value if pattern is None else pattern.fullmatch(got) is None:
+                if pattern is None:
+                    if (key, value) in labels:
+                        continue
+                    if value or any(name == key for name, _ in labels):
+                        break  # "" matches only where the label is absent
+                    continue
+                got = ""  # an absent label matches as ""
+                for name, label_value in labels:
+                    if name == key:
+                        got = label_value
+                        break
+                if pattern.fullmatch(got) is None:  # PromQL regexes are anchored
                     break
             else:
                 yield labels, points
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         out: Vector = {}
         at_ms -= self.offset_seconds * 1000
         for labels, points in self.matching(series):
@@ -315,7 +369,7 @@ class Delta(Expr):
     def promql(self) -> str:
         return f"delta({self.selector.promql()}[{_duration(self.window_seconds)}])"
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         window_ms = series.window_ms(self.window_seconds)
         out: Vector = {}
         for labels, points in self.selector.matching(series):
@@ -340,7 +394,7 @@ class Rate(Expr):
         function = "increase" if self.increase else "rate"
         return f"{function}({self.selector.promql()}[{_duration(self.window_seconds)}])"
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         out: Vector = {}
         # Evidence shorter than the window (a 20 s live sample, a short bundle) is rated
         # over what it has: Prometheus would under-count a partly filled window.
@@ -367,7 +421,7 @@ class AvgOverTime(Expr):
     def promql(self) -> str:
         return f"{self.function}({self.selector.promql()}[{_duration(self.window_seconds)}])"
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         start = at_ms - series.window_ms(self.window_seconds)
         reduce = _OVER_TIME[self.function]
         out: Vector = {}
@@ -444,7 +498,7 @@ class Aggregate(Expr):
         grouping = f" by ({', '.join(self.by)})" if self.by else ""
         return f"{self.function}{grouping} ({self.inner.promql()})"
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         groups: dict[Labels, list[float]] = {}
         by = self.by
         for labels, value in sorted(self.inner.evaluate(series, at_ms).items()):
@@ -560,7 +614,7 @@ class Arith(_Binary):
     # the same `on` labels, keeping the left labels, as _apply matches them
     group_left: bool = False
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         return self._apply(series, at_ms, _ARITH[self.op], keep_name=False)
 
 
@@ -574,7 +628,7 @@ class Compare(_Binary):
     on: tuple[str, ...] | None = None
     group_left: bool = False
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         test = _COMPARE[self.op]
         if isinstance(self.left, Scalar):
             return self._apply(series, at_ms, lambda a, b: b if test(a, b) else None, True)
@@ -588,7 +642,7 @@ class SetOp(_Binary):
     right: Expr
     on: tuple[str, ...] | None = None
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         left = self.left.evaluate(series, at_ms)
         if not left and self.op != "or":
             return {}  # `and`/`unless` of nothing: the right side cannot change that
@@ -616,7 +670,7 @@ class Recent(Expr):
     def promql(self) -> str:
         return (self.age < self.seconds).promql()
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         return {labels: value for labels, value in self.age.evaluate(series, at_ms).items()
                 if value < self.seconds}
 
@@ -680,7 +734,7 @@ class HistogramQuantile(Expr):
     def promql(self) -> str:
         return f"histogram_quantile({Scalar(self.q).promql()}, {self.inner.promql()})"
 
-    def evaluate(self, series, at_ms):
+    def _evaluate(self, series, at_ms):
         groups: dict[Labels, list[tuple[float, float]]] = {}
         for labels, value in self.inner.evaluate(series, at_ms).items():
             le = next((v for k, v in labels if k == "le"), None)
