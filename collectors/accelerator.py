@@ -58,7 +58,7 @@ from fleetscope.core.bundle_format import (
 from fleetscope.core.exposition import Family, gauge, labels
 
 from .agent import _Background, fetch_exposition
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, NotAvailable, Scrape, configured_but_unread
 from .parsers import ParseError
 from .parsers.accelerator import MAX_OUTPUT_CHARS, AcceleratorDevice
 from .parsers.accelerator_matrix import MAX_MATRIX_CHARS, MatrixEntry, listed, parse_matrix
@@ -211,10 +211,17 @@ class AcceleratorCollector(Collector):
                                                 "judge"))
 
     @classmethod
-    def why_missing(cls, prefix: str, present: set[str]) -> str:
+    def why_missing(cls, prefix: str, present: set[str],
+                    unavailable: frozenset[str] = frozenset()) -> str:
+        if prefix == PREFIX + "matrix_listed" and MATRIX_SOURCE in unavailable:
+            return configured_but_unread([MATRIX_SOURCE])
+        # an exporter url or a vendor tool that failed: not "no inference module"
+        down = [s for s in unavailable if s.startswith(exporter_source(0)[:-1]) or s in TOOLS]
+        if down and PREFIX + "info" not in present:
+            return configured_but_unread(down, "is the vendor exporter or tool up?")
         if PREFIX + "info" not in present:
             prefix = PREFIX  # no module seen at all
-        return super().why_missing(prefix, present)
+        return super().why_missing(prefix, present, unavailable)
 
     def __init__(self, config):
         super().__init__(config)

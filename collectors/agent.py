@@ -68,7 +68,7 @@ from fleetscope.core.exposition import (
     render,
 )
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, NotAvailable, Scrape, configured_but_unread
 from .parsers import ParseError
 from .source import LiveHost
 
@@ -435,10 +435,20 @@ class AgentCollector(Collector):
                                            "report it"))
 
     @classmethod
-    def why_missing(cls, prefix: str, present: set[str]) -> str:
+    def why_missing(cls, prefix: str, present: set[str],
+                    unavailable: frozenset[str] = frozenset()) -> str:
+        # agent_metrics_url or Redis set but not answering: not "set agent_metrics_url"
+        down = [s for s in unavailable if s in ("agent_metrics_url", "redis")
+                or s.startswith("redis:")]
+        if down:
+            return configured_but_unread(down, "is the agent runtime up?")
+        if AGENT_PROM in unavailable:  # replay: set on the recorded node, nothing recorded
+            return ("agent_metrics_url / redis_url set on the recorded node, but the bundle "
+                    f"holds no {AGENT_PROM}: the agent runtime did not answer while it was "
+                    "recorded")
         if not any(name.startswith("agent_") for name in present):
             prefix = "agent_"  # no runtime at all, whatever the family
-        return super().why_missing(prefix, present)
+        return super().why_missing(prefix, present, unavailable)
 
     def __init__(self, config):
         super().__init__(config)

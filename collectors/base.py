@@ -10,7 +10,7 @@ a live host.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -53,10 +53,19 @@ class Collector:
         raise NotImplementedError
 
     @classmethod
-    def why_missing(cls, prefix: str, present: set[str]) -> str:
+    def why_missing(cls, prefix: str, present: set[str],
+                    unavailable: frozenset[str] = frozenset()) -> str:
         """The usual reason `prefix`'s series are absent; a collector narrows it where the
-        series the source does have say more."""
+        series the source does have, or the sources it reported unavailable on the node
+        (`unavailable`: fleetscope_scrape_source_available 0), say more."""
         return dict(cls.missing_hints)[prefix]
+
+
+def configured_but_unread(sources: Iterable[str], question: str = "") -> str:
+    """why_missing's words for configured sources the collector could not read."""
+    return (f"{', '.join(sorted(sources))} configured but not read on this node"
+            f"{': ' + question if question else ''} (fleetscope_scrape_source_available 0; "
+            "the exporter's log says why)")
 
 
 class Scrape:

@@ -344,12 +344,13 @@ class PoolsCollector(Collector):
     )
 
     @classmethod
-    def why_missing(cls, prefix: str, present: set[str]) -> str:
+    def why_missing(cls, prefix: str, present: set[str],
+                    unavailable: frozenset[str] = frozenset()) -> str:
         if not any(name.startswith("fleetscope_pool_") for name in present):
             # No pool series at all: no pool is configured (or none matched), whatever the
             # narrower family's usual reason.
             prefix = "fleetscope_pool_"
-        return super().why_missing(prefix, present)
+        return super().why_missing(prefix, present, unavailable)
 
     def __init__(self, config):
         super().__init__(config)

@@ -194,13 +194,14 @@ class RdmaCollector(Collector):
     missing_hints = (("fleetscope_rdma_", "no RDMA device"),)
 
     @classmethod
-    def why_missing(cls, prefix: str, present: set[str]) -> str:
+    def why_missing(cls, prefix: str, present: set[str],
+                    unavailable: frozenset[str] = frozenset()) -> str:
         if present & {"fleetscope_rdma_device_info", "fleetscope_rdma_port_state"}:
             # Ports without hw_counters (the ECN/CNP counters) are not "no RDMA device".
             return ("RDMA devices present, but their ports have no hw_counters directory "
                     "(the ECN/CNP counters: mlx5_ib or hns_roce_hw_v2 with a kernel that "
                     "exposes them)")
-        return super().why_missing(prefix, present)
+        return super().why_missing(prefix, present, unavailable)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         ports: list[RdmaPort] = []

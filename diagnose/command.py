@@ -117,9 +117,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             from .prometheus import PrometheusError, prometheus_series
 
             # What the conditions read, and the evidence (its values, the subjects it names).
+            # and which sources the collectors could not read (the reasons of rules that
+            # cannot be evaluated).
             metrics = set().union(*(rule.requires() for rule in CATALOG),
                                   *(item.expr.metrics() for rule in CATALOG
-                                    for item in rule.evidence))
+                                    for item in rule.evidence), {engine.SOURCE_AVAILABLE})
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
                                                   None if args.fleet else args.node,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core.runbooks import runbook_path
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
-from fleetscope.rules.promql import Labels, Series, Vector, strip_name
+from fleetscope.rules.promql import Compare, Labels, Scalar, Selector, Series, Vector, strip_name
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -72,15 +72,37 @@ def _hint_owners() -> tuple[tuple[str, type], ...]:
                  for prefix, _ in collector.missing_hints)
 
 
-def missing_reason(missing: list[str], present: set[str]) -> str:
+SOURCE_AVAILABLE = "fleetscope_scrape_source_available"
+# A source a collector could not read on the node at the window's end (value 0):
+UNAVAILABLE = Compare("==", Selector(SOURCE_AVAILABLE), Scalar(0.0))
+
+
+def unavailable_sources(vector: Vector) -> set[tuple[str, str]]:
+    """(collector, source) pairs of an UNAVAILABLE vector of one node; none for several
+    nodes (the reasons say what this node could not read)."""
+    out, nodes = set(), set()
+    for labels, _ in vector.items():
+        found = dict(labels)
+        nodes.add(found.get("instance"))
+        if "collector" in found and "source" in found:
+            out.add((found["collector"], found["source"]))
+    return out if len(nodes) <= 1 else set()
+
+
+def missing_reason(missing: list[str], present: set[str],
+                   unavailable: set[tuple[str, str]] = frozenset()) -> str:
     """A not_evaluated reason: the absent signals, and for each the likeliest reason its
-    collector gives, narrowed by the signals the source does have."""
+    collector gives, narrowed by the signals the source does have and by the sources that
+    collector could not read on the node (`unavailable`, (collector, source) pairs): a
+    configured endpoint that does not answer is not "set the endpoint"."""
     hints = set()
     for name in missing:
         owners = [(prefix, owner) for prefix, owner in _hint_owners() if name.startswith(prefix)]
         if owners:
             prefix, owner = max(owners, key=lambda item: len(item[0]))
-            hints.add(owner.why_missing(prefix, present))
+            down = frozenset(source for collector, source in unavailable
+                             if collector == owner.name)
+            hints.add(owner.why_missing(prefix, present, down))
     reason = f"signals absent from this source: {', '.join(missing)}"
     return reason + (f" ({'; '.join(sorted(hints))})" if hints else "")
 
@@ -237,6 +259,7 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
     not_evaluated: list[dict] = []
     span_ms = timestamps[-1] - timestamps[0]
     alerts: Series | None = None
+    unavailable: set[tuple[str, str]] | None = None  # read once, if a rule lacks signals
     for rule in sorted(rules, key=reads_alerts):  # stable: rules that read ALERTS go last
         series_read = series
         if reads_alerts(rule):
@@ -246,8 +269,10 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
             series_read = alerts
         missing = missing_signals(rule, series_read)
         if missing:
-            not_evaluated.append({"rule": rule.id,
-                                  "reason": missing_reason(missing, series.names())})
+            if unavailable is None:
+                unavailable = unavailable_sources(UNAVAILABLE.evaluate(series, timestamps[-1]))
+            not_evaluated.append({"rule": rule.id, "reason": missing_reason(
+                missing, series.names(), unavailable)})
             continue
         if rule.needs_rates and span_ms <= 0:
             not_evaluated.append({"rule": rule.id,

@@ -318,11 +318,14 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
 
     not_evaluated: list[dict] = []
     queries: list[tuple[Rule, int, str, Expr, str]] = []
+    unavailable: set[tuple[str, str]] | None = None if node else set()  # a node's own only
     for rule in rules:
         missing = engine.missing_signals(rule, names)
         if missing:
-            not_evaluated.append({"rule": rule.id,
-                                  "reason": engine.missing_reason(missing, names.names())})
+            if unavailable is None:
+                unavailable = _unavailable_sources(client, scope, end)
+            not_evaluated.append({"rule": rule.id, "reason": engine.missing_reason(
+                missing, names.names(), unavailable)})
             continue
         if rule.needs_rates and stamps[-1] == stamps[0]:
             not_evaluated.append({"rule": rule.id,
@@ -354,6 +357,18 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
 
 
 CONDITION_TAG = "condition of "
+
+
+def _unavailable_sources(client: QueryClient, scope: dict[str, str], at: float
+                        ) -> set[tuple[str, str]]:
+    """The sources the node's collectors could not read at `at` (none if the query fails:
+    the reason then falls back to the usual one)."""
+    try:
+        answer = client.query(with_matchers(engine.UNAVAILABLE, scope).promql(), at)
+    except RemoteError:
+        return set()
+    return {(s["metric"].get("collector", ""), s["metric"].get("source", ""))
+            for s in answer if "collector" in s.get("metric", {})}
 
 
 def _present_names(client: QueryClient, matches: list[str],

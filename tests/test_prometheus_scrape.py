@@ -125,3 +125,31 @@ def test_diagnose_from_prometheus(exporter_factory, prometheus, tmp_path):
         line, = result.stderr.strip().splitlines()
         assert line.startswith("fleetscope diagnose: error: ") and "nowhere" in line
         assert f"the exporters there are: {target}" in line
+
+
+def test_diagnose_from_prometheus_says_a_configured_endpoint_did_not_answer(
+        exporter_factory, prometheus, tmp_path):
+    """The live exporter with agent_metrics_url and an exporter url where nothing listens:
+    a diagnosis from Prometheus, by the engine or here, says they were configured but not
+    read, not "set agent_metrics_url" (tests/test_unread_source_reason.py: live, bundle)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.test_unread_source_reason import assert_said_unread, dead_sources_config
+
+    config = yaml.safe_load(open(dead_sources_config(tmp_path)))
+    exporter = exporter_factory("/", config)
+    target = exporter.url.removeprefix("http://").removesuffix("/metrics")
+    base = prometheus(target)
+    _wait_for(base, 'count_over_time(fleetscope_scrape_source_available'
+                    '{source="agent_metrics_url"}[1m]) >= 3')
+    for evaluate in ("engine", "local"):
+        result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--prometheus",
+                                 base, "--node", target, "--evaluate", evaluate, "--seconds",
+                                 "60", "--json"], capture_output=True, text=True, timeout=120)
+        assert result.returncode in (0, 1, 2), result.stderr
+        document = json.loads(result.stdout)
+        assert_said_unread({item["rule"]: item["reason"]
+                            for item in document["not_evaluated"]})
