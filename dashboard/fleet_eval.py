@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -82,17 +83,21 @@ def _not_evaluated(missing: dict[str, dict] | None) -> list[dict]:
     return [missing[r.id] for r in CATALOG if r.id in missing]
 
 
-def _evaluate_shards(shards: list[Series], hostname: str = "?"
+def _evaluate_shards(shards: list[Series], hostname: str = "?",
+                     then: Callable[[Series], None] | None = None
                      ) -> tuple[list, dict[str, dict] | None]:
-    """(findings unranked, the rules no shard could evaluate by id; None: no shard had data)."""
+    """(findings unranked, the rules no shard could evaluate by id; None: no shard had data).
+    `then(shard)` runs after the rules in the same pass (recordings share their signals)."""
     findings: list = []
     missing: dict[str, dict] | None = None
     for shard in shards:
-        if not shard.by_name:
-            continue
-        found, not_evaluated = engine.evaluate(shard, hostname)
-        findings += found
-        missing = _still_missing(missing, {item["rule"]: item for item in not_evaluated})
+        with shard.memoized():
+            if shard.by_name:
+                found, not_evaluated = engine.evaluate(shard, hostname)
+                findings += found
+                missing = _still_missing(missing, {item["rule"]: item for item in not_evaluated})
+            if then is not None:
+                then(shard)
     return findings, missing
 
 
@@ -118,22 +123,24 @@ def evaluate_part(fleet: Fleet, racks: range) -> dict:
 
 
 def _evaluate_part(fleet: Fleet, racks: range) -> dict:
-    shards = fleet.shards(metrics(), racks=racks)
-    found, missing = _evaluate_shards(shards)
-    rank = engine.rank_key()
     aggregates: dict[str, list] = {r.record: [] for r in RECORDINGS}
     tables: dict[str, list] = {name: [] for name in TABLE_METRICS}
-    for shard in shards:  # the recordings at each shard's last sample, as the pages would
-        with shard.memoized():
-            for recording in RECORDINGS:
-                at_ms = shard.last_sample_ms(recording.expr.metrics())
-                if at_ms is not None:
-                    aggregates[recording.record] += [
-                        [list(labels), value]
-                        for labels, value in recording.expr.evaluate(shard, at_ms).items()]
+
+    def record(shard: Series) -> None:
+        """The recordings at the shard's last sample, as the pages would, and its table."""
+        for recording in RECORDINGS:
+            at_ms = shard.last_sample_ms(recording.expr.metrics())
+            if at_ms is not None:
+                aggregates[recording.record] += [
+                    [list(labels), value]
+                    for labels, value in recording.expr.evaluate(shard, at_ms).items()]
         for name in TABLE_METRICS:
             tables[name] += [[list(labels), points]
                              for labels, points in shard.by_name.get(name, {}).items()]
+
+    shards = fleet.shards(metrics(), racks=racks)
+    found, missing = _evaluate_shards(shards, then=record)
+    rank = engine.rank_key()
     return {
         "rules": [rule.id for rule in CATALOG],
         "series": sum(len(family) for shard in shards for family in shard.by_name.values()),

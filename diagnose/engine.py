@@ -244,8 +244,7 @@ def evaluate(series: Series, hostname: str, *,
     timestamps = series.timestamps()
     if not timestamps:
         return [], [{"rule": r.id, "reason": "no samples"} for r in rules]
-    series.max_window_ms = rate_window_ms(timestamps)
-    series.max_lookback_ms = (timestamps[-1] - timestamps[0]) or None
+    series.limit_windows(rate_window_ms(timestamps), (timestamps[-1] - timestamps[0]) or None)
     steps = evaluation_steps(timestamps, series.max_window_ms)
     with ExitStack() as passes:  # the rules share their signals' vectors (Series.memoized)
         passes.enter_context(series.memoized())

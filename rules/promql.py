@@ -69,6 +69,13 @@ class Series:
         finally:
             self.memo = None
 
+    def limit_windows(self, rate_ms: int | None, lookback_ms: int | None) -> None:
+        """Set max_window_ms and max_lookback_ms; what a pass evaluated under others goes."""
+        if (rate_ms, lookback_ms) != (self.max_window_ms, self.max_lookback_ms):
+            self.max_window_ms, self.max_lookback_ms = rate_ms, lookback_ms
+            if self.memo is not None:
+                self.memo.vectors.clear()
+
     def window_ms(self, window_seconds: int) -> int:
         window_ms = window_seconds * 1000
         cap = self.max_window_ms if window_seconds <= RATE_SECONDS else self.max_lookback_ms

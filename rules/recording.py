@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .harm import SESSION_P99
 from .model import NODE, WINDOW
-from .promql import Arith, Avg, Expr, HistogramQuantile, Max, Rate, Selector, Sum
+from .promql import Arith, Avg, Expr, Max, Rate, Selector, Sum
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,7 @@ NODE_SIGNALS: dict[str, Recording] = {
     "queue depth": Recording("instance:agent_queue_depth:max", _max("agent_queue_depth")),
     "P99 session latency (online)": Recording(
         "instance:agent_session_duration_seconds_online:p99",
-        Max(HistogramQuantile(0.99, Sum(Rate(Selector(
-            "agent_session_duration_seconds_bucket", {"class": "online"}), WINDOW),
-            by=(*NODE, "pool", "le"))), by=NODE)),
+        Max(SESSION_P99, by=NODE)),
     # A node's inference modules (docs/diagnosis-json.md names the series): how busy they
     # are on average, and the fullest one's device memory (one full card is the fault).
     "module utilisation": Recording(
