@@ -348,3 +348,24 @@ def test_a_node_with_only_an_info_finding_is_healthy_and_counted():
     assert dict(zip(health["instance"], health["health"], strict=True)) == {
         "a": "ok", "b": "warning", "c": "ok"}
     assert fleet_frames.health_by(nodes, findings, "node_pool")["nodes"].sum() == 3
+
+
+def test_one_of_a_count_reads_singular():
+    """'1 crashes', '1 codes' (issue 29): one of a counted thing is singular, more plural."""
+    assert units.format_value(1, "crashes") == "1 crash"
+    assert units.format_value(1, "codes") == "1 code"
+    assert units.format_value(1, "processes") == "1 process"
+    assert units.format_value(1, "CPUs") == "1 CPU"
+    assert units.format_value(2, "codes") == "2 codes"
+    assert units.format_value(6973, "nodes") == "6,973 nodes"
+    assert units.format_value(1, "s") == "1 s" and units.format_value(1, "ratio") == "100 %"
+
+
+def test_a_health_check_reads_failing_not_zero_percent():
+    """A vendor health verdict (1 passing) read '0 %' against '< 100 %', 'at 0'."""
+    row = (units.format_value(0, units.CHECK_UNIT),
+           units.format_threshold(1, units.CHECK_UNIT, "min"),
+           units.over_threshold(0, 1, "min", units.CHECK_UNIT))
+    assert row == ("failing", "failing", "failing")
+    assert units.format_value(1, units.CHECK_UNIT) == "passing"
+    assert units.format_value(79, "xid") == "XID 79"

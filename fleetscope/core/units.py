@@ -6,6 +6,8 @@ times). Standard library only, so the command line can use it without pandas or 
     format_value(0.482, "ratio")        -> '48.2 %'
     format_value(0.12, "s/s")           -> '120 ms/s'
     format_threshold(0.3, "ratio")      -> '> 30 %'
+    format_value(1, "crashes")          -> '1 crash'
+    format_value(0, "check")            -> 'failing'   (a health check: 1 passing)
     local_time(1764660000)              -> '2025-12-02 07:20:00 UTC' (the console's zone)
     axis("bytes/s")                     -> plotly axis settings: ticks '100GB/s', not '100B'
     metric_title("fleetscope_nic_pfc_pause_frames_total") -> 'PFC pause frames (per second)'
@@ -29,6 +31,7 @@ _COUNTS = {"CPUs", "cpus", "cores", "threads", "tasks", "fds", "crashes", "pages
            "frames", "packets", "processes", "sessions"}
 _UNIT_WORDS = {"ratio": "%", "1/s": "per second", "s": "seconds", "s/s": "seconds per second",
                "bytes/s": "bytes per second", "bytes": "bytes", "ipc": "instructions per cycle"}
+CHECK_UNIT = "check"  # a health check's verdict: 1 passing, 0 failing
 TIME_UNIT = "unix seconds"  # a moment (a crash's time), read as a local time with its zone
 TIME_ZONE_ENV = "FLEETSCOPE_CONSOLE_TZ"  # e.g. Asia/Shanghai; default: the machine's zone
 
@@ -90,11 +93,25 @@ def format_value(value, unit: str = "") -> str:
         return f"{_significant(value)} IPC"
     if unit == "1/min":  # a rate per minute: "36/min", not "36 1/min"
         return f"{_significant(value)}/min"
+    if unit == CHECK_UNIT:
+        return "passing" if value >= 1 else "failing"
+    if unit == "xid":
+        return f"XID {value:.0f}" if value else "no XID"
     if unit in _COUNTS:
         text = f"{value:,.0f}" if value == int(value) or abs(value) >= 100 else \
             _significant(value)
-        return f"{text} {unit}"
-    return f"{_significant(value)} {unit}".strip()
+        return f"{text} {_singular(unit) if value == 1 else unit}"
+    return f"{_significant(value)} {_singular(unit) if value == 1 else unit}".strip()
+
+
+def _singular(unit: str) -> str:
+    """A count word for one: '1 crash', '1 error', '1 CPU' (a unit that is not a plural
+    word stays as it is)."""
+    if len(unit) < 3 or not unit.isalpha() or not unit.endswith("s"):
+        return unit
+    if unit.endswith(("sses", "shes", "ches", "xes")):
+        return unit[:-2]
+    return unit[:-1]
 
 
 def count(number, thing: str) -> str:
@@ -109,6 +126,10 @@ def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
         return "–"
     if unit == TIME_UNIT:
         return f"{'before' if pick == 'min' else 'after'} {format_value(threshold, unit)}"
+    if unit == CHECK_UNIT:
+        return "failing"
+    if unit == "xid":
+        return "any XID"
     return f"{'<' if pick == 'min' else '>'} {format_value(threshold, unit)}"
 
 
@@ -121,6 +142,10 @@ def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
     if unit == TIME_UNIT:
         side = "after" if value >= threshold else "before"
         return f"{duration(abs(value - threshold))} {side} it"
+    if unit == CHECK_UNIT:
+        return format_value(value, unit)
+    if unit == "xid":
+        return "set" if value else "none"
     if threshold == 0:
         return "above 0" if value > 0 else "at 0"
     if pick == "min":  # fires below its threshold: under it is past it

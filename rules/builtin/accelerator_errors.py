@@ -54,7 +54,7 @@ RULE = Rule(
         Evidence("last XID error (DCGM)", _XID, 0, "xid"),
         Evidence("uncorrected ECC errors in the window", _ECC_GROWTH, 0, "errors"),
         Evidence("Ascend error codes raised", _CODES, 0, "codes"),
-        Evidence("vendor health (1 OK)", _HEALTH, 1, "ratio", pick="min"),
+        Evidence("vendor health check", _HEALTH, 1, "check", pick="min"),
     ),
     confidence=0.9,
     for_seconds=0,  # an error is the finding
