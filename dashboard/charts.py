@@ -276,7 +276,8 @@ def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
     fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
                       xaxis={"ticksuffix": "x", "title": {
-                          "text": "value / threshold: 1x at it, more past it (either side)"}},
+                          # two lines: one is cut off in a half-width chart
+                          "text": "value / threshold<br>1x at it, more past it (either side)"}},
                       yaxis={"title": {"text": ""}})
     return _styled(fig)
 

@@ -369,3 +369,10 @@ def test_a_health_check_reads_failing_not_zero_percent():
     assert row == ("failing", "failing", "failing")
     assert units.format_value(1, units.CHECK_UNIT) == "passing"
     assert units.format_value(79, "xid") == "XID 79"
+
+
+def test_just_past_a_threshold_says_by_how_much_not_1x():
+    """99.4 % against a 95 % threshold read '1x the threshold', as if at it."""
+    assert units.over_threshold(0.994, 0.95) == "4.6 % over it"
+    assert units.over_threshold(0.95, 0.95) == "at it"
+    assert units.over_threshold(1.2, 1) == "1.2x the threshold"

@@ -155,6 +155,10 @@ def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
             return f"{_significant(threshold / value, 2)}x below" if value > 0 else "at 0"
         return f"below ({_significant((1 - value / threshold) * 100, 2)} % under it)"
     ratio = value / threshold
+    if ratio == 1:
+        return "at it"
+    if 1 < ratio < 1.1:  # '1x' would read as at it: 99.4 % against 95 % is 4.6 % over
+        return f"{_significant((ratio - 1) * 100, 2)} % over it"
     return f"{_significant(ratio, 2)}x the threshold" if ratio >= 1 else \
         f"below ({_significant(ratio * 100, 2)} % of it)"
 
