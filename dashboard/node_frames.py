@@ -173,14 +173,17 @@ def _errors(row: pd.Series) -> str:
     """What the vendor says is wrong with a module now, or "none"; "not reported" where the
     source has no error series at all (nvidia-smi's table has no XID)."""
     said = []
-    for column, text in (("last XID", "XID {:.0f}"), ("ECC uncorrected", "{:.0f} uncorrected ECC"),
-                         ("error codes", "{:.0f} error codes")):
+    for column, say in (("last XID", lambda v: f"XID {v:.0f}"),
+                        # the device's count since the driver loaded, not the window's growth
+                        ("ECC uncorrected", lambda v: units.count(v, "uncorrected ECC error")
+                         + " in total"),
+                        ("error codes", lambda v: units.count(v, "error code"))):
         value = row.get(column)
         if value == value and value is not None and value > 0:
-            said.append(text.format(value))
+            said.append(say(value))
     healthy = row.get("healthy")
     if healthy == healthy and healthy is not None and healthy < 1:
-        said.append("vendor health not OK")
+        said.append("vendor health check failing")
     reported = [row.get(c) for c in ("last XID", "ECC uncorrected", "error codes", "healthy")]
     if said:
         return ", ".join(said)

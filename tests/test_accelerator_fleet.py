@@ -162,7 +162,7 @@ def test_a_node_page_lists_the_nodes_modules_as_loaded(monkeypatch, modules):
         f"{units.format_value(d['used'], 'bytes')} / {units.format_value(d['total'], 'bytes')}"
         for d in node.devices]
     errors = dict(zip(table["device"], table["errors"], strict=True))
-    assert errors.pop("3") == "XID 79, 2 uncorrected ECC"
+    assert errors.pop("3") == "XID 79, 2 uncorrected ECC errors in total"
     assert set(errors.values()) == {"none"}
     assert set(table["matrix listed"]) == {"yes"}
     assert not any("No inference module" in i.value for i in app.info)
