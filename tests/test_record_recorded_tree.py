@@ -160,10 +160,12 @@ def test_recording_a_recorded_tree_leaves_its_hazards_out(tmp_path, plant):
 
 def test_recording_a_clean_recorded_tree_copies_it_as_it_is(tmp_path):
     root = _recorded_tree(tmp_path)
+    write(root / "proc/200/fd_count", "57\n")  # a bundle holds the count, not the fds
     out, result = _record_tree(root, tmp_path)
     assert result.returncode == 0, result.stderr
     sample = out / "samples" / "s0000"
     for relative in ("proc/stat", "proc/loadavg", "proc/200/stat", "proc/300/stat",
+                     "proc/200/fd_count",
                      "sys/devices/system/node/node0/numastat",
                      "var/lib/kubelet/cpu_manager_state"):
         assert (sample / relative).read_bytes() == (root / relative).read_bytes(), relative

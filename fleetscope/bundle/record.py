@@ -146,6 +146,8 @@ def _capture_processes(scrape: Scrape, destination: str, config: Config,
         if fds is not None:
             with open(os.path.join(destination, base, "fd_count"), "w") as out:
                 out.write(f"{len(fds)}\n")
+        else:  # a recorded tree holds the count, not the fds
+            copy_file(reader, f"{base}/fd_count", destination)
         if pid in members:
             copy_file(reader, f"{base}/numa_maps", destination)
     for directory, file_names in _cgroup_files(scrape, pool_members).items():
