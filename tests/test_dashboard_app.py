@@ -337,6 +337,7 @@ def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch)
     app = run_app(monkeypatch, DEMO, "node", {"node": healthy, "rule": "fd-exhaustion"})
     assert app.selectbox(key="node_choice").value == healthy
     assert any("fd-exhaustion does not fire on" in i.value for i in app.info)
+    assert app.query_params == {"node": healthy, "rule": "fd-exhaustion"}  # a reload says so
     # the findings page: an unknown rule, and a rule asked on a node it does not fire on
     app = run_app(monkeypatch, DEMO, "findings", {"rule": "no-such-rule"})
     assert any("no-such-rule" in e.value for e in app.error) and not app.subheader

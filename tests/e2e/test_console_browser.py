@@ -725,6 +725,29 @@ def test_node_link_with_the_host_name_alone_opens_that_node(shared_demo, demo_fi
 
 
 @pytest.mark.live
+def test_node_link_with_a_rule_that_does_not_fire_there_says_so(shared_demo, demo_findings,
+                                                                tmp_path):
+    """/node?node=N&rule=R, R not firing on N: N's page with a line saying so and what does
+    fire there; the URL still names N and R, so a reload says it again."""
+    rule = _a_lone_finding(demo_findings)["rule"]
+    node = _a_node_where(demo_findings, rule)
+    mine = [f["rule"] for f in demo_findings if f["node"] == node]
+    with chromium() as driver:
+        answer = open_link(driver, shared_demo, "node", {"node": node, "rule": rule},
+                           tmp_path, "node-rule-not-on-node")
+        for attempt in ("link", "reload"):
+            if attempt == "reload":
+                driver.refresh()
+                answer = settled(driver, ANSWERED["node"], "the same link reloaded")
+            text, query = answer
+            all_hold({f"{attempt}: the URL names N and R": query == {"node": node, "rule": rule},
+                      f"{attempt}: says R does not fire on N, and what does":
+                      f"{rule} does not fire on {node}; what does: {', '.join(mine)}." in text,
+                      f"{attempt}: the selector shows N": selectbox_value(driver, "Node") == node},
+                     text, query)
+
+
+@pytest.mark.live
 @pytest.mark.parametrize(("page", "param", "unknown", "said", "selector", "shown"), [
     ("findings", "rule", "no-such-rule",
      ["No 'no-such-rule' finding in this source (no such rule)."], "Rule (worst first)",
