@@ -22,9 +22,7 @@ choices = nodes["instance"].tolist()
 asked = st.query_params.get("node")
 wanted = state.resolve_node(asked, all_nodes["instance"])
 if asked and wanted is None:
-    st.error(f"No node {asked!r} in this source (instance or host name).")
-    st.page_link(state.page("fleet"), label="Open the Fleet page", icon=":material/apps:")
-    st.stop()
+    state.no_such_node(asked)
 if wanted and wanted not in choices:
     choices = [wanted, *choices]
 if wanted:

@@ -652,7 +652,7 @@ def _a_lone_finding(findings: list[dict]) -> dict:
 ANSWERED = {
     "node": lambda t: "Findings on this node" in t or "No node" in t,
     "findings": lambda t: ("does not fire on" in t or "finding in this source" in t
-                           or bool(FINDING_HEADING.search(t))),
+                           or "No node" in t or bool(FINDING_HEADING.search(t))),
 }
 
 
@@ -685,18 +685,23 @@ def test_findings_link_to_a_rule_on_a_node_it_does_not_fire_on(shared_demo, demo
 
 
 @pytest.mark.live
-def test_findings_link_with_the_host_name_alone_opens_the_finding_there(
-        shared_demo, demo_findings, tmp_path):
-    """/findings?rule=R&node=<host>: R's finding on that host's instance, the instance in
-    the URL, not R's first finding on another node."""
+@pytest.mark.parametrize("with_rule", [True, False], ids=["rule-and-host", "host-alone"])
+def test_findings_link_with_the_host_name_opens_the_finding_there(
+        shared_demo, demo_findings, tmp_path, with_rule):
+    """/findings?rule=R&node=<host>, and /findings?node=<host> alone: R's finding (the node's
+    worst) on that host's instance, the instance and R in the URL; not R's first finding,
+    nor the worst rule's, on another node."""
     firsts: dict[str, str] = {}
+    worst: dict[str, dict] = {}
     for f in demo_findings:
         firsts.setdefault(f["rule"], f["node"])
-    sick = next(f for f in demo_findings if f["node"] != firsts[f["rule"]])
+        worst.setdefault(f["node"], f)
+    sick = next(f for f in worst.values() if f["node"] != firsts[f["rule"]])
     rule, host = sick["rule"], sick["node"].rpartition(":")[0]
     with chromium() as driver:
-        text, query = open_link(driver, shared_demo, "findings", {"rule": rule, "node": host},
-                                tmp_path, "findings-by-host-name")
+        text, query = open_link(driver, shared_demo, "findings",
+                                {**({"rule": rule} if with_rule else {}), "node": host},
+                                tmp_path, f"findings-by-host-name-{with_rule}")
     shown = [(sick["severity"].upper(), rule, sick["node"])]
     all_hold({"the URL names R and the host's instance":
               query == {"rule": rule, "node": sick["node"]},
@@ -755,12 +760,15 @@ def test_node_link_with_a_rule_that_does_not_fire_there_says_so(shared_demo, dem
     ("node", "node", "no-such-node:9105",
      ["No node 'no-such-node:9105' in this source (instance or host name).",
       "Open the Fleet page"], "Node", re.compile("Findings on this node").search),
-], ids=["findings-unknown-rule", "node-unknown-node"])
+    ("findings", "node", "no-such-node:9105",
+     ["No node 'no-such-node:9105' in this source (instance or host name).",
+      "Open the Fleet page"], "Rule (worst first)", FINDING_HEADING.search),
+], ids=["findings-unknown-rule", "node-unknown-node", "findings-unknown-node"])
 def test_a_link_to_what_does_not_exist_says_so_and_opens_nothing_else(
         shared_demo, demo_snapshot, tmp_path, page, param, unknown, said, selector, shown):
-    """/findings?rule=<no such rule>, /node?node=<no such node>: said plainly; no other
-    rule's finding or node's page in its place (nothing to choose one with) and the URL
-    unchanged."""
+    """/findings?rule=<no such rule>, /node?node=<no such node>, /findings?node=<no such
+    node>: said plainly; no other rule's finding or node's page in its place (nothing to
+    choose one with) and the URL unchanged."""
     from fleetscope.dashboard.fleet_frames import node_table
 
     assert unknown not in {*RULE_IDS, *node_table(demo_snapshot)["instance"]}
