@@ -179,6 +179,14 @@ def resolve_node(asked: str | None, instances) -> str | None:
     return hosts[0] if len(hosts) == 1 else None
 
 
+def no_such_node(asked: str) -> None:
+    """A link's node that no instance or host name of this source matches: said, with the way
+    back to the fleet, and the page stops (never another node in its place)."""
+    st.error(f"No node {asked!r} in this source (instance or host name).")
+    st.page_link(page("fleet"), label="Open the Fleet page", icon=":material/apps:")
+    st.stop()
+
+
 def from_url(param: str, key: str, allowed=None) -> None:
     """A deep link's query parameter wins over the widget's remembered value: set the
     widget's session state from it before the widget is drawn (when it is a valid choice;

@@ -337,6 +337,7 @@ def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch)
     app = run_app(monkeypatch, DEMO, "node", {"node": healthy, "rule": "fd-exhaustion"})
     assert app.selectbox(key="node_choice").value == healthy
     assert any("fd-exhaustion does not fire on" in i.value for i in app.info)
+    assert app.query_params == {"node": healthy, "rule": "fd-exhaustion"}  # a reload says so
     # the findings page: an unknown rule, and a rule asked on a node it does not fire on
     app = run_app(monkeypatch, DEMO, "findings", {"rule": "no-such-rule"})
     assert any("no-such-rule" in e.value for e in app.error) and not app.subheader
@@ -347,6 +348,17 @@ def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch)
     app = run_app(monkeypatch, DEMO, "findings", {"rule": "fd-exhaustion",
                                                   "node": sick.rpartition(":")[0]})
     assert app.subheader[0].value.endswith(f"fd-exhaustion on {sick}")
+    # a node with no rule: its own worst finding, an unknown or a healthy node said
+    worst = next(f for f in data.load(DEMO).findings if f["node"] == sick)
+    app = run_app(monkeypatch, DEMO, "findings", {"node": sick})
+    assert app.subheader[0].value.endswith(f"{worst['rule']} on {sick}")
+    assert app.query_params == {"node": sick, "rule": worst["rule"]}
+    app = run_app(monkeypatch, DEMO, "findings", {"node": "no-such-node:9105"})
+    assert any("No node 'no-such-node:9105'" in e.value for e in app.error)
+    assert not app.subheader and app.query_params == {"node": "no-such-node:9105"}
+    app = run_app(monkeypatch, DEMO, "findings", {"node": healthy})
+    assert any(f"No rule fires on {healthy}" in s.value for s in app.success)
+    assert not app.subheader
 
 
 def test_changing_the_rule_never_leaves_the_previous_rules_finding_selected(monkeypatch):

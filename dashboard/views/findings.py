@@ -10,26 +10,34 @@ snap = state.snapshot()
 nodes = state.filtered_nodes(snap)
 keep = set(nodes["instance"])
 asked = st.query_params.get("node")
-asked_node = state.resolve_node(asked, state.nodes(snap)["instance"]) or asked
+asked_node = state.resolve_node(asked, state.nodes(snap)["instance"])
 findings = [f for f in snap.findings if f["node"] in keep or f["node"] == asked_node]
 st.title("Findings")
 # A deep link opens the finding it names or says there is none: never another one instead.
+if asked and asked_node is None:
+    state.no_such_node(asked)
 asked_rule = st.query_params.get("rule")
 if asked_rule and not any(f["rule"] == asked_rule for f in findings):
     st.error(f"No {asked_rule!r} finding in this source"
              + (" (no such rule)." if asked_rule not in {r.id for r in CATALOG} else "."))
     st.stop()
-if asked_rule and asked and not any(f["rule"] == asked_rule and f["node"] == asked_node
-                                    for f in findings):
-    st.error(f"{asked_rule} does not fire on {asked_node}.")
-    st.page_link(state.page("node"), label=f"Open {asked_node}",
-                 query_params={"node": asked_node})
-    st.stop()
+if asked_node:
+    on_node = [f["rule"] for f in findings if f["node"] == asked_node]
+    asked_rule = asked_rule or next(iter(on_node), None)  # a node alone: its worst finding
+    if asked_rule not in on_node:
+        if asked_rule:
+            st.error(f"{asked_rule} does not fire on {asked_node}.")
+        else:
+            st.success(f"No rule fires on {asked_node}.")
+        st.page_link(state.page("node"), label=f"Open {asked_node}",
+                     query_params={"node": asked_node})
+        st.stop()
 if not findings:
     st.success("No rule fires on these nodes.")
     st.stop()
 rules = list(dict.fromkeys(f["rule"] for f in findings))  # worst first, as the engine ranks
-state.from_url("rule", "findings_rule", set(rules))
+if asked_rule in rules:  # the URL's rule (or the asked node's worst) wins over the widget's
+    st.session_state["findings_rule"] = asked_rule
 # No format_func: option values are what the widget shows and what the URL holds.
 rule = st.selectbox("Rule (worst first)", rules, key="findings_rule",
                     on_change=state.to_url("rule", "findings_rule", drop=("node",)))

@@ -22,9 +22,7 @@ choices = nodes["instance"].tolist()
 asked = st.query_params.get("node")
 wanted = state.resolve_node(asked, all_nodes["instance"])
 if asked and wanted is None:
-    st.error(f"No node {asked!r} in this source (instance or host name).")
-    st.page_link(state.page("fleet"), label="Open the Fleet page", icon=":material/apps:")
-    st.stop()
+    state.no_such_node(asked)
 if wanted and wanted not in choices:
     choices = [wanted, *choices]
 if wanted:
@@ -49,12 +47,14 @@ st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** �
 history = state.node_history(snap, instance)
 window = evidence_frames.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
-open_rule = st.query_params.get("rule")
-if open_rule and open_rule not in {f["rule"] for f in mine}:
-    st.info(f"{open_rule} does not fire on {instance}"
+asked_rule = st.query_params.get("rule")
+open_rule = asked_rule if asked_rule in {f["rule"] for f in mine} else None
+if asked_rule and open_rule is None:
+    st.info(f"{asked_rule} does not fire on {instance}"
             + (f"; what does: {', '.join(f['rule'] for f in mine)}." if mine else "."))
-    open_rule = None
-state.keep_in_url(node=instance, rule=open_rule)
+# The URL keeps the rule asked even where it does not fire: a reload or a shared link says so
+# again rather than opening the node's first finding as if it had been asked for.
+state.keep_in_url(node=instance, rule=asked_rule)
 st.subheader(f"Findings on this node ({len(mine)})")
 if not mine:
     st.success("No rule fires on this node.")
