@@ -24,7 +24,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleetscope.dashboard import fleet_eval
+from fleetscope.dashboard import evidence_views, fleet_eval
+from fleetscope.rules.catalog import CATALOG
 from fleetscope.rules.promql import Series
 
 SOURCE_ENV = "FLEETSCOPE_CONSOLE_SOURCE"
@@ -42,7 +43,11 @@ NODE_METRICS = sorted(set(FLEET_METRICS) | {
 } | {f"fleetscope_accelerator_{name}" for name in (
     "info", "utilization_ratio", "memory_used_bytes", "memory_total_bytes",
     "temperature_celsius", "power_watts", "ecc_uncorrected_errors", "ecc_corrected_errors",
-    "last_xid", "error_codes", "healthy", "matrix_listed")})
+    "last_xid", "error_codes", "healthy", "matrix_listed")} | {
+    # and what each rule's evidence views draw (a finding's charts on the Node and Findings
+    # pages): a query engine is asked only for these names
+    name for rule in CATALOG for panel in evidence_views.views_for(rule.id)
+    for name in panel.expr.metrics()})
 # How far back a node's history goes (the sidebar's choice, `?range=` in the URL), on the
 # sources that make a history for any range: the demo and Prometheus. A bundle has its own.
 HISTORY_RANGES = {"15 min": 900, "1 h": 3600, "3 h": 3 * 3600, "6 h": 6 * 3600,

@@ -13,6 +13,7 @@ import yaml
 
 from fleetscope.dashboard import (
     data,
+    evidence_views,
     fleet_eval,
     fleet_frames,
     frames,
@@ -354,3 +355,12 @@ def test_a_bundle_source_is_one_node_with_the_diagnose_findings_and_every_core()
     busy = node_frames.per_core_busy(snap.node_loader("kunpeng-920-128", 3600))
     assert busy.shape[0] == 128
     assert {n["rule"] for n in snap.not_evaluated} >= {"queue-backlog"}
+
+
+def test_a_nodes_history_asks_for_every_series_an_evidence_view_draws():
+    """A query engine's node history is range-queried by name (NODE_METRICS): a view whose
+    series are not asked for draws nothing on a Prometheus source, though the demo has them."""
+    missing = {rule.id: sorted(panel.expr.metrics() - set(data.NODE_METRICS))
+               for rule in CATALOG for panel in evidence_views.views_for(rule.id)
+               if panel.expr.metrics() - set(data.NODE_METRICS)}
+    assert not missing, missing

@@ -155,3 +155,19 @@ def test_the_history_range_sets_the_span_drawn_keeps_it_in_the_url_and_across_a_
                 driver.refresh()
                 node_page(driver, "6 h")
                 assert path_and_query(driver.current_url)[1].get("range") == "6 h"
+
+
+@pytest.mark.live
+def test_a_findings_evidence_charts_come_from_prometheus(hours_of_prometheus):
+    """The node's history a Prometheus source loads holds the series of its finding's
+    evidence views: each oom-kill view whose series were backfilled for the node is drawn."""
+    from fleetscope.dashboard import data, evidence_frames, evidence_views
+
+    backfilled = {s.name for s in hours_of_prometheus["profiles"]["oom-kill"]}
+    expected = {panel.title for panel in evidence_views.views_for("oom-kill")
+                if panel.expr.metrics() <= backfilled}
+    assert expected
+    snap = data.load_prometheus(hours_of_prometheus["prometheus"])
+    history = snap.node_loader(FAULTY, 3600)
+    drawn = {panel.title for panel, _ in evidence_frames.evidence_panels("oom-kill", history)}
+    assert expected <= drawn, sorted(expected - drawn)
