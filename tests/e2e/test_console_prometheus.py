@@ -20,8 +20,15 @@ import urllib.parse
 import pytest
 
 from tests.conftest import fleet_bench, require_tool
-from tests.e2e.test_console_browser import (chromium, free_port, path_and_query, shoot, stop,
-                                            wait_for, wait_healthy)
+from tests.e2e.test_console_browser import (
+    chromium,
+    free_port,
+    path_and_query,
+    shoot,
+    stop,
+    wait_for,
+    wait_healthy,
+)
 
 MINUTES_OF_DATA = 150  # more than one hour, less than the sidebar's 3 h and 6 h
 AHEAD_S = 300  # the data runs this far past now (so "now" lies inside it)
@@ -171,3 +178,37 @@ def test_a_findings_evidence_charts_come_from_prometheus(hours_of_prometheus):
     history = snap.node_loader(FAULTY, 3600)
     drawn = {panel.title for panel, _ in evidence_frames.evidence_panels("oom-kill", history)}
     assert expected <= drawn, sorted(expected - drawn)
+
+
+# The right edge of each chart's axis titles, and of the chart, in page pixels.
+AXIS_TITLE_EDGES = """
+return Array.from(document.querySelectorAll('.js-plotly-plot'), p => ({
+  title: String((p.layout && p.layout.title && p.layout.title.text) || ''),
+  right: p.getBoundingClientRect().right,
+  titles: Array.from(p.querySelectorAll('.xtitle, .ytitle'),
+                     t => [t.textContent, t.getBoundingClientRect().right])}))
+"""
+
+
+@pytest.mark.live
+def test_the_evidence_bars_say_how_to_read_them_in_full(hours_of_prometheus, tmp_path):
+    """The Findings page's "Evidence against its threshold" (a narrow column) shows its
+    axis title, how to read the bars, whole: none of it past the chart's right edge."""
+    link = (f"{hours_of_prometheus['url']}findings?"
+            f"{urllib.parse.urlencode({'rule': 'oom-kill', 'node': FAULTY})}")
+    with chromium() as driver:
+        driver.get(link)
+        wait_for(driver, lambda t: "Evidence against its threshold" in t and "Runbook" in t,
+                 "the oom-kill finding's evidence bars", 180)
+        deadline = time.monotonic() + 60
+        charts: list[dict] = []
+        while time.monotonic() < deadline and not any(c["titles"] for c in charts):
+            charts = [c for c in driver.execute_script(AXIS_TITLE_EDGES)
+                      if "Evidence against" in c["title"]]
+            time.sleep(0.5)
+        shoot(driver, tmp_path, "prometheus-findings-evidence-bars")
+        titles = [t for c in charts for t in c["titles"] if t[0]]
+        assert any("1x at it" in text for text, _ in titles), charts
+        for chart in charts:
+            for text, right in chart["titles"]:
+                assert right <= chart["right"], (text, right, chart["right"])
