@@ -155,6 +155,11 @@ else:
     total["series"] = "read + write"
     peak_value = float(peak["value"].max()) if not peak.empty else None
     now = float(total.sort_values("time")["value"].iloc[-1])
+    # A source that keeps the rule's ratio but not the peak series (a relabelling keeping
+    # what the rules read): the peak is the exporter's own, bandwidth over that ratio.
+    ratio = frames.latest(history, "fleetscope_memory_bandwidth_utilization_ratio")
+    if peak_value is None and not ratio.empty and float(ratio["value"].max()) > 0:
+        peak_value = now / float(ratio["value"].max())
     st.caption(f"DRAM bandwidth now {units.format_value(now, 'bytes/s')}"
                + (f" of the platform peak {units.format_value(peak_value, 'bytes/s')} "
                   f"({units.format_value(now / peak_value, 'ratio')}; "

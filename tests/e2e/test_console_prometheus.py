@@ -212,3 +212,26 @@ def test_the_evidence_bars_say_how_to_read_them_in_full(hours_of_prometheus, tmp
         for chart in charts:
             for text, right in chart["titles"]:
                 assert right <= chart["right"], (text, right, chart["right"])
+
+
+@pytest.mark.live
+def test_the_bandwidth_chart_knows_the_peak_the_rules_ratio_is_over(hours_of_prometheus,
+                                                                    tmp_path):
+    """A Prometheus holding the exporter's bandwidth and its ratio to the platform peak (what
+    the rules read) but not the peak series: the Node page gives the bandwidth as the share
+    of the peak that was backfilled, never "no platform peak known" beside a finding that
+    names that share."""
+    from fleetscope.core import units
+
+    written = {s.name: s for s in hours_of_prometheus["profiles"]["healthy-busy"]}
+    assert "fleetscope_memory_bandwidth_peak_bytes_per_second" not in written
+    ratio = written["fleetscope_memory_bandwidth_utilization_ratio"].first
+    link = f"{hours_of_prometheus['url']}node?{urllib.parse.urlencode({'node': HEALTHY})}"
+    with chromium() as driver:
+        driver.get(link)
+        text = wait_for(driver, lambda t: "DRAM bandwidth now" in t, "the bandwidth chart", 180)
+        shoot(driver, tmp_path, "prometheus-node-bandwidth")
+        caption = next(line for line in text.splitlines() if "DRAM bandwidth now" in line)
+        assert "no platform peak known" not in caption, caption
+        assert f"({units.format_value(ratio, 'ratio')}; memory-bandwidth-saturation fires" \
+            in caption, (caption, ratio)
