@@ -58,11 +58,18 @@ except data.SourceError as err:
 
 nodes = state.nodes(snap)
 st.sidebar.caption(snap.description)
-# How old the data is, every run: a page left open in an incident must say it is stale.
-age = max(0.0, time.time() - snap.window[1])
-since = (f"data up to {units.local_time(snap.window[1])}, "
-         f"{units.duration(round(age) if age >= 1 else age)} ago")
-if snap.kind != "bundle" and age > STALE_AFTER_S:
+# How old the data is, every run: a page left open in an incident must say it is stale;
+# an engine holding no current sample is as old as its newest one, not the query's time.
+until = snap.window[1] if snap.newest_sample is None else snap.newest_sample
+age = max(0.0, time.time() - until)
+when = f"{units.local_time(until)}, {units.duration(round(age) if age >= 1 else age)} ago"
+since = f"data up to {when}" if until else "no data in the last day"
+if snap.newest_sample is not None:
+    st.error("No current data: this source holds no node sample from the last 5 minutes ("
+             + (f"the newest at {when}" if until else "none in the last day")
+             + "). Are the exporters up and scraped? Empty counts below mean no data, not "
+             "a healthy fleet.")
+if snap.kind != "bundle" and (age > STALE_AFTER_S or not until):
     st.sidebar.warning(f"{since}: stale. Refresh to load the source again.")
 else:
     st.sidebar.caption(since + (" (recorded)" if snap.kind == "bundle" else ""))

@@ -76,6 +76,9 @@ class Snapshot:
     # Recorded series name -> its vector, answered by a query engine (rules/recording.py);
     # None: the frames evaluate the same expressions over `series` in-process.
     aggregates: dict[str, dict] | None = None
+    # A query engine with no current node sample (none within its 5-minute look-back):
+    # the newest one's time, 0.0 when there is none within a day; None while data is current.
+    newest_sample: float | None = None
 
     @property
     def history_ranged(self) -> bool:
@@ -220,6 +223,11 @@ NODE_TABLE_QUERIES = {
     "fleetscope_scrape_collector_success":
         "count by (instance) (fleetscope_scrape_collector_success)",
 }
+# When none of them is current: the newest sample of either within a day. timestamp() of a
+# raw selector is the sample's own time; a 5-minute step under the 5-minute look-back sees
+# every sample once.
+NEWEST_SAMPLE_QUERY = ("max(max_over_time(timestamp({__name__=~\"fleetscope_cpu_info|"
+                       "fleetscope_scrape_collector_success\"})[1d:5m]))")
 
 
 def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
@@ -275,12 +283,19 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
 
     nodes = len({dict(labels).get("instance") for vector in tables.values()
                  for labels in vector} - {None})
+    newest = None
+    if not nodes:  # an engine that answers but holds nothing current: say since when
+        try:
+            newest = max(remote.instant_vectors(client, {"newest": NEWEST_SAMPLE_QUERY},
+                                                now)["newest"].values(), default=0.0)
+        except remote.RemoteError as err:
+            raise SourceError(str(err)) from None
     how = ("findings: the alerts this engine fires for the exported rules" if
            answered.from_alerts else "findings: every rule evaluated on this engine over "
            f"the last {seconds / 60:g} min")
     return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
                     _to_json(answered.findings), answered.not_evaluated, answered.window,
-                    node_loader, notes=[how], aggregates=aggregates)
+                    node_loader, notes=[how], aggregates=aggregates, newest_sample=newest)
 
 
 def source_from_env() -> str:

@@ -235,3 +235,41 @@ def test_the_bandwidth_chart_knows_the_peak_the_rules_ratio_is_over(hours_of_pro
         assert "no platform peak known" not in caption, caption
         assert f"({units.format_value(ratio, 'ratio')}; memory-bandwidth-saturation fires" \
             in caption, (caption, ratio)
+
+
+@pytest.fixture(scope="module")
+def stopped_prometheus(tmp_path_factory):
+    """Prometheus holding an hour of one node that stopped being scraped 20 minutes ago (the
+    data ends there): (its URL, the last sample written, epoch seconds)."""
+    require_tool("promtool")
+    require_tool("prometheus")
+    bench = fleet_bench()
+    workdir = tmp_path_factory.mktemp("stopped-prometheus")
+    profiles = bench.load_profiles()
+    points = 60 * 60 // bench.STEP_S + 1
+    last_s = int((time.time() - 20 * 60) // bench.STEP_S * bench.STEP_S)
+    bench.write_samples(workdir / "fleet.om",
+                        [bench.Node(HEALTHY, "healthy-busy", "r000", "pool-a", "r1p1")],
+                        profiles, last_s - (points - 1) * bench.STEP_S, points, True)
+    engine = bench.start_prometheus(workdir / "fleet.om", workdir)
+    try:
+        yield engine.url, last_s
+    finally:
+        engine.stop()
+
+
+@pytest.mark.live
+def test_a_prometheus_without_current_data_says_so_and_since_when(monkeypatch,
+                                                                  stopped_prometheus):
+    """Nothing within the engine's 5-minute look-back: not "0 nodes, data up to now, no rule
+    fires" but an error naming the newest sample written, and the data called stale."""
+    from fleetscope.core import units
+    from tests.test_dashboard_app import run_app
+
+    url, last_s = stopped_prometheus
+    app = run_app(monkeypatch, f"prometheus:{url}")
+    errors = [e.value for e in app.error]
+    assert any("No current data" in e and units.local_time(last_s) in e for e in errors), (
+        errors, units.local_time(last_s))
+    stale = [w.value for w in app.sidebar.warning]
+    assert any(units.local_time(last_s) in w and "stale" in w for w in stale), stale
