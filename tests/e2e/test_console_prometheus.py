@@ -3,9 +3,10 @@ prometheus:URL` in headless Chromium at 1600x1000.
 
 Two simulated nodes (bench/fleet_prometheus.py's profiles: one with the oom-kill fault, one
 healthy and busy) backfilled with `promtool tsdb create-blocks-from openmetrics`, 2.5 h at
-15 s ending a few minutes past now, and Prometheus over the blocks on 127.0.0.1. What the
+15 s ending 20 minutes past now, and Prometheus over the blocks on 127.0.0.1. What the
 console draws is compared with the timestamps written into the blocks, not with its own
-answers. Every process started here (Prometheus, the console) is stopped by its pid.
+answers. A second Prometheus holds a node whose data stopped 20 minutes ago. Every process
+started here (Prometheus, the console) is stopped by its pid.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tests.e2e.test_console_browser import (
 )
 
 MINUTES_OF_DATA = 150  # more than one hour, less than the sidebar's 3 h and 6 h
-AHEAD_S = 300  # the data runs this far past now (so "now" lies inside it)
+AHEAD_S = 20 * 60  # the data runs this far past now: "now" stays inside it on a slow run
 FAULTY, HEALTHY = "node-00000:9105", "node-00001:9105"
 
 
