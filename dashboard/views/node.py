@@ -37,15 +37,20 @@ if st.session_state.get("node_choice") not in choices:
 instance = st.selectbox("Node", choices, key="node_choice",
                         on_change=state.to_url("node", "node_choice", drop=("rule",)))
 row = all_nodes[all_nodes["instance"] == instance].iloc[0]
+history = state.node_history(snap, instance)
+window = evidence_frames.history_window(history)
+stamps = history.timestamps()
+# A range longer than the node's data: say where its data starts (the chart's axis alone
+# reads as if the range were drawn).
+starts = (f", its data from {units.local_time(stamps[0] / 1000)}" if len(stamps) > 1
+          and stamps[-1] - stamps[0] < 0.95 * state.history_seconds(snap) * 1000 else "")
 st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
            f"(stepping {row.stepping}, {row.arch}) · kernel "
            f"{row.kernel if row.kernel not in ('', '?') else 'not recorded'} · data up to "
            f"{units.local_time(snap.window[1])}"
-           + (f" · history: the last {state.history_range()} (sidebar)"
+           + (f" · history: the last {state.history_range()} (sidebar){starts}"
               if snap.history_ranged else ""))
 
-history = state.node_history(snap, instance)
-window = evidence_frames.history_window(history)
 mine = [f for f in snap.findings if f["node"] == instance]
 asked_rule = st.query_params.get("rule")
 open_rule = asked_rule if asked_rule in {f["rule"] for f in mine} else None

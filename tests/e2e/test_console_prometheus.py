@@ -133,13 +133,16 @@ def test_the_history_range_sets_the_span_drawn_keeps_it_in_the_url_and_across_a_
     """On 2.5 h of backfilled data: `?range=1+h` draws the last hour only; 6 h chosen in the
     sidebar goes into the URL and draws every backfilled sample from the first; a reload of
     that URL draws the same."""
+    from fleetscope.core import units
+
     fleet = hours_of_prometheus
     first_s, last_s = fleet["first_s"], fleet["last_s"]
     step = 60  # the node loader's widest step for these ranges (at most 720 points a range)
     link = f"{fleet['url']}node?{urllib.parse.urlencode({'node': HEALTHY, 'range': '1 h'})}"
     with chromium() as driver:
         driver.get(link)
-        node_page(driver, "1 h")
+        text = node_page(driver, "1 h")
+        assert "its data from" not in text  # the hour is all data
         first, last = drawn_span(driver, "Busy across cores")
         shoot(driver, tmp_path, "prometheus-node-1h")
         assert path_and_query(driver.current_url)[1].get("range") == "1 h"
@@ -151,17 +154,20 @@ def test_the_history_range_sets_the_span_drawn_keeps_it_in_the_url_and_across_a_
         choose_range(driver, "6 h")
         wait_for(driver, lambda t: path_and_query(driver.current_url)[1].get("range") == "6 h",
                  "range=6 h in the URL", 60)
-        node_page(driver, "6 h")
+        text = node_page(driver, "6 h")
         for when in ("chosen", "reloaded"):
             first, last = drawn_span(driver, "Busy across cores")
             # every backfilled sample from the first (within the loader's step) to now
             assert first_s <= first < first_s + step, (when, first_s, first)
+            # and the caption says the 6 h asked for hold 2.5 h of data, from when
+            assert f"its data from {units.local_time(first, dt.timezone.utc)}" in text, (
+                when, text[:1500])
             assert last <= last_s and last - first > MINUTES_OF_DATA * 60 - AHEAD_S - step, (
                 when, first, last, last_s)
             shoot(driver, tmp_path, f"prometheus-node-6h-{when}")
             if when == "chosen":
                 driver.refresh()
-                node_page(driver, "6 h")
+                text = node_page(driver, "6 h")
                 assert path_and_query(driver.current_url)[1].get("range") == "6 h"
 
 
