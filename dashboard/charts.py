@@ -8,6 +8,7 @@ times in the console's zone with the zone in the axis title.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import pandas as pd
 import plotly.express as px
@@ -268,16 +269,20 @@ def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> g
 
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
-    frame = evidence.dropna(subset=["ratio"])
-    # how to read the scale goes under the axis: a half-width chart's title has no room for it
-    fig = px.bar(frame, x="ratio", y="signal", orientation="h",
-                 title="Evidence against its threshold")
+    frame = evidence.dropna(subset=["ratio"]).copy()
+    # The chart sits in a narrow column: a signal's long name on one line left the bars a
+    # sliver, and how to read the scale, centred under that sliver, ran past the right edge.
+    # Names wrap; the reading goes under the title, which has the chart's whole width.
+    frame["signal"] = frame["signal"].map(lambda name: "<br>".join(textwrap.wrap(name, 26)))
+    fig = px.bar(frame, x="ratio", y="signal", orientation="h")
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
     fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
-    fig.update_layout(height=max(200, 50 * len(frame) + 90), margin=MARGIN,
-                      xaxis={"ticksuffix": "x", "title": {
-                          # two lines: one is cut off in a half-width chart
-                          "text": "value / threshold<br>1x at it, more past it (either side)"}},
+    lines = sum(name.count("<br>") + 1 for name in frame["signal"])
+    fig.update_layout(height=max(220, 22 * lines + 30 * len(frame) + 110),
+                      margin={**MARGIN, "t": 70},
+                      title={"text": "Evidence against its threshold<br><sup>value / threshold: "
+                                     "1x at it, more past it (either side)</sup>"},
+                      xaxis={"ticksuffix": "x", "title": {"text": ""}},
                       yaxis={"title": {"text": ""}})
     return _styled(fig)
 

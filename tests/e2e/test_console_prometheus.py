@@ -1,9 +1,10 @@
 """End to end on a real Prometheus holding hours of data: `fleetscope console --source
 prometheus:URL` in headless Chromium at 1600x1000.
 
-Two simulated nodes (bench/fleet_prometheus.py's profiles: one with the oom-kill fault, one
-healthy and busy) backfilled with `promtool tsdb create-blocks-from openmetrics`, 2.5 h at
-15 s ending 20 minutes past now, and Prometheus over the blocks on 127.0.0.1. What the
+Three simulated nodes (bench/fleet_prometheus.py's profiles: one with the oom-kill fault,
+one healthy and busy, one with roce-congestion) backfilled with `promtool tsdb
+create-blocks-from openmetrics`, 2.5 h at 15 s ending 20 minutes past now, and Prometheus
+over the blocks on 127.0.0.1. What the
 console draws is compared with the timestamps written into the blocks, not with its own
 answers. A second Prometheus holds a node whose data stopped 20 minutes ago. Every process
 started here (Prometheus, the console) is stopped by its pid.
@@ -33,12 +34,12 @@ from tests.e2e.test_console_browser import (
 
 MINUTES_OF_DATA = 150  # more than one hour, less than the sidebar's 3 h and 6 h
 AHEAD_S = 20 * 60  # the data runs this far past now: "now" stays inside it on a slow run
-FAULTY, HEALTHY = "node-00000:9105", "node-00001:9105"
+FAULTY, HEALTHY, CONGESTED = "node-00000:9105", "node-00001:9105", "node-00002:9105"
 
 
 @pytest.fixture(scope="module")
 def hours_of_prometheus(tmp_path_factory):
-    """Prometheus over 2.5 h of two nodes and the console on it: (console URL, Prometheus URL,
+    """Prometheus over 2.5 h of three nodes and the console on it: (console URL, Prometheus URL,
     first and last backfilled sample in epoch seconds, the profiles written)."""
     require_tool("promtool")
     require_tool("prometheus")
@@ -46,7 +47,8 @@ def hours_of_prometheus(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hours-of-prometheus")
     profiles = bench.load_profiles()
     fleet = [bench.Node(FAULTY, "oom-kill", "r000", "pool-a", "r1p1"),
-             bench.Node(HEALTHY, "healthy-busy", "r000", "pool-a", "r1p1")]
+             bench.Node(HEALTHY, "healthy-busy", "r000", "pool-a", "r1p1"),
+             bench.Node(CONGESTED, "roce-congestion", "r000", "pool-a", "r1p1")]
     points = MINUTES_OF_DATA * 60 // bench.STEP_S + 1
     start_s = int((time.time() + AHEAD_S) // bench.STEP_S * bench.STEP_S) - (
         points - 1) * bench.STEP_S
@@ -187,38 +189,45 @@ def test_a_findings_evidence_charts_come_from_prometheus(hours_of_prometheus):
     assert expected <= drawn, sorted(expected - drawn)
 
 
-# The right edge of each chart's axis titles, and of the chart, in page pixels.
-AXIS_TITLE_EDGES = """
-return Array.from(document.querySelectorAll('.js-plotly-plot'), p => ({
-  title: String((p.layout && p.layout.title && p.layout.title.text) || ''),
-  right: p.getBoundingClientRect().right,
-  titles: Array.from(p.querySelectorAll('.xtitle, .ytitle'),
-                     t => [t.textContent, t.getBoundingClientRect().right])}))
+# Each chart's bounding box and the text drawn in it (titles, axis titles, tick labels).
+CHART_TEXT = """
+return Array.from(document.querySelectorAll('.js-plotly-plot'), p => {
+  const box = p.getBoundingClientRect();
+  return {title: String((p.layout && p.layout.title && p.layout.title.text) || ''),
+          left: box.left, right: box.right,
+          texts: Array.from(p.querySelectorAll('.main-svg text'), t => {
+            const r = t.getBoundingClientRect();
+            return [t.textContent, r.left, r.right];}).filter(t => t[0])};})
 """
 
 
 @pytest.mark.live
-def test_the_evidence_bars_say_how_to_read_them_in_full(hours_of_prometheus, tmp_path):
-    """The Findings page's "Evidence against its threshold" (a narrow column) shows its
-    axis title, how to read the bars, whole: none of it past the chart's right edge."""
+@pytest.mark.parametrize("rule,node", [("oom-kill", FAULTY), ("roce-congestion", CONGESTED)])
+def test_the_evidence_bars_say_how_to_read_them_in_full(hours_of_prometheus, tmp_path, rule,
+                                                        node):
+    """The Findings page's "Evidence against its threshold" (a narrow column) shows how to
+    read the bars and its signals' names whole: no text past the chart's edges, whatever
+    the length of the signal's name (roce-congestion's is long)."""
     link = (f"{hours_of_prometheus['url']}findings?"
-            f"{urllib.parse.urlencode({'rule': 'oom-kill', 'node': FAULTY})}")
+            f"{urllib.parse.urlencode({'rule': rule, 'node': node})}")
     with chromium() as driver:
         driver.get(link)
         wait_for(driver, lambda t: "Evidence against its threshold" in t and "Runbook" in t,
-                 "the oom-kill finding's evidence bars", 180)
+                 f"the {rule} finding's evidence bars", 180)
         deadline = time.monotonic() + 60
         charts: list[dict] = []
-        while time.monotonic() < deadline and not any(c["titles"] for c in charts):
-            charts = [c for c in driver.execute_script(AXIS_TITLE_EDGES)
+        while time.monotonic() < deadline and not any(
+                "1x at it" in "".join(t[0] for t in c["texts"]) for c in charts):
+            charts = [c for c in driver.execute_script(CHART_TEXT)
                       if "Evidence against" in c["title"]]
             time.sleep(0.5)
-        shoot(driver, tmp_path, "prometheus-findings-evidence-bars")
-        titles = [t for c in charts for t in c["titles"] if t[0]]
-        assert any("1x at it" in text for text, _ in titles), charts
+        shoot(driver, tmp_path, f"prometheus-findings-evidence-bars-{rule}")
+        assert charts and any("1x at it" in "".join(t[0] for t in c["texts"])
+                              for c in charts), charts
         for chart in charts:
-            for text, right in chart["titles"]:
-                assert right <= chart["right"], (text, right, chart["right"])
+            for text, left, right in chart["texts"]:
+                assert chart["left"] <= left and right <= chart["right"], (
+                    text, left, right, chart["left"], chart["right"])
 
 
 @pytest.mark.live
