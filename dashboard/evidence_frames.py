@@ -31,10 +31,12 @@ def evidence_frame(finding: dict) -> pd.DataFrame:
             elif e["value"] > 0:
                 ratio = e["threshold"] / e["value"]
         rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
+                     # a 0 threshold is context (idle CPUs, somaxconn): no "above 0"
                      "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
                      if e["threshold"] else "–",
                      "over threshold": units.over_threshold(e["value"], e["threshold"], pick,
-                                                            e["unit"]),
+                                                            e["unit"])
+                     if e["threshold"] else "–",
                      "ratio": ratio})
     return pd.DataFrame(rows, columns=["signal", "value", "threshold", "over threshold",
                                        "ratio"])

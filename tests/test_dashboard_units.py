@@ -376,3 +376,15 @@ def test_just_past_a_threshold_says_by_how_much_not_1x():
     assert units.over_threshold(0.994, 0.95) == "4.6 % over it"
     assert units.over_threshold(0.95, 0.95) == "at it"
     assert units.over_threshold(1.2, 1) == "1.2x the threshold"
+
+
+def test_a_context_row_without_threshold_claims_nothing_past_it():
+    """A 0 threshold is context (idle CPUs): its row read '–' for the threshold but 'above
+    0' past it."""
+    frame = evidence_frames.evidence_frame({"rule": "cpu-saturation", "evidence": [
+        {"signal": "idle CPUs on the node", "value": 12, "threshold": 0, "unit": "CPUs"},
+        {"signal": "run queue per CPU", "value": 3, "threshold": 1.5, "unit": ""}]})
+    rows = frame.set_index("signal")
+    assert rows.loc["idle CPUs on the node", "threshold"] == "–"
+    assert rows.loc["idle CPUs on the node", "over threshold"] == "–"
+    assert rows.loc["run queue per CPU", "over threshold"] == "2x the threshold"
