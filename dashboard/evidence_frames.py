@@ -15,6 +15,14 @@ from fleetscope.rules.catalog import evidence_picks
 from fleetscope.rules.promql import Series
 
 
+def subjects_line(subjects: dict[str, list]) -> str:
+    """A finding's subjects as Markdown, each value as code: 'devices: `0`' is the device
+    named 0 ('devices: 0' read as no device at all)."""
+    return "**Subjects:** " + "; ".join(
+        f"{kind}: {', '.join(f'`{value}`' for value in values)}"
+        for kind, values in subjects.items() if values)
+
+
 def evidence_frame(finding: dict) -> pd.DataFrame:
     """The finding's evidence for people: value and threshold in their units, and how far
     past the threshold the value is in words (the ratio stays numeric for the bars)."""

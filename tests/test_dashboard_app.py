@@ -338,6 +338,10 @@ def test_a_link_to_what_is_not_there_says_so_and_opens_nothing_else(monkeypatch)
     assert app.selectbox(key="node_choice").value == healthy
     assert any("fd-exhaustion does not fire on" in i.value for i in app.info)
     assert app.query_params == {"node": healthy, "rule": "fd-exhaustion"}  # a reload says so
+    # a rule id that does not exist: said as such, not as a rule that does not fire there
+    app = run_app(monkeypatch, DEMO, "node", {"node": healthy, "rule": "no-such-rule"})
+    assert any("No rule has the id 'no-such-rule'" in i.value for i in app.info)
+    assert not any("does not fire" in i.value for i in app.info)
     # the findings page: an unknown rule, and a rule asked on a node it does not fire on
     app = run_app(monkeypatch, DEMO, "findings", {"rule": "no-such-rule"})
     assert any("no-such-rule" in e.value for e in app.error) and not app.subheader

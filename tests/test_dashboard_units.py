@@ -388,3 +388,9 @@ def test_a_context_row_without_threshold_claims_nothing_past_it():
     assert rows.loc["idle CPUs on the node", "threshold"] == "–"
     assert rows.loc["idle CPUs on the node", "over threshold"] == "–"
     assert rows.loc["run queue per CPU", "over threshold"] == "2x the threshold"
+
+
+def test_subjects_read_as_names_not_counts():
+    """'devices: 0' (module 0) read as no device: each subject is shown as a name."""
+    line = evidence_frames.subjects_line({"devices": ["0"], "pids": [41, 42], "binaries": []})
+    assert line == "**Subjects:** devices: `0`; pids: `41`, `42`"

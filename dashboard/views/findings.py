@@ -81,8 +81,7 @@ st.markdown(f"**Action:** {rulebook.fill_commands(finding['action'], filled, cod
 if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
     st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
 if subjects:
-    st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
-                                           for k, v in subjects.items()))
+    st.markdown(evidence_frames.subjects_line(subjects))
 links = st.columns(3)
 links[0].page_link(state.page("node"), label=f"Open node {finding['node']}",
                    icon=":material/memory:",

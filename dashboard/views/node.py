@@ -10,6 +10,7 @@ from fleetscope.dashboard import charts, evidence_frames, frames, node_frames, s
 from fleetscope.rules.builtin import memory_bandwidth_saturation as bandwidth_rule
 from fleetscope.rules.builtin import numa_remote_access as numa_rule
 from fleetscope.rules.builtin import offline_preemption as steal_rule
+from fleetscope.rules.catalog import RULE_IDS
 
 snap = state.snapshot()
 all_nodes = state.nodes(snap)
@@ -55,8 +56,11 @@ mine = [f for f in snap.findings if f["node"] == instance]
 asked_rule = st.query_params.get("rule")
 open_rule = asked_rule if asked_rule in {f["rule"] for f in mine} else None
 if asked_rule and open_rule is None:
-    st.info(f"{asked_rule} does not fire on {instance}"
-            + (f"; what does: {', '.join(f['rule'] for f in mine)}." if mine else "."))
+    known = asked_rule in RULE_IDS
+    st.info((f"{asked_rule} does not fire on {instance}" if known
+             else f"No rule has the id {asked_rule!r} (a link from another version?)")
+            + (f"; what does: {', '.join(f['rule'] for f in mine)}." if mine
+               else "."))
 # The URL keeps the rule asked even where it does not fire: a reload or a shared link says so
 # again rather than opening the node's first finding as if it had been asked for.
 state.keep_in_url(node=instance, rule=asked_rule)
@@ -70,8 +74,7 @@ for number, finding in enumerate(mine):
         st.markdown(f"**Likely cause:** {finding['cause']}  \n**Action:** {finding['action']}")
         subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
         if subjects:
-            st.markdown("**Subjects:** " + "; ".join(f"{k}: {', '.join(map(str, v))}"
-                                                   for k, v in subjects.items()))
+            st.markdown(evidence_frames.subjects_line(subjects))
         state.static_table(evidence_frames.evidence_frame(finding).drop(columns="ratio"))
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = evidence_frames.evidence_panels(finding["rule"], history,
