@@ -79,6 +79,9 @@ class Snapshot:
     # A query engine with no current node sample (none within its 5-minute look-back):
     # the newest one's time, 0.0 when there is none within a day; None while data is current.
     newest_sample: float | None = None
+    # A query engine's pending alerts (diagnose/remote.py pending_alerts): conditions that
+    # hold, not yet for their rule's `for:`; a node with one is not "nothing fires".
+    pending: list[dict] = field(default_factory=list)
 
     @property
     def history_ranged(self) -> bool:
@@ -295,7 +298,8 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
            f"the last {seconds / 60:g} min")
     return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
                     _to_json(answered.findings), answered.not_evaluated, answered.window,
-                    node_loader, notes=[how], aggregates=aggregates, newest_sample=newest)
+                    node_loader, notes=[how], aggregates=aggregates, newest_sample=newest,
+                    pending=answered.pending)
 
 
 def source_from_env() -> str:

@@ -15,6 +15,21 @@ from fleetscope.rules.catalog import evidence_picks
 from fleetscope.rules.promql import Series
 
 
+def pending_text(pending: list[dict]) -> str:
+    """Pending alerts (data.Snapshot.pending) in words: the condition holds, the rule's
+    `for:` has not passed yet; when it would fire if it keeps holding."""
+    said = []
+    for item in pending:
+        since = item.get("since")
+        when = ""
+        if since is not None:
+            when = f" since {units.local_time(since)}"
+            if item.get("for_seconds"):
+                when += f", fires at {units.local_time(since + item['for_seconds'])} if it holds"
+        said.append(f"**{item['rule']}** ({item['severity']}) on {item['node']}{when}")
+    return "; ".join(said)
+
+
 def subjects_line(subjects: dict[str, list]) -> str:
     """A finding's subjects as Markdown, each value as code: 'devices: `0`' is the device
     named 0 ('devices: 0' read as no device at all)."""

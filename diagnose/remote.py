@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timezone
 
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
@@ -279,6 +280,7 @@ class RemoteDiagnosis:
     # The fleet's inference modules by model and driver/firmware (accelerator_fleet.py).
     accelerator_groups: list[dict] = field(default_factory=list)
     from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
+    pending: list[dict] = field(default_factory=list)  # its pending alerts (pending_alerts)
     partial: list[str] = field(default_factory=list)  # why the data was partial, if it was
 
 
@@ -404,10 +406,12 @@ def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
 ALERT_META_LABELS = ("alertname", "alertstate", "severity", "fleetscope_rule")
 
 
-def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG) -> list[dict] | None:
-    """The firing alerts of /api/v1/rules's `data` when it holds every alert of `rules`
-    exactly as `rules export` writes them (same expression and `for:`, evaluated without
-    error); None otherwise (not loaded, another version or `--for`: evaluate instead)."""
+def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG,
+                  state: str = "firing") -> list[dict] | None:
+    """The alerts in `state` (firing, or pending: the condition holds, not yet for its
+    `for:`) of /api/v1/rules's `data` when it holds every alert of `rules` exactly as
+    `rules export` writes them (same expression and `for:`, evaluated without error); None
+    otherwise (not loaded, another version or `--for`: evaluate instead)."""
     wanted = {(rule.alert_name, severity): (condition.promql(), rule.for_seconds)
               for rule in rules for severity, condition, _ in rule.severities()}
     found: dict[tuple[str, str], tuple[str, float]] = {}
@@ -428,7 +432,7 @@ def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG) -> list[d
             except RemoteError:
                 return None
             firing += [alert for alert in loaded["alerts"]
-                       if isinstance(alert, dict) and alert.get("state") == "firing"]
+                       if isinstance(alert, dict) and alert.get("state") == state]
     if found != wanted:
         return None
     return firing
@@ -458,7 +462,44 @@ def alerts_diagnosis(base: str, seconds: float, *, deadline_seconds: float = DEA
         _fetch_evidence(client, pool, candidates, {})
     answer = _fleet_answer(client, _with_evidence(candidates, rules), not_evaluated, window)
     answer.from_alerts = True
+    answer.pending = pending_alerts(loaded_alerts(data, rules, "pending") or [], rules)
     return answer
+
+
+def pending_alerts(alerts: list[dict], rules: tuple[Rule, ...] = CATALOG) -> list[dict]:
+    """Pending alerts as {rule, severity, node, since (epoch seconds or None), for_seconds}:
+    a fault that began inside its rule's `for:` is not a finding yet, but the node is not
+    fine either. One per rule and node, the most severe tier; malformed ones are skipped."""
+    by_id = {rule.id: rule for rule in rules}
+    chosen: dict[tuple[str, str], dict] = {}
+    for alert in alerts:
+        labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
+        rule = by_id.get(str(labels.get("fleetscope_rule", "")))
+        node = labels.get(NODE_LABEL)
+        severity = str(labels.get("severity", ""))
+        if rule is None or node is None or severity not in engine.SEVERITY_RANK:
+            continue
+        item = {"rule": rule.id, "severity": severity, "node": str(node),
+                "since": _rfc3339(alert.get("activeAt")), "for_seconds": rule.for_seconds}
+        key = (rule.id, item["node"])
+        if key not in chosen or (engine.SEVERITY_RANK[severity]
+                                 < engine.SEVERITY_RANK[chosen[key]["severity"]]):
+            chosen[key] = item
+    return sorted(chosen.values(), key=lambda item: (engine.SEVERITY_RANK[item["severity"]],
+                                                    item["rule"], item["node"]))
+
+
+def _rfc3339(text) -> float | None:
+    """Prometheus's activeAt ('2026-12-05T17:05:10.123456789Z') as epoch seconds."""
+    if not isinstance(text, str) or not text:
+        return None
+    head, _, fraction = text.rstrip("Z").partition(".")
+    try:
+        moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    digits = "".join(ch for ch in fraction if ch.isdigit())[:6]
+    return moment.timestamp() + (int(digits) / 10 ** len(digits) if digits else 0.0)
 
 
 def alert_candidates(firing: list[dict], now: float,

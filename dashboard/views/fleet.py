@@ -8,7 +8,7 @@ worst racks and a heatmap of every node (a click on a cell or a rack row opens i
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, fleet_frames, state
+from fleetscope.dashboard import charts, evidence_frames, fleet_frames, state
 from fleetscope.rules.catalog import CATALOG
 
 MAX_INCIDENTS = 12
@@ -39,9 +39,13 @@ if len(nodes) == 1:
     firing = sorted(set(serious["rule"])) if not serious.empty else []
     skipped = {item["rule"] for item in snap.not_evaluated}
     passed = sorted(r.id for r in CATALOG if r.id not in skipped and r.id not in firing)
-    verdict = {"critical": st.error, "warning": st.warning}.get(worst, st.success)
+    waiting = sorted({item["rule"] for item in snap.pending if item["node"] == node})
+    verdict = {"critical": st.error, "warning": st.warning}.get(
+        worst, st.warning if waiting else st.success)
     verdict(f"**{node}: {worst}**" + (f": {', '.join(firing)} firing" if firing else
                                       ": no rule fires at warning or worse")
+            + (f" ({', '.join(waiting)} pending: the condition holds, not yet for its "
+               "rule's for:)" if waiting else "")
             + f". {units.count(len(passed), 'rule')} evaluated and passed, "
               f"{units.count(len(skipped), 'rule')} not evaluated.")
     st.page_link(state.page("node"), label=f"Open {node}", icon=":material/memory:",
@@ -58,7 +62,16 @@ if snap.not_evaluated:
 
 st.subheader("Incidents")
 incidents = fleet_frames.incidents(nodes, findings)
-if incidents.empty:
+shown = set(nodes["instance"])
+pending = [item for item in snap.pending if item["node"] in shown]
+if pending:  # faults younger than their rule's for: (a query engine's pending alerts)
+    st.warning(f"{units.count(len(pending), 'alert')} pending on "
+               f"{units.count(len({p['node'] for p in pending}), 'node')}: the condition "
+               "holds, not yet for its rule's for:. "
+               + evidence_frames.pending_text(pending[:MAX_INCIDENTS])
+               + (f"; {len(pending) - MAX_INCIDENTS} more." if len(pending) > MAX_INCIDENTS
+                  else "."))
+if incidents.empty and not pending:
     st.success("No rule fires at warning or worse on these nodes.")
 for _, incident in incidents.head(MAX_INCIDENTS).iterrows():
     line, link = st.columns([6, 1])

@@ -65,7 +65,14 @@ if asked_rule and open_rule is None:
 # again rather than opening the node's first finding as if it had been asked for.
 state.keep_in_url(node=instance, rule=asked_rule)
 st.subheader(f"Findings on this node ({len(mine)})")
-if not mine:
+# A fault younger than its rule's `for:` is pending in the engine: not a finding yet, and not
+# "nothing fires" either.
+pending = [item for item in snap.pending if item["node"] == instance]
+if pending:
+    st.warning(("No rule fires on this node yet, but " if not mine else "")
+               + f"{units.count(len(pending), 'alert')} pending (the condition holds, not yet "
+               f"for its rule's for:): {evidence_frames.pending_text(pending)}.")
+elif not mine:
     st.success("No rule fires on this node.")
 for number, finding in enumerate(mine):
     is_open = finding["rule"] == open_rule or (open_rule is None and number == 0)
