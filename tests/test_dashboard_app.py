@@ -607,3 +607,15 @@ def test_a_query_engine_source_loads_once_a_run_even_when_its_cache_expires(monk
     app = run_app(monkeypatch, f"prometheus:{url}", "findings")
     assert len(loads) == 3  # two runs (entry page, then Findings): one load each
     assert "## Confirm by hand" in text_of(app)
+
+
+def test_the_rules_table_shows_whole_symptoms_and_causes(monkeypatch):
+    """The Rules page cut every symptom and cause after one line: its grid's rows are tall
+    enough to wrap them (five lines at 290 px) and every rule is in view."""
+    import json
+
+    app = run_app(monkeypatch, DEMO, "rules")
+    grid = next(d for d in app.dataframe if "symptom" in d.value.columns)
+    assert grid.proto.row_height >= 5 * 20
+    widths = {name: spec.get("width") for name, spec in json.loads(grid.proto.columns).items()}
+    assert all(isinstance(widths.get(name), int) for name in ("symptom", "cause", "action"))
