@@ -449,7 +449,10 @@ def test_latency_page_shows_inference_as_a_third_of_session_time(monkeypatch):
             "inference · batch · batch-offline"} <= set(shares)
     for key in ("chat · chat-online", "codegen · codegen-online"):
         assert 30 <= int(shares[f"inference · {key}"].rstrip("%")) <= 45
-    assert set(table(app, "stage_table")["stage"]) >= {"inference", "tool_call"}
+    stages = table(app, "stage_table")
+    assert set(stages["stage"]) >= {"inference", "tool_call"}
+    # shares in percent, each pool's stages adding up to its whole session time
+    assert stages.groupby(["node_pool", "pool"])["share"].sum().round(6).eq(100).all()
 
 
 def test_rules_page_has_every_catalog_rule_and_downloads_the_rule_file(monkeypatch):

@@ -25,9 +25,12 @@ st.plotly_chart(charts.stage_bars(breakdown), key="stage_bars", config=charts.ST
 spent = breakdown["seconds_per_second"].map(lambda v: units.format_value(v, "s/s"))
 per_session = breakdown["seconds_per_session"].map(lambda v: units.format_value(v, "s"))
 table = breakdown.assign(**{"time spent per second, all nodes": spent,
-                            "per session (mean)": per_session})
+                            "per session (mean)": per_session,
+                            "share": breakdown["share"] * 100})
+# Every stage row in view (a fixed-height grid hid the last behind a scroll), the shares with
+# one decimal each.
 st.dataframe(table[["node_pool", "pool", "stage", "share", "per session (mean)",
                     "time spent per second, all nodes"]],
-             hide_index=True, key="stage_table",
+             hide_index=True, key="stage_table", height=35 * (len(table) + 1) + 3,
              column_config={"node_pool": "node pool", "pool": "workload pool",
-                            "share": st.column_config.NumberColumn(format="percent")})
+                            "share": st.column_config.NumberColumn("share", format="%.1f %%")})
