@@ -95,9 +95,12 @@ ASCEND_SOURCES = ("npu-exporter", "npu-smi")
 MIN_RERUN_SECONDS = 5.0
 
 
+EXPORTER_SOURCE = "accelerator-exporter-"
+
+
 def exporter_source(index: int) -> str:
     """The source name of the index-th exporter url (fleetscope_scrape_source_*)."""
-    return f"accelerator-exporter-{index}"
+    return f"{EXPORTER_SOURCE}{index}"
 
 
 def parse_exporter(text: str) -> tuple[list[AcceleratorDevice], str]:
@@ -216,7 +219,7 @@ class AcceleratorCollector(Collector):
         if prefix == PREFIX + "matrix_listed" and MATRIX_SOURCE in unavailable:
             return configured_but_unread([MATRIX_SOURCE])
         # an exporter url or a vendor tool that failed: not "no inference module"
-        down = [s for s in unavailable if s.startswith(exporter_source(0)[:-1]) or s in TOOLS]
+        down = [s for s in unavailable if s.startswith(EXPORTER_SOURCE) or s in TOOLS]
         if down and PREFIX + "info" not in present:
             return configured_but_unread(down, "is the vendor exporter or tool up?")
         if PREFIX + "info" not in present:

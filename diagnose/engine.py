@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from fleetscope.core.runbooks import runbook_path
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
-from fleetscope.rules.promql import Compare, Labels, Scalar, Selector, Series, Vector, strip_name
+from fleetscope.rules.promql import (
+    Compare,
+    Labels,
+    Memo,
+    Scalar,
+    Selector,
+    Series,
+    Vector,
+    strip_name,
+)
 
 DIAGNOSIS_FORMAT = "fleetscope-diagnosis/1"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -246,14 +254,13 @@ def evaluate(series: Series, hostname: str, *,
         return [], [{"rule": r.id, "reason": "no samples"} for r in rules]
     series.limit_windows(rate_window_ms(timestamps), (timestamps[-1] - timestamps[0]) or None)
     steps = evaluation_steps(timestamps, series.max_window_ms)
-    with ExitStack() as passes:  # the rules share their signals' vectors (Series.memoized)
-        passes.enter_context(series.memoized())
-        return _evaluate_rules(series, hostname, timestamps, steps, enrich, rules, passes)
+    with series.memoized():  # the rules share their signals' vectors
+        return _evaluate_rules(series, hostname, timestamps, steps, enrich, rules)
 
 
 def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps: list[int],
-                    enrich: Callable[[Finding], None] | None, rules: tuple[Rule, ...],
-                    passes: ExitStack) -> tuple[list[Finding], list[dict]]:
+                    enrich: Callable[[Finding], None] | None, rules: tuple[Rule, ...]
+                    ) -> tuple[list[Finding], list[dict]]:
     findings: list[Finding] = []
     not_evaluated: list[dict] = []
     span_ms = timestamps[-1] - timestamps[0]
@@ -263,8 +270,7 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
         series_read = series
         if reads_alerts(rule):
             if alerts is None:
-                alerts = passes.enter_context(
-                    with_alerts(series, findings, timestamps).memoized())
+                alerts = with_alerts(series, findings, timestamps)
             series_read = alerts
         missing = missing_signals(rule, series_read)
         if missing:
@@ -330,6 +336,7 @@ def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) 
     at every step of the window (a finding held across it): what a rule reading ALERTS sees
     in Prometheus, where the rules it reads are evaluated before it in the same group."""
     out = Series()
+    out.memo = Memo()  # read by this pass's last rules only, and dropped with it
     out.by_name = dict(series.by_name)  # shared families: ALERTS is the only one added
     out.max_window_ms, out.max_lookback_ms = series.max_window_ms, series.max_lookback_ms
     out.by_name["ALERTS"] = {}
