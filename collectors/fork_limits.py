@@ -10,7 +10,9 @@ collector) counts every refusal. Read like the SIGILL reports (collectors/cpu_fe
 live, /dev/kmsg opened once and read incrementally, from the start of the ring; a bundle or
 fixture tree, `dmesg.txt` at the root (a bundle keeps it in static/). Each line's time is the
 boot time (/proc/stat btime) plus its seconds since boot. At most MAX_CGROUPS cgroups keep
-their own series, the most recently refused; older ones fold into cgroup="other".
+their own series, the most recently refused; older ones fold into cgroup="other". Whether each
+named cgroup still exists (its pids.max under the v1 pids mount or the cgroup2 mount) says
+whether the refusals can still act: a job's cgroup removed since is history.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ from .parsers.kmsg import boot_time
 from .parsers.pids_log import fork_rejections
 
 MAX_CGROUPS = 20
+# Where a cgroup's pids.max is, by hierarchy (as the memory collector looks for memory cgroups).
+PIDS_MOUNTS = ("sys/fs/cgroup/pids", "sys/fs/cgroup", "sys/fs/cgroup/unified")
+
+
+def pids_cgroup_files(path: str) -> list[str]:
+    """Where a pids cgroup's pids.max would be, under each mount (relative to the root)."""
+    return [f"{mount}{path}/pids.max" for mount in PIDS_MOUNTS]
+
+
+def cgroup_exists(scrape: Scrape, path: str) -> bool:
+    for marker in pids_cgroup_files(path):
+        try:
+            if scrape.reader.read_head(marker, 32) is not None:
+                return True
+        except NotAvailable:  # a path the reader refuses (a ".." in it)
+            return False
+    return False
 
 
 class _LiveLog:
@@ -106,8 +125,15 @@ class ForkLimitsCollector(Collector):
                        "(boot time plus the log's seconds since boot).")
         for path in sorted(last):
             latest.add(round(last[path], 3), labels(cgroup=path))
+        exists = gauge("fleetscope_pids_fork_rejected_cgroup_exists",
+                       "1 while a cgroup named by a fork-rejected kernel-log line still "
+                       "exists (its pids.max is there), 0 once it is gone.")
+        for path in sorted(counts):
+            if path.startswith("/"):  # not "other"
+                exists.add(int(cgroup_exists(scrape, path)), labels(cgroup=path))
         yield refused
         yield latest
+        yield exists
 
 
 def _fold(counts: dict[str, int], last: dict[str, float]) -> None:

@@ -21,6 +21,14 @@ Sources, each optional on its own (formats: collectors/parsers/oom.py):
 Per-pool counters stay monotonic across processes that die and cgroups that are recreated
 (collectors/pools.py MonotonicSums): a pool whose workers are killed and restarted keeps
 counting its kills.
+
+Whether a logged kill still acts: each kill's memory cgroup (the one at its limit,
+`oom_memcg=`, else the task's) is looked up at every scrape. The latest kill whose cgroup is
+still there (a global kill: always) is `fleetscope_oom_kill_existing_cgroup_last_timestamp_
+seconds`; a kill in a cgroup since removed (a job deleted, a test's cgroup gone) is history.
+A kill in a cgroup of a pool (the same path, or one above or below it: a pod's container under
+the pod cgroup that holds the limit) is that pool's, `fleetscope_pool_oom_kill_last_timestamp_
+seconds{pool}`, so an alert names the pool whose workers died.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from .shared import proc_stat
 from .tasks import read_proc
 
 CONSTRAINTS = ("global", "memcg")  # always exported; cpuset/mempolicy kills when they happen
+MAX_KILL_CGROUPS = 64  # cgroups whose latest kill is kept: the most recently killed in
 V1_MOUNTS = ("sys/fs/cgroup/memory",)
 V2_MOUNTS = ("sys/fs/cgroup", "sys/fs/cgroup/unified")
 MOUNTS_REREAD_S = 60.0
@@ -138,6 +147,8 @@ class MemoryCollector(Collector):
         self._kmsg: _Kmsg | None = None
         self._kills: Counter[str] = Counter()  # live kernel log: kills since the start
         self._last: dict[str, float] = {}  # constraint -> latest kill time
+        # (constraint, cgroup) -> latest kill time ("" for a kill without a cgroup)
+        self._kill_cgroups: dict[tuple[str, str], float] = {}
         self._dmesg: tuple[str, list[OomKill]] | None = None
         self._mounts: tuple[float, tuple, tuple[tuple[str, ...], tuple[str, ...]]] | None = None
         self._member_cgroups = _CgroupCache()  # pid -> (v1|v2, path), as the matcher keeps
@@ -155,19 +166,27 @@ class MemoryCollector(Collector):
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with self._lock:
-            families = list(self._kernel_log(scrape))
+            kill_cgroups: dict[tuple[str, str], float] | None = {}
+            families = list(self._kernel_log(scrape, kill_cgroups))
+            if not families:
+                kill_cgroups = None  # the kernel log was not read: nothing to say of its kills
             with scrape.source(self.name, "proc/vmstat"):
                 families.extend(self._vmstat(scrape))
             if self.config.pools:
                 families.extend(self._pools(scrape))
+            if kill_cgroups is not None:
+                families.extend(self._kills_standing(scrape, kill_cgroups))
         yield from families
 
     # -- the kernel log ---------------------------------------------------------------------
 
-    def _kernel_log(self, scrape: Scrape) -> Iterator[Family]:
+    def _kernel_log(self, scrape: Scrape, kill_cgroups: dict[tuple[str, str], float]
+                    ) -> Iterator[Family]:
+        """The kernel log's kills (families), and each killed-in cgroup's latest kill time
+        into `kill_cgroups`."""
         boot = _boot_time(scrape)
         try:
-            source, (kills, last) = read_kernel_log(scrape, {
+            source, (kills, last, cgroups) = read_kernel_log(scrape, {
                 KMSG: lambda: self._read_kmsg(scrape, boot),
                 DMESG: lambda: self._read_dmesg(scrape, boot)})
         except NotAvailable as err:
@@ -178,6 +197,7 @@ class MemoryCollector(Collector):
             scrape.errors.setdefault(self.name, str(err))
             return
         scrape.sources[(self.name, source)] = (True, "")
+        kill_cgroups.update(cgroups)
         logged = counter(
             "fleetscope_oom_kills_logged_total",
             "Processes the OOM killer killed, as the kernel logged them ('Killed process'), by "
@@ -193,26 +213,63 @@ class MemoryCollector(Collector):
             latest.add(round(last[constraint], 3), labels(constraint=constraint))
         yield latest
 
-    def _read_kmsg(self, scrape: Scrape, boot: float | None
-                   ) -> tuple[dict[str, int], dict[str, float]]:
+    def _read_kmsg(self, scrape: Scrape, boot: float | None) -> tuple[dict, dict, dict]:
         try:
             self._kmsg, text = read_kmsg(self._kmsg, scrape)
         except NotAvailable:
             self._kmsg = None
             raise
-        _account(self._kills, self._last, scan_oom_kills(text, f"/{KMSG}"), boot)
-        return dict(self._kills), dict(self._last)
+        _account(self._kills, self._last, self._kill_cgroups,
+                 scan_oom_kills(text, f"/{KMSG}"), boot)
+        return dict(self._kills), dict(self._last), dict(self._kill_cgroups)
 
-    def _read_dmesg(self, scrape: Scrape, boot: float | None
-                    ) -> tuple[dict[str, int], dict[str, float]]:
+    def _read_dmesg(self, scrape: Scrape, boot: float | None) -> tuple[dict, dict, dict]:
         text = scrape.read_text(DMESG)
         cached = self._dmesg
         if cached is None or cached[0] != text:
             cached = self._dmesg = (text, scan_oom_kills(text, f"/{DMESG}"))
         kills: Counter[str] = Counter()
         last: dict[str, float] = {}
-        _account(kills, last, cached[1], boot)
-        return dict(kills), last
+        cgroups: dict[tuple[str, str], float] = {}
+        _account(kills, last, cgroups, cached[1], boot)
+        return dict(kills), last, cgroups
+
+    def _kills_standing(self, scrape: Scrape, kill_cgroups: dict[tuple[str, str], float]
+                        ) -> Iterator[Family]:
+        """The latest kill whose cgroup is still there, per constraint; and per pool, the
+        latest kill in one of its memory cgroups."""
+        v1_mounts, v2_mounts = self._mount_points(scrape)
+        standing = gauge(
+            "fleetscope_oom_kill_existing_cgroup_last_timestamp_seconds",
+            "Unix time of the latest OOM kill in the kernel log whose memory cgroup still "
+            "exists (a global kill counts always), by constraint: a kill in a cgroup since "
+            "removed no longer acts.")
+        latest: dict[str, float] = {}
+        for (constraint, path), when in kill_cgroups.items():
+            if when <= latest.get(constraint, 0.0):
+                continue
+            if not path or _memcg_exists(scrape, path, v1_mounts, v2_mounts):
+                latest[constraint] = when
+        for constraint in sorted(latest):
+            standing.add(round(latest[constraint], 3), labels(constraint=constraint))
+        yield standing
+        if not self.config.pools:
+            return
+        pool_of = {pool.name: pool for pool in self.config.pools}
+        by_pool: dict[str, float] = {}
+        for pool_name, _hierarchy, pool_path in self._known:
+            for (_, path), when in kill_cgroups.items():
+                if path and _related(path, pool_path) and when > by_pool.get(pool_name, 0.0):
+                    by_pool[pool_name] = when
+        family = gauge(
+            "fleetscope_pool_oom_kill_last_timestamp_seconds",
+            "Unix time of the latest OOM kill in the kernel log in one of the pool's memory "
+            "cgroups (the same path, or one above or below it).")
+        for name, when in sorted(by_pool.items()):
+            if name in pool_of:
+                family.add(round(when, 3), labels(
+                    pool=name, **{"class": pool_of[name].workload_class}))
+        yield family
 
     # -- /proc/vmstat -----------------------------------------------------------------------
 
@@ -441,7 +498,8 @@ def _read_memcg(scrape: Scrape, hierarchy: str, path: str, mounts: tuple[str, ..
     return None
 
 
-def _account(kills: Counter[str], last: dict[str, float], found: list[OomKill],
+def _account(kills: Counter[str], last: dict[str, float],
+             cgroups: dict[tuple[str, str], float], found: list[OomKill],
              boot: float | None) -> None:
     for kill in found:
         kills[kill.constraint] += 1
@@ -449,3 +507,47 @@ def _account(kills: Counter[str], last: dict[str, float], found: list[OomKill],
             when = boot + kill.seconds
             if when > last.get(kill.constraint, 0.0):
                 last[kill.constraint] = when
+            key = (kill.constraint, kill_cgroup(kill))
+            cgroups[key] = max(when, cgroups.get(key, 0.0))
+    if len(cgroups) > MAX_KILL_CGROUPS:  # the most recently killed in are kept
+        for key, _ in sorted(cgroups.items(), key=lambda item: item[1])[:-MAX_KILL_CGROUPS]:
+            del cgroups[key]
+
+
+def kill_cgroup(kill: OomKill) -> str:
+    """The memory cgroup a kill is about: the one at its limit, else the killed task's;
+    "" for a global kill (the node ran out) or a kernel that names none."""
+    if kill.constraint != "memcg" and not kill.oom_memcg:
+        return ""
+    path = kill.oom_memcg or kill.memcg
+    return path if _usable_cgroup(path) else ""
+
+
+def _related(path: str, other: str) -> bool:
+    """The same cgroup, or one inside the other."""
+    return path == other or path.startswith(other.rstrip("/") + "/") \
+        or other.startswith(path.rstrip("/") + "/")
+
+
+# The file each hierarchy's memory cgroup directory always holds: present, the cgroup is.
+_MEMCG_MARKER = {"v1": "memory.oom_control", "v2": "memory.events"}
+
+
+def memcg_marker_files(path: str, v1_mounts: tuple[str, ...], v2_mounts: tuple[str, ...]
+                       ) -> list[str]:
+    """Where a memory cgroup's marker file would be, under each mount (relative to the
+    root)."""
+    return [f"{mount}{path}/{_MEMCG_MARKER[hierarchy]}"
+            for hierarchy, mounts in (("v1", v1_mounts), ("v2", v2_mounts))
+            for mount in mounts]
+
+
+def _memcg_exists(scrape: Scrape, path: str, v1_mounts: tuple[str, ...],
+                  v2_mounts: tuple[str, ...]) -> bool:
+    for marker in memcg_marker_files(path, v1_mounts, v2_mounts):
+        try:
+            if scrape.reader.read_head(marker, 64) is not None:
+                return True
+        except NotAvailable:  # a path the reader refuses (a ".." in it)
+            return False
+    return False

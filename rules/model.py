@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fleetscope.core import units
 
@@ -31,6 +32,16 @@ from .promql import Delta, Expr, Rate, SetOp
 NODE_LABELS = ("instance",)  # which label names the node in a fleet Prometheus
 NODE = NODE_LABELS
 WINDOW = 60  # seconds: rate windows (short bundles are rated over their own span)
+
+# What a finding is about, and so whose harm it can explain (rules/harm.py; docs/
+# how-verdicts-are-reached.md, Harm first). Each rule module says which.
+EXPLAINS_POOL = "pool"  # the pool its labels name: its processes, cgroups, queues, limits
+EXPLAINS_NODE = "node"  # every pool of the node: its CPUs, memory, bandwidth, NICs, modules
+EXPLAINS_NOTHING = "nothing"  # harm itself, not a cause of it
+EXPLAINS = (EXPLAINS_POOL, EXPLAINS_NODE, EXPLAINS_NOTHING)
+# Whether a finding still acts: an event that ended (a kill whose cgroup is gone, a crash
+# loop that stopped) is said as such and explains no harm of now.
+ONGOING, ENDED = "ongoing", "ended"
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,17 @@ class Tier:
     severity: str
     condition: Expr
     summary: str
+    phase: str = ONGOING
+
+
+class Level(NamedTuple):
+    """One severity level of a rule: its own condition or a tier's, as evaluated and
+    exported (one alert each)."""
+
+    severity: str
+    condition: Expr
+    summary: str
+    phase: str
 
 
 @dataclass(frozen=True)
@@ -129,6 +151,9 @@ class Rule:
     # "cause" rules name why; "symptom" rules (a saturated node, uneven cores) say what, and
     # rank after any cause of the same severity, which usually explains them.
     kind: str = "cause"
+    # Whose harm a finding of this rule explains: EXPLAINS_POOL (its `pool` label),
+    # EXPLAINS_NODE (every pool of the node) or EXPLAINS_NOTHING. Every built-in rule says.
+    explains: str = ""
     # enrich(context, finding): names the finding's subjects from the raw evidence (the
     # context is diagnose/enrich.py's Enricher: reads go through it, never to the host).
     enrich: Callable | None = field(default=None, compare=False)
@@ -136,16 +161,27 @@ class Rule:
     fleet: FleetFault | None = None  # where the simulated fleet injects it
     proof: Proof | None = field(default=None, compare=False)
 
-    def severities(self) -> list[tuple[str, Expr, str]]:
-        """(severity, condition, summary) per tier, most severe first. A lesser tier's
-        condition excludes the nodes where a more severe one holds, so a node gets one
-        finding (and one alert) per rule."""
-        out = [(self.severity, self.condition, self.summary)]
+    def levels(self) -> list[Level]:
+        """Its own condition, then each tier, most severe first. A lesser tier's condition
+        excludes the nodes where a more severe one holds, so a node gets one finding (and
+        one alert) per rule."""
+        out = [Level(self.severity, self.condition, self.summary, ONGOING)]
         higher = self.condition
         for tier in self.tiers:
-            out.append((tier.severity, tier.condition.unless(higher, NODE), tier.summary))
+            out.append(Level(tier.severity, tier.condition.unless(higher, NODE), tier.summary,
+                             tier.phase))
             higher = higher | tier.condition
         return out
+
+    def severities(self) -> list[tuple[str, Expr, str]]:
+        """(severity, condition, summary) per level (levels(), without the phase)."""
+        return [level[:3] for level in self.levels()]
+
+    def alert_labels(self, level: Level) -> dict[str, str]:
+        """The labels an alert of this level carries beside its condition's own: what
+        Alertmanager routes and inhibits on, and what rules reading ALERTS match."""
+        return {"severity": level.severity, "fleetscope_rule": self.id,
+                "fleetscope_phase": level.phase}
 
     def requires(self) -> set[str]:
         metrics = self.condition.metrics()

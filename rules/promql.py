@@ -33,6 +33,11 @@ RATE_SECONDS = 60
 # live node, whatever its window. Older events are information at most. Event rules use it
 # through Recent.
 EVENT_LOOKBACK_SECONDS = 15 * 60
+# An event this recent still acts: a loop of crashes or kills repeats at least this often
+# (Kubernetes' CrashLoopBackOff caps its restart delay at 5 minutes), so one older than this
+# with none since has ended. Inside the look-back, an ended event is said as such and
+# explains no harm of now.
+EVENT_ONGOING_SECONDS = 5 * 60
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs; may hold __name__
 Vector = dict[Labels, float]

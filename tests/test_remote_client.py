@@ -32,10 +32,11 @@ def test_every_selector_gets_the_node_filter():
     for rule in CATALOG:
         for _, condition, _ in rule.severities():
             text = remote.with_matchers(condition, {"instance": "n1:9105"}).promql()
-            # ALERTS (read by unexplained-harm) is matched `on (instance)`: no filter needed,
-            # and its `fleetscope_rule` label is no selector
+            # ALERTS (read by unexplained-harm) is matched `on (instance[, pool])`: no filter
+            # needed, and its `fleetscope_rule` and `fleetscope_phase` labels are no selectors
             selectors = (text.count("fleetscope_") + text.count("agent_")
-                         + text.count("gen_ai_") - text.count("fleetscope_rule="))
+                         + text.count("gen_ai_") - text.count("fleetscope_rule=")
+                         - text.count("fleetscope_phase="))
             assert text.count('instance="n1:9105"') == selectors, rule.id
     regex = remote.node_regex(["a.b:1", "c:2"])
     assert Selector("x", {"instance": regex}).promql() == 'x{instance=~"a\\\\.b:1|c:2"}'

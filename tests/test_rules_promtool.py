@@ -69,10 +69,10 @@ def _promtool_case(bundle_path: Path):
         firing = Series()  # ALERTS at this step, for the rules that read them (evaluated last)
         firing.by_name = dict(series.by_name)
         for rule in sorted(CATALOG, key=reads_alerts):
-            for severity, condition, _ in rule.severities():
-                for labels in sorted(condition.evaluate(firing, at_ms)):
+            for level in rule.levels():
+                for labels in sorted(level.condition.evaluate(firing, at_ms)):
                     alert = dict(strip_name(labels))
-                    alert.update(severity=severity, fleetscope_rule=rule.id)
+                    alert.update(rule.alert_labels(level))
                     expected[rule.alert_name].append({"exp_labels": alert})
                     firing.add("ALERTS", {**alert, "alertname": rule.alert_name,
                                           "alertstate": "firing"}, at_ms, 1.0)

@@ -1,12 +1,16 @@
 """Harm targets: the node config's `harm_targets`, where the workloads start to hurt.
 
     harm_targets:
-      online_session_p99_seconds: 1.0   # online sessions' P99 (normally ~200 ms)
+      online_session_p99_seconds: 1.0   # online sessions' P99 (normally ~200 ms), and the
+                                        # longest an online session may stay in flight
+      online_session_error_ratio: 0.05  # online sessions that failed or timed out
       tool_error_ratio: 0.05            # tool calls whose outcome is not ok
       online_run_delay_ratio: 0.05      # s/s an online process waits for a CPU
       pool_throttled_ratio: 0.25        # CFS periods of a pool's cgroup that were throttled
       queue_depth_tasks: 50             # tasks waiting in a queue that keeps growing
       online_process_starts_per_minute: 2   # new processes in an online pool (replaced ones)
+      pool_connections_waiting: 1       # connections waiting to be accepted or read, mean
+      pool_connections_retransmitting: 1    # connections whose packets go unanswered, mean
 
 The exporter publishes them as `fleetscope_harm_target{signal="<key>"}`, a pool's own as
 `fleetscope_harm_target{signal="<key>",pool="<pool>"}` (collector `harm`),
@@ -35,6 +39,8 @@ class Target:
 
 TARGETS = (
     Target("online_session_p99_seconds", 1.0, 0.2, 3600.0, "s", "online sessions' P99"),
+    Target("online_session_error_ratio", 0.05, 0.005, 1.0, "ratio",
+           "online sessions failed or timed out"),
     Target("tool_error_ratio", 0.05, 0.01, 1.0, "ratio", "tool calls not ok"),
     Target("online_run_delay_ratio", 0.05, 0.005, 64.0, "s/s",
            "online processes' wait for a CPU"),
@@ -45,6 +51,13 @@ TARGETS = (
     # request sets its own (harm_targets.pools).
     Target("online_process_starts_per_minute", 2.0, 0.2, 1e6, "1/min",
            "online pool processes started per minute"),
+    # A connection waiting for a whole window on average: requests queue in front of the
+    # pool (its accept queue, or bytes it does not read), not a moment's burst.
+    Target("pool_connections_waiting", 1.0, 0.1, 1e6, "connections",
+           "connections waiting to be accepted or read"),
+    # One connection retransmitting all window long: a peer (or a SYN) going unanswered.
+    Target("pool_connections_retransmitting", 1.0, 0.05, 1e6, "connections",
+           "connections retransmitting"),
 )
 BY_KEY = {target.key: target for target in TARGETS}
 

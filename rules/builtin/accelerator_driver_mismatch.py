@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Set
 from ..harm import HARM, HARM_SIGNALS
-from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Count, Min
 from ..signals import accelerator
 
@@ -50,6 +50,7 @@ def scenario(k):
 RULE = Rule(
     id="accelerator-driver-mismatch",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the inference modules every pool of the node sends work to
     symptom="inference throughput well below the spec sheet (half, in the field) on some "
             "nodes, with no error anywhere; the slow nodes share a driver/firmware pair",
     cause="the module's driver and firmware pair is not one the vendor's compatibility "

@@ -11,7 +11,7 @@ reports: a dcgm-exporter node has no health verdict, an npu-smi node no XID.
 from __future__ import annotations
 
 from ..fleet import FleetFault, Set
-from ..model import WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Delta, Max, Min
 from ..signals import DEVICE, accelerator
 
@@ -41,6 +41,7 @@ def scenario(k):
 RULE = Rule(
     id="accelerator-errors",
     severity="critical",
+    explains=EXPLAINS_NODE,  # the inference modules every pool of the node sends work to
     symptom="inference on one module fails or hangs; the engine sharded over it stalls; "
             "the node's kernel log shows NVRM Xid or Ascend device errors",
     cause="the module reports hardware or driver errors: an XID, uncorrected ECC errors, "

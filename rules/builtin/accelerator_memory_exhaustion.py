@@ -12,7 +12,7 @@ the KV cache that grows with context length until the engine fails an allocation
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import DEVICE, accelerator
 
@@ -70,6 +70,7 @@ def full_but_stable(k):
 RULE = Rule(
     id="accelerator-memory-exhaustion",
     severity="critical",
+    explains=EXPLAINS_NODE,  # the inference modules every pool of the node sends work to
     symptom="inference calls fail (CUDA / NPU out of memory, HTTP 500 from the serving "
             "engine) or the inference process restarts; long conversations fail first",
     cause="the module's device memory is exhausted: the KV cache grows with context length "

@@ -11,7 +11,7 @@ starved. A busy module with steady utilisation, or a bursty one with nothing wai
 from __future__ import annotations
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, MaxOverTime, MinOverTime
 from ..signals import DEVICE, MODULE_QUEUE, MODULE_QUEUE_HELD, accelerator
 
@@ -60,6 +60,7 @@ def steady_busy_module(k):
 RULE = Rule(
     id="accelerator-utilization-swing",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the inference modules every pool of the node sends work to
     symptom="inference latency uneven; the module's utilisation graph saw-tooths between "
             "busy and idle while requests wait for it",
     cause="uneven request sizes: long prompts hold the module's batch while short requests "

@@ -13,7 +13,7 @@ from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.core import units
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 12
@@ -82,6 +82,7 @@ def scenario(k):
 RULE = Rule(
     id="cold-start",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its model loads
     symptom="first request after a restart is very slow",
     cause="the model is loaded cold on the first request",
     action="keep warm instances; preload models at start (readiness only after the load)",

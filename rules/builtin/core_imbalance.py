@@ -12,7 +12,7 @@ from __future__ import annotations
 from fleetscope.collectors.pods import pod_notes
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import PSI_CPU, SATURATED_CORE, SATURATED_CORES, busy_ratio, busy_ratio_over_window
 
@@ -86,6 +86,7 @@ def scenario(k):
 RULE = Rule(
     id="core-imbalance",
     severity="warning",
+    explains=EXPLAINS_NODE,  # a core of the node, whoever runs on it
     symptom="some cores saturated while others idle",
     cause="CPU affinity or NUMA binding wrong, or scheduling uneven: work piles onto a few "
           "cores",

@@ -10,7 +10,7 @@ cores). Its mirror is module-bound-cpu-idle; a node without module data is not e
 from __future__ import annotations
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import (
     AGENT_QUEUE_GROWTH,
@@ -67,6 +67,7 @@ def idle_modules_cpus_keep_up(k):
 RULE = Rule(
     id="cpu-bound-module-idle",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's CPUs and modules
     symptom="requests queue and latency climbs while the inference modules sit mostly idle",
     cause="the CPU side is the bottleneck: pre/post-processing, tokenisation, tool calls or "
           "scheduling on saturated cores cannot feed the modules fast enough",

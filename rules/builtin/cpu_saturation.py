@@ -8,7 +8,7 @@ it ranks after any cause of the same severity. Enrichment: the top CPU consumers
 from __future__ import annotations
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector, Sum
 from ..signals import PSI_CPU, busy_ratio
 
@@ -56,6 +56,7 @@ def scenario(k):
 RULE = Rule(
     id="cpu-saturation",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's CPUs
     symptom="every request slow at once; the gateway's CPU > 85 % backpressure engages",
     cause="the node is out of CPU: more runnable work than cores on every core, tasks "
           "waiting for a CPU most of the time",

@@ -16,7 +16,7 @@ from fleetscope.collectors.cgroups import process_cgroups
 from fleetscope.collectors.parsers.cgroup import parse_cfs_quota, parse_cpu_max
 
 from ..fleet import FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, POOL
 
@@ -94,6 +94,7 @@ def scenario(k):
 RULE = Rule(
     id="cpu-throttling",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its cgroup's CPU quota
     symptom="online latency spikes while the node has idle CPUs",
     cause="the pool's CFS quota (cgroup cpu.max / cpu.cfs_quota_us, a Kubernetes CPU limit) "
           "stops its threads for the rest of most 100 ms periods",

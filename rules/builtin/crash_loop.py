@@ -1,11 +1,13 @@
 """crash-loop: a binary keeps dying of a fatal trap (segfault, general protection fault,
 divide error, int3, an arm64 data abort ...) and its supervisor keeps restarting it.
 
-Condition: a fatal trap other than SIGILL (isa-mismatch keeps those) in the kernel log inside
-the look-back (Prometheus: the last 15 minutes; in-process: inside the window, as isa-mismatch
-reads SIGILLs); older crashes are an `info` tier. Enrichment: one finding per node naming each
-crashing binary, its pids, how many times it crashed, when last, and where (the faulting data
-address of a segfault, the instruction pointer and its file offset in the binary).
+Condition: a fatal trap other than SIGILL (isa-mismatch keeps those) in the kernel log in
+the last 5 minutes (critical: still crashing); inside the 15-minute look-back with none since
+then, the loop stopped (a warning of the ended phase, explaining no harm of now); older
+crashes are an `info` tier, in every mode, as isa-mismatch reads SIGILLs. Enrichment: one
+finding per node naming each crashing binary, its pids, how many times it crashed, when
+last, and where (the faulting data address of a segfault, the instruction pointer and its
+file offset in the binary).
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ from dataclasses import dataclass, field
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
-from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
+from ..model import ENDED, EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..promql import (
+    EVENT_LOOKBACK_SECONDS,
+    EVENT_ONGOING_SECONDS,
+    Max,
+    Rate,
+    Recent,
+    Selector,
+    Sum,
+    Time,
+)
 
 RANK = 0.7  # a cause, after isa-mismatch and oom-kill
 CRASH_WINDOW = EVENT_LOOKBACK_SECONDS  # crashes this recent are the incident, in every mode
@@ -146,6 +157,8 @@ def scenario(k):
 RULE = Rule(
     id="crash-loop",
     severity="critical",
+    # a binary crashing now on the node: which pool ran it, the dead process cannot say
+    explains=EXPLAINS_NODE,
     symptom="a worker keeps restarting; tasks fail or are retried elsewhere",
     cause="a binary dies of a fatal trap (segfault, general protection fault, divide error, "
           "int3, a data abort on arm64) as soon as it runs, and its supervisor restarts it",
@@ -154,16 +167,21 @@ RULE = Rule(
            "(systemd-coredump, ulimit -c) of one crash",
     summary="fatal traps (segfault and the like) in the kernel log, the last {value:duration} "
             "before the window's end",
-    # As isa-mismatch reads SIGILLs: crashes inside the look-back (Prometheus: 15 minutes;
-    # in-process: the window), one finding per node naming every crashing binary. Older
-    # crashes are only information: a node that once ran a bad build is not sick now.
-    condition=Recent(_AGE, CRASH_WINDOW),
-    tiers=(Tier("info", _AGE >= 0,
-                "earlier fatal traps, the last {value:duration} before the window's end"),),
+    # As isa-mismatch reads SIGILLs: crashes still happening (the last 5 minutes), one
+    # finding per node naming every crashing binary; crashes that stopped are said as ended,
+    # older ones are only information: a node that once ran a bad build is not sick now.
+    condition=Recent(_AGE, EVENT_ONGOING_SECONDS),
+    tiers=(Tier("warning", Recent(_AGE, CRASH_WINDOW),
+                "fatal traps ended: the last {value:duration} before the window's end, none "
+                "since", ENDED),
+           Tier("info", _AGE >= 0,
+                "earlier fatal traps, the last {value:duration} before the window's end",
+                ENDED)),
     evidence=(
         Evidence("fatal traps (not SIGILL) in the kernel log",
                  Sum(Max(_CRASHES, by=(*NODE, "binary")), by=NODE), 0, "crashes"),
-        Evidence("seconds since the last fatal trap", _AGE, CRASH_WINDOW, "s", pick="min"),
+        Evidence("seconds since the last fatal trap", _AGE, EVENT_ONGOING_SECONDS, "s",
+                 pick="min"),
         Evidence("pool processes replaced (new pid and start time) per minute", _RESTARTS, 0,
                  "1/min"),
     ),

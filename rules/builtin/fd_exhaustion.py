@@ -10,7 +10,7 @@ from fleetscope.collectors.base import NotAvailable
 from fleetscope.collectors.parsers.process import parse_limits
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector
 from ..signals import POOL
 
@@ -62,6 +62,7 @@ def scenario(k):
 RULE = Rule(
     id="fd-exhaustion",
     severity="critical",
+    explains=EXPLAINS_POOL,  # its processes' open-file limit
     symptom='"Too many open files" as agents scale',
     cause="a process is close to its file-descriptor limit (RLIMIT_NOFILE, 1024 by default)",
     action="raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the container "

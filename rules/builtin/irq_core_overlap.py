@@ -12,7 +12,7 @@ from fleetscope.collectors.parsers.process import parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, online_delay
 
@@ -88,6 +88,7 @@ def scenario(k):
 RULE = Rule(
     id="irq-core-overlap",
     severity="warning",
+    explains=EXPLAINS_POOL,  # the online pool whose CPUs take the interrupts
     symptom="latency jitter under network load",
     cause="device interrupts (NIC queues) land on the CPUs the online agents run on",
     action="keep 10-15 % of cores for the system and IRQs: set /proc/irq/N/smp_affinity_list "

@@ -1,7 +1,9 @@
 """isa-mismatch: a binary built for a newer instruction set than this CPU dies with SIGILL.
 
-Condition: a SIGILL crash in the kernel log inside the look-back (the last 15 minutes, in
-every mode); older crashes are an `info` tier. Enrichment: one
+Condition: a SIGILL crash in the kernel log in the last 5 minutes (critical: still
+crashing); inside the 15-minute look-back but none since then, the crashes ended (a warning
+of the ended phase, explaining no harm of now); older crashes are an `info` tier, in every
+mode. Enrichment: one
 finding per node naming every binary that died, its pids, crash times and the instruction
 that faulted (fleetscope/tools/isa_fault.py).
 """
@@ -14,8 +16,17 @@ from fleetscope.collectors.base import NotAvailable
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy
-from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
-from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
+from ..model import ENDED, EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule, Tier
+from ..promql import (
+    EVENT_LOOKBACK_SECONDS,
+    EVENT_ONGOING_SECONDS,
+    Max,
+    Rate,
+    Recent,
+    Selector,
+    Sum,
+    Time,
+)
 
 RANK = 0  # ties between equally severe, equally confident findings: causes first
 # Crashes this recent are the incident, older ones "earlier" (information), in every mode.
@@ -168,6 +179,8 @@ def scenario(k):
 RULE = Rule(
     id="isa-mismatch",
     severity="critical",
+    # a binary crashing now on the node: which pool ran it, the dead process cannot say
+    explains=EXPLAINS_NODE,
     symptom="some nodes crash as soon as a task starts",
     cause="a binary built for a newer instruction set than this node's CPU (e.g. "
           "-march=native on a newer stepping) dies with SIGILL",
@@ -176,17 +189,21 @@ RULE = Rule(
            "names the missing extension",
     summary="SIGILL (illegal instruction) crashes, the last {value:duration} before the "
             "window's end",
-    # Crashes inside the look-back (the last 15 minutes, in every mode: see Recent), one
-    # finding per node naming every crashing binary (enrichment; from Prometheus, the
-    # series' `binary` labels).
-    # Older crashes are only information: a node that once ran a bad build is not sick now.
-    condition=Recent(_SIGILL_AGE, SIGILL_LOOKBACK),
-    tiers=(Tier("info", _SIGILL_AGE >= 0,
-                "earlier SIGILL crashes, the last {value:duration} before the window's end"),),
+    # Crashes still happening (the last 5 minutes, in every mode: see Recent), one finding
+    # per node naming every crashing binary (enrichment; from Prometheus, the series'
+    # `binary` labels). Crashes that stopped are said as ended; older ones are only
+    # information: a node that once ran a bad build is not sick now.
+    condition=Recent(_SIGILL_AGE, EVENT_ONGOING_SECONDS),
+    tiers=(Tier("warning", Recent(_SIGILL_AGE, SIGILL_LOOKBACK),
+                "SIGILL crashes ended: the last {value:duration} before the window's end, "
+                "none since", ENDED),
+           Tier("info", _SIGILL_AGE >= 0,
+                "earlier SIGILL crashes, the last {value:duration} before the window's end",
+                ENDED)),
     evidence=(
         Evidence("SIGILL crashes in the kernel log", Sum(Max(_SIGILL, by=(*NODE, "binary")),
                                                          by=NODE), 0, "crashes"),
-        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, SIGILL_LOOKBACK, "s",
+        Evidence("seconds since the last SIGILL crash", _SIGILL_AGE, EVENT_ONGOING_SECONDS, "s",
                  pick="min"),
         Evidence("SIGILL crashes of the binary that crashed most", _PER_BINARY, 0, "crashes",
                  names=("binaries", "binary")),

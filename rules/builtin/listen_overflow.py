@@ -12,7 +12,7 @@ alone. Enrichment: the full listener's address and the processes holding it.
 from __future__ import annotations
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 4.5
@@ -71,6 +71,7 @@ def scenario(k):
 RULE = Rule(
     id="listen-overflow",
     severity="warning",
+    explains=EXPLAINS_NODE,  # a listener of the node: fleetscope does not tell whose
     symptom="clients time out connecting, or connect after 1 s, 3 s, 7 s (SYN retries)",
     cause="a listening socket's accept queue is full: its process does not accept() "
           "connections as fast as they arrive, and the kernel drops the handshakes beyond "

@@ -18,7 +18,7 @@ from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.locks import parse_proc_locks
 
 from ..fleet import FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Rate, Selector, Sum
 from ..signals import POOL
 
@@ -112,6 +112,7 @@ def scenario(k):
 RULE = Rule(
     id="lock-contention",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its processes, queued on one file lock
     symptom="throughput flat however many workers run; sessions slow while CPUs idle",
     cause="the pool's workers serialise on one file lock (flock, fcntl): one works while "
           "the others sleep in the lock",

@@ -7,7 +7,7 @@ and the L3 miss ratio above 0.2 ("L3 hit rate < 80 %").
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max, Selector, Sum
 
 RANK = 4
@@ -43,6 +43,7 @@ def scenario(k):
 RULE = Rule(
     id="memory-bandwidth-saturation",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's memory bandwidth
     symptom="fine at low concurrency, stalls as concurrency rises",
     cause="DRAM bandwidth near the platform's peak: cores wait on memory (L3 misses high, "
           "IPC falls)",

@@ -11,7 +11,7 @@ rates, and each pool cgroup's usage against its limit.
 from __future__ import annotations
 
 from ..fleet import FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 3.7  # after the CPU causes of the same severity
@@ -75,6 +75,7 @@ def scenario(k):
 RULE = Rule(
     id="memory-pressure",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's memory
     symptom="agent work slows down in bursts on a node with no CPU shortage; latency tails grow",
     cause="tasks stall on memory: allocations wait for reclaim (direct reclaim on the node, or "
           "a pool's memory cgroup at its limit), which precedes OOM kills",

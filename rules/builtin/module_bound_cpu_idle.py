@@ -10,7 +10,7 @@ Its mirror is cpu-bound-module-idle; a node without module data is not evaluated
 from __future__ import annotations
 
 from ..fleet import FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule
 from ..promql import Max
 from ..signals import (
     DEVICE,
@@ -51,6 +51,7 @@ def scenario(k):
 RULE = Rule(
     id="module-bound-cpu-idle",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's CPUs and modules
     symptom="requests wait on the inference module while the node's CPUs are mostly idle; "
             "adding CPU workers does not help",
     cause="the inference module is the bottleneck: it runs saturated and requests queue on "

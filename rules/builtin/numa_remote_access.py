@@ -14,7 +14,7 @@ from fleetscope.collectors.pods import pod_notes
 from fleetscope.collectors.shared import numa_node_cpus
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 5
@@ -79,6 +79,7 @@ def scenario(k):
 RULE = Rule(
     id="numa-remote-access",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its processes' memory, off their NUMA node
     symptom="node CPU not high but throughput will not rise",
     cause="cross-NUMA memory access: a pool's processes run on one NUMA node while their "
           "memory sits on another",

@@ -15,7 +15,7 @@ from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import program_name
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
 from ..signals import ONLINE_DELAY, ONLINE_RUN_DELAY, POOL, online_delay
 
@@ -143,6 +143,7 @@ def scenario(k):
 RULE = Rule(
     id="offline-preemption",
     severity="warning",
+    explains=EXPLAINS_POOL,  # the online pool whose processes wait for a CPU
     symptom="online P99 latency jumps around (200 ms -> 1 s)",
     cause="offline/batch jobs (or a noisy VM neighbour: steal) take CPU from online agents on "
           "the same node",

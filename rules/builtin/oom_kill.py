@@ -1,10 +1,13 @@
 """oom-kill: processes killed by the OOM killer, at a memory cgroup's limit or node-wide.
 
-Condition: an OOM kill in the kernel log inside the look-back (Prometheus: the last 15
-minutes; in-process: inside the window), or /proc/vmstat oom_kill rising in it (the kernel
-log unreadable); older kills in the log are an `info` tier. Enrichment: one finding per node
-naming every killed process (pid, command), its cgroup, the cgroup's limit and usage at the
-kill, and the pool it belonged to.
+Condition (critical, ongoing): an OOM kill in the kernel log in the last 5 minutes whose
+memory cgroup still exists, per pool where the kill was in a pool's cgroup (the alert names
+the pool whose workers died), or /proc/vmstat oom_kill rising (the kernel log unreadable).
+A kill inside the 15-minute look-back that no longer acts (its cgroup removed since, or none
+for 5 minutes) is a warning of the ended phase ("ended"), explaining no harm of now; older
+kills are an `info` tier. Enrichment: one finding per node naming every killed process (pid,
+command), its cgroup (and whether it is gone), the cgroup's limit and usage at the kill, and
+the pool it belonged to.
 """
 
 from __future__ import annotations
@@ -14,8 +17,18 @@ import time
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
-from ..model import NODE, Evidence, Panel, Proof, Rule, Tier
-from ..promql import EVENT_LOOKBACK_SECONDS, Max, Rate, Recent, Selector, Sum, Time
+from ..model import ENDED, EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule, Tier
+from ..promql import (
+    EVENT_LOOKBACK_SECONDS,
+    EVENT_ONGOING_SECONDS,
+    Max,
+    Rate,
+    Recent,
+    Selector,
+    Sum,
+    Time,
+)
+from ..signals import POOL
 
 RANK = 0.5  # a cause: ties with equally severe findings go to it
 OOM_WINDOW = EVENT_LOOKBACK_SECONDS  # kills this recent are the incident, in every mode
@@ -23,6 +36,11 @@ MAX_SUBJECTS = 10
 
 _LOGGED = Selector("fleetscope_oom_kills_logged_total")
 _OOM_AGE = Time() - Max(Selector("fleetscope_oom_kill_last_timestamp_seconds"), by=NODE)
+# Kills that still act: in a cgroup that is still there, the pool's where it is one of its
+_STANDING_AGE = Time() - Max(
+    Selector("fleetscope_oom_kill_existing_cgroup_last_timestamp_seconds"), by=NODE)
+_POOL_KILL_AGE = Time() - Max(Selector("fleetscope_pool_oom_kill_last_timestamp_seconds"),
+                              by=POOL)
 # Counted kills over a minute, as every rate here: a kill that old reads alike on a query
 # engine and in-process (whose look-back is the samples at hand); the kernel log's kill
 # time (Recent) is what holds a single kill for the whole look-back.
@@ -161,6 +179,8 @@ def scenario(k):
 RULE = Rule(
     id="oom-kill",
     severity="critical",
+    # the pool whose memory cgroup counted the kill; a kill in no pool's cgroup explains none
+    explains=EXPLAINS_POOL,
     symptom="agent workers die with exit -9 (SIGKILL) and restart; sessions on them fail",
     cause="the OOM killer killed them: their memory cgroup reached its limit (memory.max / "
           "memory.limit_in_bytes), or the node ran out of memory",
@@ -168,15 +188,23 @@ RULE = Rule(
            "leak or raise the limit to the measured peak plus headroom; never let a node "
            "overcommit its pods' memory limits",
     summary="processes killed by the OOM killer within the look-back",
-    # Kills inside the look-back, from the kernel log (naming the process) or, where the log
-    # cannot be read, from /proc/vmstat oom_kill rising; older logged kills are information.
-    condition=Recent(_OOM_AGE, OOM_WINDOW) | (_VMSTAT_KILLS > 0),
-    tiers=(Tier("info", _OOM_AGE >= 0,
-                "earlier OOM kills, the last {value:duration} before the window's end"),),
+    # Kills that still act, from the kernel log (naming the process, per pool where it was
+    # a pool's) or, where the log cannot be read, from /proc/vmstat oom_kill rising. Kills
+    # that ended inside the look-back are said so; older ones are information.
+    condition=(Recent(_POOL_KILL_AGE, EVENT_ONGOING_SECONDS)
+               | Recent(_STANDING_AGE, EVENT_ONGOING_SECONDS) | (_VMSTAT_KILLS > 0)),
+    tiers=(Tier("warning", Recent(_OOM_AGE, OOM_WINDOW),
+                "OOM kills ended: the last {value:duration} before the window's end, none "
+                "since in a cgroup that still exists", ENDED),
+           Tier("info", _OOM_AGE >= 0,
+                "earlier OOM kills, the last {value:duration} before the window's end",
+                ENDED)),
     evidence=(
         Evidence("OOM kills in the kernel log", Sum(_LOGGED, by=NODE), 0, "kills"),
         Evidence("seconds since the last OOM kill in the kernel log", _OOM_AGE, OOM_WINDOW,
                  "s", pick="min"),
+        Evidence("seconds since the last OOM kill in a cgroup that still exists",
+                 _STANDING_AGE, EVENT_ONGOING_SECONDS, "s", pick="min"),
         Evidence("OOM kills in the last minute (/proc/vmstat oom_kill)", _VMSTAT_KILLS, 0,
                  "kills"),
         Evidence("OOM kills in pools' memory cgroups in the last minute",
@@ -202,6 +230,9 @@ RULE = Rule(
         Set("oom_kill_rate", 1 / 120),
         Events(None, "fleetscope_oom_kill_last_timestamp_seconds", {"constraint": "memcg"},
                ago=Noisy(10, 100, stream=91, per_minute=False)),
+        # the worker's cgroup stays (its supervisor restarts it there): the kills still act
+        Events(None, "fleetscope_oom_kill_existing_cgroup_last_timestamp_seconds",
+               {"constraint": "memcg"}, ago=Noisy(10, 100, stream=91, per_minute=False)),
     )),
     proof=Proof(scenario,
                 summary=r"processes killed by the OOM killer within the look-back; 3 kills, "

@@ -8,8 +8,9 @@ bound of it). Evidence beside: the node's threads against kernel.threads-max and
 kernel.pid_max (every thread takes a pid). Enrichment: the cgroup, its limit and count, and
 the kernel's `cgroup: fork rejected by pids controller in <path>` line (kernel/cgroup/
 pids.c pids_event(), printed once per cgroup, at its first refusal), inside the look-back
-or earlier. That line alone (a cgroup no pool names) is a warning inside the look-back and
-information after it, as SIGILLs are for isa-mismatch.
+or earlier. That line alone (a cgroup no pool names) is a warning inside the look-back while
+the cgroup exists, of the ended phase once it is gone (its forks refuse nothing any more),
+and information after the look-back, as SIGILLs are for isa-mismatch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fleetscope.collectors.parsers.pids_log import fork_rejections
 from fleetscope.core import units
 
 from ..fleet import FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..model import ENDED, EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Max, Min, Rate, Recent, Selector, Sum, Time
 from ..signals import POOL
 
@@ -41,6 +42,8 @@ _NODE_THREADS = Max(Selector("fleetscope_threads"), by=NODE)
 # in time as SIGILLs are (isa-mismatch): a warning inside the look-back, information after.
 _FORK_LOG_AGE = Time() - Max(
     Selector("fleetscope_pids_fork_rejected_last_timestamp_seconds"), by=(*NODE, "cgroup"))
+_CGROUP_EXISTS = Max(Selector("fleetscope_pids_fork_rejected_cgroup_exists"),
+                     by=(*NODE, "cgroup")) > 0
 
 
 def _node_share(sysctl: str):
@@ -119,6 +122,7 @@ def scenario(k):
 RULE = Rule(
     id="pid-exhaustion",
     severity="critical",
+    explains=EXPLAINS_POOL,  # its cgroup's or processes' task limit
     symptom="workers fail to start threads or processes (EAGAIN, \"can't start new thread\", "
             "\"fork: Resource temporarily unavailable\")",
     cause="a task limit is reached: the cgroup's pids.max (a Kubernetes pod pids limit, "
@@ -129,12 +133,16 @@ RULE = Rule(
            "-u / LimitNPROC=, kernel.pid_max) with 2-3x headroom over real concurrency",
     summary="pool {pool}: new threads and processes refused at a task limit",
     condition=(_REFUSED > 0) | (_PIDS_SHARE > TASKS_SHARE) | (_NPROC_SHARE > TASKS_SHARE),
-    tiers=(Tier("warning", Recent(_FORK_LOG_AGE, FORK_LOG_LOOKBACK),
+    tiers=(Tier("warning", Recent(_FORK_LOG_AGE, FORK_LOG_LOOKBACK).and_on(
+                    _CGROUP_EXISTS, (*NODE, "cgroup")),
                 "the pids controller refused forks in cgroup {cgroup}, {value:duration} "
                 "before the window's end (kernel log)"),
+           Tier("warning", Recent(_FORK_LOG_AGE, FORK_LOG_LOOKBACK),
+                "refused forks ended: cgroup {cgroup} is gone; the kernel logged its first "
+                "refusal {value:duration} before the window's end", ENDED),
            Tier("info", _FORK_LOG_AGE >= 0,
                 "earlier refused forks in cgroup {cgroup}, the last {value:duration} before "
-                "the window's end (kernel log)")),
+                "the window's end (kernel log)", ENDED)),
     evidence=(
         Evidence("forks refused by the pool's pids.max in the window (pids.events max)",
                  _REFUSED, 0, "forks"),

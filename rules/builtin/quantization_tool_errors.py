@@ -7,7 +7,7 @@ Condition: tool calls with outcome `bad_arguments` above 5 % of a model's calls.
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 10
@@ -42,6 +42,7 @@ def scenario(k):
 RULE = Rule(
     id="quantization-tool-errors",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its model's tool calls
     symptom="tool-call arguments sometimes malformed",
     cause="the model is quantised too aggressively (e.g. Q2_K) to produce valid tool-call "
           "arguments",

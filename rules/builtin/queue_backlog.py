@@ -6,7 +6,7 @@ Condition: a queue (agent_queue_depth) holds more than 50 tasks and grew over th
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Delta, Max, Selector
 from ..signals import SATURATED_CORE, busy_ratio
 
@@ -42,6 +42,7 @@ def scenario(k):
 RULE = Rule(
     id="queue-backlog",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its queue
     symptom="end-to-end latency rises, queue keeps growing",
     cause="the orchestration layer is saturated: tasks arrive faster than workers dispatch "
           "them (serial scheduling, lock contention, too few CPU workers)",

@@ -7,7 +7,7 @@ Condition: ECN-marked packets, CNPs and sequence errors on an RDMA port (hw_coun
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Noisy, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 6
@@ -50,6 +50,7 @@ def scenario(k):
 RULE = Rule(
     id="roce-congestion",
     severity="warning",
+    explains=EXPLAINS_NODE,  # the node's network plane
     symptom="Redis / storage latency high, cross-node bandwidth low, jitter",
     cause="congestion on a shared network plane: ECN marks and CNPs, PFC pauses; storage and "
           "business traffic mixed, or PFC watermarks misconfigured",

@@ -7,7 +7,7 @@ Condition: session migrations into a pool above 0.05/s (3 a minute).
 from __future__ import annotations
 
 from ..fleet import Add, FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Rate, Selector, Sum
 
 RANK = 11
@@ -37,6 +37,7 @@ def scenario(k):
 RULE = Rule(
     id="session-affinity-loss",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its sessions, arriving from elsewhere
     symptom="a session gets slow half-way",
     cause="the scheduler moves sessions to other nodes, which then re-sync their context",
     action="route by session id (consistent hashing), stick-and-redirect failover, longer "

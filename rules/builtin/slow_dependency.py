@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ..fleet import Add, FleetFault
 from ..harm import BY_POOL, SESSION_P99, SESSION_SECONDS, over_target, per_session, stage_seconds
-from ..model import WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Arith, Compare, Rate, Selector, Sum
 from ..signals import ONLINE_RUN_DELAY, online_delay
 
@@ -94,6 +94,7 @@ def scenario(k):
 RULE = Rule(
     id="slow-dependency",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its sessions' tool or state calls
     symptom="sessions slow while the node is idle",
     cause="a dependency the sessions wait on (a tool or API, the state store) answers slowly",
     action="look at the named tool's or store's own latency and its recent changes; give the "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from fleetscope.collectors.parsers.process import parse_pid_stat
 
 from ..fleet import Add, FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Arith, Max, Rate, Selector, Sum
 from ..signals import ONLINE_CPUS, POOL, PSI_CPU, RUNNABLE_TASKS
 
@@ -92,6 +92,7 @@ def scenario(k):
 RULE = Rule(
     id="thread-oversubscription",
     severity="warning",
+    explains=EXPLAINS_POOL,  # its threads, more than its CPUs
     symptom="throughput drops as threads are added",
     cause="more than ~2x as many runnable threads as physical cores: context-switch cost eats "
           "the CPU",

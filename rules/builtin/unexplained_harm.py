@@ -1,14 +1,16 @@
-"""unexplained-harm: the workloads are hurting and no rule of the catalog says why.
+"""unexplained-harm: a pool's users are hurting and no rule of the catalog says why.
 
-Condition: any harm signal over the node's target (rules/harm.py: online sessions' P99, tool
-calls failing, online processes waiting for a CPU, pool cgroups throttled, a growing queue
-over its target, online processes replaced as they die), `unless on (instance)` any other
-registered rule's alert at warning or worse on the node. Evaluated after every other rule
-(in Prometheus: last in the group; the engine adds the other findings as ALERTS); its `for:`
-outlasts theirs, so a cause still pending never leaves it firing. Never `ok` while a node
-hurts: this finding is what a blind spot of the catalog looks like. Enrichment: the harm, and
-the signals that moved furthest from their normal (where session time goes, stage by stage,
-and time no stage accounts for).
+Condition, per pool: any harm signal over the pool's target (rules/harm.py: online sessions'
+P99, sessions failing or stuck in flight, tool calls failing, online processes waiting for a
+CPU, cgroups throttled, a growing queue, online processes replaced as they die, connections
+waiting or retransmitting), `unless on (instance, pool)` an ongoing alert at warning or worse
+of a rule about that pool, `unless on (instance)` one about the whole node (Rule.explains). An
+alert about another pool, or an event that ended, explains nothing here. Evaluated after every
+other rule (in Prometheus: last in the group; the engine adds the other findings as ALERTS);
+its `for:` outlasts theirs, so a cause still pending never leaves it firing. Never `ok` while
+a pool hurts: this finding is what a blind spot of the catalog looks like. Enrichment: the
+harm, and the signals that moved furthest from their normal (where session time goes, stage
+by stage, and time no stage accounts for).
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from fleetscope.core import units
 
 from ..fleet import Add, FleetFault
 from ..harm import (
-    HARM,
     HARM_SIGNALS,
+    POOL_HARM,
     STAGE_PER_SESSION,
     UNACCOUNTED,
     pool_target,
     target,
     unexplained,
 )
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NOTHING, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Selector
 from ..signals import PSI_CPU, busy_ratio
 
@@ -43,12 +45,13 @@ LOCK_WAITS_NOTED = 1.0  # threads on average over the window
 
 
 def _at_last(ctx, finding, expr) -> list[tuple[dict, float]]:
-    """expr at the window's last sample on the finding's node: (labels, value), no NaN."""
+    """expr at the window's last sample on the finding's node and pool: (labels, value), no
+    NaN."""
     series = ctx.series
     stamps = series.timestamps() if series is not None else []
     if not stamps:
         return []
-    node = {k: v for k, v in finding.labels.items() if k in NODE}
+    node = {k: v for k, v in finding.labels.items() if k in (*NODE, "pool")}
     out = []
     for labels, value in expr.evaluate(series, stamps[-1]).items():
         labels = dict(labels)
@@ -59,10 +62,10 @@ def _at_last(ctx, finding, expr) -> list[tuple[dict, float]]:
 
 def _harm(ctx, finding, signal) -> tuple[float, float, str] | None:
     """(value, target, pool) of the pool furthest over (or nearest to) its target."""
-    node_goal = max((v for _, v in _at_last(ctx, finding, target(signal.key))),
+    node_goal = max((v for _, v in _at_last(ctx, finding, target(signal.target_key))),
                     default=signal.default)
     own = {labels.get("pool"): v for labels, v in _at_last(ctx, finding,
-                                                             pool_target(signal.key))}
+                                                             pool_target(signal.target_key))}
     worst = None
     for labels, value in _at_last(ctx, finding, signal.value):
         pool = labels.get("pool", "")
@@ -133,6 +136,7 @@ def scenario(k):
 RULE = Rule(
     id="unexplained-harm",
     severity="warning",
+    explains=EXPLAINS_NOTHING,  # it is the harm itself
     symptom="workloads are hurting (sessions over target, errors, waits) and no known cause "
             "shows",
     cause="a fault outside the catalog: an uninstrumented step, a dependency or kernel "
@@ -140,8 +144,8 @@ RULE = Rule(
     action="start from the strongest deviations named here; compare with the last good "
            "release and config change; look at the pool's stacks (fleetscope stacks PID) "
            "and the application's own logs",
-    summary="workloads hurting and no rule explains it",
-    condition=unexplained(HARM),
+    summary="pool {pool}: users hurting and no rule explains it",
+    condition=unexplained(POOL_HARM),
     evidence=(
         *(Evidence(signal.title, signal.value, signal.default, signal.unit)
           for signal in HARM_SIGNALS),
@@ -164,6 +168,6 @@ RULE = Rule(
         # a step no stage measures: 1.5 s of each session outside every stage
         Add("unexplained_session_seconds", 1.5),
     )),
-    proof=Proof(scenario, summary=r"workloads hurting and no rule explains it; harm: online "
-                                  r"sessions' P99 \d"),
+    proof=Proof(scenario, summary=r"pool chat-online: users hurting and no rule explains it; "
+                                  r"harm: online sessions' P99 \d"),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fleetscope.core import units
 
 from ..fleet import Add, FleetFault, Set
-from ..model import NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import Max, Rate, Selector, Sum
 
 RANK = 1
@@ -109,6 +109,7 @@ def scenario(k):
 RULE = Rule(
     id="worker-blocked-external-call",
     severity="critical",
+    explains=EXPLAINS_POOL,  # its worker threads, parked in the call
     symptom="agent task times out, no log lines",
     cause="a worker is blocked in an external API or tool call (no timeout, exhausted "
           "connection pool)",
