@@ -22,6 +22,7 @@ class BundleDiagnosis:
     series: Series  # the replayed samples, as the rules read them
     findings: list[engine.Finding]
     not_evaluated: list[dict]
+    harm: list[engine.PoolHarm]
 
 
 def diagnose_bundle(bundle: Bundle, config: Config,
@@ -31,5 +32,5 @@ def diagnose_bundle(bundle: Bundle, config: Config,
     series = bundle_series(bundle, config, progress)
     samples = tuple((bundle.source(sample), sample.time) for sample in bundle.samples)
     enricher = Enricher(config, samples[0][0], samples[-1][0], series, samples)
-    findings, not_evaluated = engine.evaluate(series, bundle.hostname, enrich=enricher)
-    return BundleDiagnosis(series, findings, not_evaluated)
+    verdict = engine.assess(series, bundle.hostname, enrich=enricher)
+    return BundleDiagnosis(series, verdict.findings, verdict.not_evaluated, verdict.harm)

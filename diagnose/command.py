@@ -170,17 +170,21 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     finally:
         progress.close()
     partial: list[str] = []
+    harm: list[engine.PoolHarm] = []
     if answered is not None:
         findings, not_evaluated = answered.findings, answered.not_evaluated
-        partial = answered.partial
+        harm, partial = answered.harm, answered.partial
     elif diagnosed is not None:
         findings, not_evaluated = diagnosed.findings, diagnosed.not_evaluated
+        harm = diagnosed.harm
     else:
-        findings, not_evaluated = engine.evaluate(
-            series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
-        findings, not_evaluated, partial = _without_partial(findings, not_evaluated, warned)
+        verdict = engine.assess(series, nodes[0] if len(nodes) == 1 else "?", enrich=enricher)
+        harm = verdict.harm
+        findings, not_evaluated, partial = _without_partial(verdict.findings,
+                                                            verdict.not_evaluated, warned)
     stack.close()
-    document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG))
+    document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG),
+                                harm)
     if answered is not None:
         document["fleet_findings"] = answered.fleet_findings
         document["query_engine"] = answered.stats.to_json()

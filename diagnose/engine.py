@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from fleetscope.core.runbooks import runbook_path
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
+from fleetscope.rules.harm import HARM_SIGNALS, POOL_HARMS, HarmSignal, target_at
+from fleetscope.rules.model import ENDED, EXPLAINS_NODE, EXPLAINS_POOL, ONGOING
 from fleetscope.rules.promql import (
     Compare,
     Labels,
@@ -48,9 +50,31 @@ class Finding:
     severity: str = ""  # the tier that held (the rule's own severity unless a lesser tier)
     summary_template: str | None = None
     held_ratio: float = 1.0  # share of the window's steps the condition held at
+    phase: str = ONGOING  # ENDED: an event that no longer acts (Tier.phase)
+    # Every label set the condition held for on the node (the first is `labels`): the pools
+    # a merged finding is about.
+    label_sets: list[dict[str, str]] = field(default_factory=list)
+    explains: list[str] = field(default_factory=list)  # the hurting pools it explains
 
     def __post_init__(self) -> None:
         self.severity = self.severity or self.rule.severity
+        self.label_sets = self.label_sets or [self.labels]
+
+    def pools(self) -> set[str]:
+        """The pools its label sets name."""
+        return {labels["pool"] for labels in self.label_sets if labels.get("pool")}
+
+    def can_explain(self) -> bool:
+        """An ongoing finding at warning or worse of a rule about a pool or the node: what
+        Prometheus's ALERTS offers the rules reading them (rules/harm.py)."""
+        return (self.phase == ONGOING and SEVERITY_RANK[self.severity] <= SEVERITY_RANK["warning"]
+                and self.rule.explains in (EXPLAINS_POOL, EXPLAINS_NODE)
+                and not reads_alerts(self.rule))
+
+    def explains_harm_of(self, node: str, pool: str) -> bool:
+        if not self.can_explain() or self.node != node:
+            return False
+        return self.rule.explains == EXPLAINS_NODE or pool in self.pools()
 
     def to_json(self) -> dict:
         rule = self.rule
@@ -69,7 +93,40 @@ class Finding:
             **({"runbook_path": str(installed)} if installed else {}),
             "evidence": self.evidence,
             "subjects": {kind: self.subjects.get(kind, []) for kind in SUBJECT_KINDS},
+            # beside the contract's fields: whether it still acts, and whose harm it explains
+            "phase": self.phase,
+            "explains": self.explains,
         }
+
+
+@dataclass
+class PoolHarm:
+    """A pool hurting on one harm signal over the window (rules/harm.py), and the findings
+    that explain it."""
+
+    node: str
+    pool: str
+    signal: HarmSignal
+    value: float
+    target: float
+    since: float  # unix seconds: where the harm's run up to the window's end began
+    explained_by: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"pool": self.pool, "node": self.node, "signal": self.signal.name,
+                "title": self.signal.title, "unit": self.signal.unit,
+                "value": round(self.value, 6), "target": self.target,
+                "since": round(self.since, 3), "explained_by": self.explained_by}
+
+
+@dataclass
+class Verdict:
+    """What the rules say of a window: the findings ranked harm first, the rules not
+    evaluated, and the harm itself."""
+
+    findings: list[Finding]
+    not_evaluated: list[dict]
+    harm: list[PoolHarm] = field(default_factory=list)
 
 
 def _hint_owners() -> tuple[tuple[str, type], ...]:
@@ -243,19 +300,35 @@ def persistent(condition, series: Series, steps: list[int],
 def evaluate(series: Series, hostname: str, *,
              enrich: Callable[[Finding], None] | None = None,
              rules: tuple[Rule, ...] = CATALOG) -> tuple[list[Finding], list[dict]]:
-    """Evaluate every rule over the window; returns (ranked findings, not_evaluated).
+    """(ranked findings, not_evaluated) of assess(), for callers that need not the harm."""
+    verdict = assess(series, hostname, enrich=enrich, rules=rules)
+    return verdict.findings, verdict.not_evaluated
+
+
+def assess(series: Series, hostname: str, *,
+           enrich: Callable[[Finding], None] | None = None,
+           rules: tuple[Rule, ...] = CATALOG) -> Verdict:
+    """Evaluate every rule over the window, and which pools hurt and why.
 
     A finding is a label set whose condition held across most of the window (see
     HOLD_FRACTION), reported with its value and evidence at the last step it held. Each
     node gets at most one finding per rule: its most severe tier, and of several label sets
-    (pools, queues) the strongest, the others named in its summary."""
+    (pools, queues) the strongest, the others named in its summary. Harm is each pool's
+    harm signal over its target across the same share of the window; a finding explains it
+    when it is about that pool or the whole node, ongoing, at warning or worse. Findings
+    are ranked harm first (rank_key)."""
     timestamps = series.timestamps()
     if not timestamps:
-        return [], [{"rule": r.id, "reason": "no samples"} for r in rules]
+        return Verdict([], [{"rule": r.id, "reason": "no samples"} for r in rules])
     series.limit_windows(rate_window_ms(timestamps), (timestamps[-1] - timestamps[0]) or None)
     steps = evaluation_steps(timestamps, series.max_window_ms)
     with series.memoized():  # the rules share their signals' vectors
-        return _evaluate_rules(series, hostname, timestamps, steps, enrich, rules)
+        findings, not_evaluated = _evaluate_rules(series, hostname, timestamps, steps, enrich,
+                                                  rules)
+        harm = pool_harms(series, steps, hostname)
+    explain(harm, findings)
+    findings.sort(key=rank_key(rules))
+    return Verdict(findings, not_evaluated, harm)
 
 
 def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps: list[int],
@@ -285,23 +358,24 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
             continue
         by_node: dict[str, list[Finding]] = {}
         evidence_at: dict[int, list[Vector]] = {}
-        for severity, condition, summary in rule.severities():
+        for level in rule.levels():
             # An event rule (for: 0, e.g. a crash or a cold model load in the look-back)
             # fires on one step; a state must persist.
             hold = HOLD_FRACTION if rule.for_seconds else 0.0
-            for labels, held in sorted(persistent(condition, series_read, steps,
+            for labels, held in sorted(persistent(level.condition, series_read, steps,
                                                  hold).items()):
                 finding_labels = dict(labels)
                 node = next((finding_labels[k] for k in NODE_LABELS if k in finding_labels),
                             hostname)
                 found = by_node.setdefault(node, [])
-                if found and found[0].severity != severity:
+                if found and found[0].severity != level.severity:
                     continue  # a more severe tier already holds on this node
                 vectors = _evidence_vectors(rule, series_read, held.last_ms, evidence_at)
                 evidence = evidence_from(rule, finding_labels, vectors)
                 finding = Finding(rule, node, finding_labels, held.value,
-                                  _confidence(rule, evidence), evidence, severity=severity,
-                                  summary_template=summary, held_ratio=held.steps / len(steps))
+                                  _confidence(rule, evidence), evidence,
+                                  severity=level.severity, summary_template=level.summary,
+                                  held_ratio=held.steps / len(steps), phase=level.phase)
                 name_subjects(finding, vectors)
                 for kind, label in rule.subject_labels.items():
                     if label in finding_labels:
@@ -313,8 +387,51 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
             if enrich is not None:
                 enrich(finding)
             findings.append(finding)
-    findings.sort(key=rank_key(rules))
     return findings, not_evaluated
+
+
+def pool_harms(series: Series, steps: list[int], hostname: str,
+               hold: float = HOLD_FRACTION) -> list[PoolHarm]:
+    """Each pool's harm signals over their targets at `hold` of the steps (held_harm)."""
+    out = []
+    for signal, condition in zip(HARM_SIGNALS, POOL_HARMS, strict=True):
+        vectors = [(at_ms, condition.evaluate(series, at_ms)) for at_ms in steps]
+        out += held_harm(signal, vectors, len(steps), hostname, hold,
+                         lambda at_ms, labels, s=signal: target_at(series, at_ms, s, labels))
+    return out
+
+
+def held_harm(signal: HarmSignal, vectors: list[tuple[int, Vector]], step_count: int,
+              hostname: str, hold: float, target_of: Callable[[int, dict], float]
+              ) -> list[PoolHarm]:
+    """A signal's pools over target at `hold` of `step_count` steps, from its per-pool
+    condition's vector at each step (steps ascending; in-process, or a query engine's range
+    answer): the value at the last step it held, the target then (`target_of(at_ms,
+    labels)`), and where its run up to the window's end began."""
+    out = []
+    for labels, held in sorted(held_label_sets(vectors, step_count, hold).items()):
+        found = dict(labels)
+        since = held.last_ms
+        for at_ms, vector in reversed(vectors):
+            if not any(strip_name(key) == labels for key in vector):
+                break
+            since = at_ms
+        node = next((found[k] for k in NODE_LABELS if k in found), hostname)
+        out.append(PoolHarm(node, found.get("pool", ""), signal, held.value,
+                            target_of(held.last_ms, found), since / 1000))
+    return out
+
+
+def explain(harm: list[PoolHarm], findings: list[Finding]) -> None:
+    """Ties each harm to the findings that explain it, and each finding to the pools whose
+    harm it explains."""
+    for item in harm:
+        for finding in findings:
+            if finding.explains_harm_of(item.node, item.pool):
+                if finding.rule.id not in item.explained_by:
+                    item.explained_by.append(finding.rule.id)
+                if item.pool not in finding.explains:
+                    finding.explains.append(item.pool)
 
 
 def reads_alerts(rule: Rule) -> bool:
@@ -323,18 +440,29 @@ def reads_alerts(rule: Rule) -> bool:
 
 
 def drop_explained(findings: list[Finding]) -> list[Finding]:
-    """Without the findings of rules reading ALERTS on nodes where another rule's finding
-    at warning or worse stands: a query engine that does not evaluate the exported rules
-    has no ALERTS, and would judge the harm without its causes."""
-    explained = {f.node for f in findings if not reads_alerts(f.rule)
-                 and SEVERITY_RANK[f.severity] <= SEVERITY_RANK["warning"]}
-    return [f for f in findings if not (reads_alerts(f.rule) and f.node in explained)]
+    """Without the label sets of rules reading ALERTS (a pool's unexplained harm) that
+    another finding explains (Finding.explains_harm_of), and without such a finding once
+    none is left: a query engine that does not evaluate the exported rules has no ALERTS,
+    and would judge the harm without its causes."""
+    kept = []
+    for finding in findings:
+        if not reads_alerts(finding.rule):
+            kept.append(finding)
+            continue
+        unexplained = [labels for labels in finding.label_sets if not any(
+            other.explains_harm_of(finding.node, labels.get("pool", "")) for other in findings)]
+        if unexplained:
+            finding.label_sets = unexplained
+            finding.labels = unexplained[0]
+            kept.append(finding)
+    return kept
 
 
 def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) -> Series:
-    """The series plus Prometheus's ALERTS for every warning-or-worse finding so far, firing
-    at every step of the window (a finding held across it): what a rule reading ALERTS sees
-    in Prometheus, where the rules it reads are evaluated before it in the same group."""
+    """The series plus Prometheus's ALERTS for every warning-or-worse finding so far, one per
+    label set it held for, firing at every step of the window (a finding held across it):
+    what a rule reading ALERTS sees in Prometheus, where the rules it reads are evaluated
+    before it in the same group."""
     out = Series()
     out.memo = Memo()  # read by this pass's last rules only, and dropped with it
     out.by_name = dict(series.by_name)  # shared families: ALERTS is the only one added
@@ -343,20 +471,41 @@ def with_alerts(series: Series, findings: list[Finding], timestamps: list[int]) 
     for finding in findings:
         if SEVERITY_RANK[finding.severity] > SEVERITY_RANK["warning"]:
             continue
-        labels = {"alertname": finding.rule.alert_name, "alertstate": "firing",
-                  "fleetscope_rule": finding.rule.id, "severity": finding.severity,
-                  **{k: v for k, v in finding.labels.items() if k in NODE_LABELS}}
-        for at_ms in timestamps:
-            out.add("ALERTS", labels, at_ms, 1.0)
+        level = next(level for level in finding.rule.levels()
+                     if (level.severity, level.phase) == (finding.severity, finding.phase))
+        for labels in finding.label_sets:
+            alert = {**labels, "alertname": finding.rule.alert_name, "alertstate": "firing",
+                     **finding.rule.alert_labels(level)}
+            for at_ms in timestamps:
+                out.add("ALERTS", alert, at_ms, 1.0)
     return out
 
 
+# Harm first (docs/how-verdicts-are-reached.md): what explains a pool's ongoing harm, then
+# harm no rule explains, then risks without harm yet, then events that ended, then info.
+EXPLAINS_HARM, UNEXPLAINED_HARM, RISK, ENDED_EVENT, INFO = range(5)
+
+
+def standing(finding: Finding) -> int:
+    """Where a finding stands in the verdict (EXPLAINS_HARM ... INFO)."""
+    if finding.severity == "info":
+        return INFO
+    if finding.phase == ENDED:
+        return ENDED_EVENT
+    if finding.explains:
+        return EXPLAINS_HARM
+    if reads_alerts(finding.rule):
+        return UNEXPLAINED_HARM
+    return RISK
+
+
 def rank_key(rules: tuple[Rule, ...] = CATALOG):
-    """Most important first: severity, then causes before symptoms, then confidence, then
-    catalog order (causes the catalog lists first win ties)."""
+    """Most important first: where it stands (harm first, see `standing`), then severity,
+    then causes before symptoms, then confidence, then catalog order (causes the catalog
+    lists first win ties)."""
     order = {rule.id: index for index, rule in enumerate(rules)}
-    return lambda f: (SEVERITY_RANK[f.severity], f.rule.kind != "cause", -f.confidence,
-                      order.get(f.rule.id, len(order)), f.node)
+    return lambda f: (standing(f), SEVERITY_RANK[f.severity], f.rule.kind != "cause",
+                      -f.confidence, order.get(f.rule.id, len(order)), f.node)
 
 
 def _merge(same_node: list[Finding]) -> Finding:
@@ -364,6 +513,7 @@ def _merge(same_node: list[Finding]) -> Finding:
     subjects."""
     same_node.sort(key=lambda f: (-f.confidence, -abs(f.value)))
     primary, others = same_node[0], same_node[1:]
+    primary.label_sets = [primary.labels] + [other.labels for other in others]
     if others:
         described = [", ".join(f"{k} {v}" for k, v in sorted(o.labels.items())
                                if k not in NODE_LABELS) or "another series" for o in others]
@@ -382,7 +532,8 @@ def _subject_value(kind: str, value: str):
 
 
 def diagnosis(source: str, nodes: list[str], window: tuple[float, float],
-              findings: list[Finding], not_evaluated: list[dict], rule_count: int) -> dict:
+              findings: list[Finding], not_evaluated: list[dict], rule_count: int,
+              harm: list[PoolHarm] | None = None) -> dict:
     """The document of docs/diagnosis-json.md."""
     if findings and any(f.severity == "critical" for f in findings):
         status = "critical"
@@ -400,6 +551,8 @@ def diagnosis(source: str, nodes: list[str], window: tuple[float, float],
         "status": status,
         "findings": [f.to_json() for f in findings],
         "not_evaluated": not_evaluated,
+        # beside the contract's fields: which pools hurt, and the findings that explain it
+        "harm": [item.to_json() for item in harm or []],
     }
 
 

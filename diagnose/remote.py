@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 
 from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
+from fleetscope.rules.harm import HARM_SIGNALS, POOL_HARMS, pick_target
+from fleetscope.rules.harm import targets as harm_targets
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
 
 from . import accelerator_fleet, engine, fleet_findings, prometheus
@@ -281,6 +283,7 @@ class RemoteDiagnosis:
     accelerator_groups: list[dict] = field(default_factory=list)
     from_alerts: bool = False  # the engine's firing alerts (alerts_diagnosis), not evaluated
     pending: list[dict] = field(default_factory=list)  # its pending alerts (pending_alerts)
+    harm: list[engine.PoolHarm] = field(default_factory=list)  # the pools that hurt
     partial: list[str] = field(default_factory=list)  # why the data was partial, if it was
 
 
@@ -333,14 +336,15 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
             not_evaluated.append({"rule": rule.id,
                                   "reason": "one sample only: rates need at least two"})
             continue
-        for tier, (severity, condition, summary) in enumerate(rule.severities()):
-            expr = with_matchers(condition, scope) if scope else condition
-            queries.append((rule, tier, severity, expr, summary))
+        for tier, level in enumerate(rule.levels()):
+            expr = with_matchers(level.condition, scope) if scope else level.condition
+            queries.append((rule, tier, level.severity, expr, level.summary))
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         answers = _condition_answers(client, pool, queries, steps, step, scope)
         candidates = _candidates(queries, answers, steps)
         _fetch_evidence(client, pool, candidates, scope)
+        harm = remote_harm(client, pool, steps, step, scope)
 
     # A rule whose condition came back with warnings (a store down) is not judged on the
     # part that answered: no finding from it, and no clean bill either.
@@ -350,12 +354,57 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
     not_evaluated += [{"rule": rule_id, "reason": f"partial answer from the query engine: "
                        f"{reason}"} for rule_id, reason in sorted(warned.items())]
     findings = engine.drop_explained(_with_evidence(candidates, rules))
+    engine.explain(harm, findings)
+    findings.sort(key=engine.rank_key(rules))
     if node:
         answer = RemoteDiagnosis(findings, not_evaluated, [node], window, client.stats)
     else:
         answer = _fleet_answer(client, findings, not_evaluated, window)
+    answer.harm = harm
     answer.partial = client.partial_reasons()
     return answer
+
+
+HARM_TAG = "harm"
+
+
+def remote_harm(client: QueryClient, pool: ThreadPoolExecutor, steps: list[int], step: float,
+                scope: dict[str, str]) -> list[engine.PoolHarm]:
+    """Each pool's harm over the window, as the in-process engine judges it (held_harm),
+    from one range query per harm signal (its pools over target: the answer is the hurting
+    pools alone) and the targets of the nodes that hurt."""
+    start_s, end_s = steps[0] / 1000, steps[-1] / 1000
+    conditions = [with_matchers(c, scope) if scope else c for c in POOL_HARMS]
+    answers = list(pool.map(lambda c: client.query_range(c.promql(), start_s, end_s, step,
+                                                         HARM_TAG), conditions))
+    step_set = set(steps)
+    harm = []
+    for signal, result in zip(HARM_SIGNALS, answers, strict=True):
+        if not result:
+            continue
+        per_step = _per_step(result, step_set)
+        vectors = [(at_ms, per_step.get(at_ms, {})) for at_ms in steps]
+        nodes = sorted({dict(labels_of(series)).get(NODE_LABEL, "") for series in result})
+        target_vector: Vector = {}
+        for _chunk, expr in node_chunks(harm_targets(signal), [n for n in nodes if n]) \
+                if not scope else [(nodes, with_matchers(harm_targets(signal), scope))]:
+            target_vector.update(_vector(client.query(expr.promql(), end_s, HARM_TAG)))
+        harm += engine.held_harm(
+            signal, vectors, len(steps), "?", engine.HOLD_FRACTION,
+            lambda _at, labels, s=signal, v=target_vector: pick_target(v, s, labels))
+    return harm
+
+
+def _per_step(result: list[dict], step_set: set[int]) -> dict[int, Vector]:
+    """A range answer as {step: vector}, the steps outside `step_set` left out."""
+    per_step: dict[int, Vector] = {}
+    for series in result:
+        labels = labels_of(series)
+        for point in series.get("values") or []:
+            at_ms = int(round(_number(point[0]) * 1000))
+            if at_ms in step_set:
+                per_step.setdefault(at_ms, {})[labels] = _number(point[1])
+    return per_step
 
 
 CONDITION_TAG = "condition of "
@@ -403,7 +452,8 @@ def _fleet_answer(client: QueryClient, findings: list[engine.Finding],
 # The console on a Prometheus that evaluates `fleetscope rules export`: its alerts are the
 # rules' conditions held for their `for:`, already evaluated; reading them costs the engine
 # one call instead of every condition over the window.
-ALERT_META_LABELS = ("alertname", "alertstate", "severity", "fleetscope_rule")
+ALERT_META_LABELS = ("alertname", "alertstate", "severity", "fleetscope_rule",
+                     "fleetscope_phase")
 
 
 def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG,
@@ -412,8 +462,9 @@ def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG,
     `for:`) of /api/v1/rules's `data` when it holds every alert of `rules` exactly as
     `rules export` writes them (same expression and `for:`, evaluated without error); None
     otherwise (not loaded, another version or `--for`: evaluate instead)."""
-    wanted = {(rule.alert_name, severity): (condition.promql(), rule.for_seconds)
-              for rule in rules for severity, condition, _ in rule.severities()}
+    wanted = {(rule.alert_name, level.severity, level.phase): (level.condition.promql(),
+                                                                rule.for_seconds)
+              for rule in rules for level in rule.levels()}
     found: dict[tuple[str, str], tuple[str, float]] = {}
     firing: list[dict] = []
     groups = rules_data.get("groups") if isinstance(rules_data, dict) else None
@@ -426,7 +477,8 @@ def loaded_alerts(rules_data: dict, rules: tuple[Rule, ...] = CATALOG,
                 return None  # one of ours not evaluated cleanly: do not trust the rest
             if not isinstance(loaded.get("alerts"), list):
                 return None  # no alerts listed with the rule (vmalert 1.79 behind a proxy)
-            key = (str(loaded.get("name")), str(labels.get("severity")))
+            key = (str(loaded.get("name")), str(labels.get("severity")),
+                   str(labels.get("fleetscope_phase")))
             try:
                 found[key] = (str(loaded.get("query")), _number(loaded.get("duration", 0)))
             except RemoteError:
@@ -508,13 +560,14 @@ def alert_candidates(firing: list[dict], now: float,
     severe tier per label set; an alert naming no rule tier or node, or without a number,
     is skipped."""
     by_id = {rule.id: rule for rule in rules}
-    tiers = {(rule.id, severity): (tier, summary) for rule in rules
-             for tier, (severity, _, summary) in enumerate(rule.severities())}
+    tiers = {(rule.id, level.severity, level.phase): (tier, level.summary, level.phase)
+             for rule in rules for tier, level in enumerate(rule.levels())}
     chosen: dict[tuple[str, str], tuple[int, _Candidate]] = {}
     for alert in sorted(firing, key=lambda a: json.dumps(a.get("labels"), sort_keys=True)):
         labels = {str(k): str(v) for k, v in (alert.get("labels") or {}).items()}
         rule = by_id.get(labels.get("fleetscope_rule", ""))
-        tier = tiers.get((rule.id, labels.get("severity", ""))) if rule else None
+        tier = tiers.get((rule.id, labels.get("severity", ""),
+                          labels.get("fleetscope_phase", ""))) if rule else None
         node = labels.get(NODE_LABEL)
         try:
             value = _number(alert.get("value"))
@@ -523,7 +576,8 @@ def alert_candidates(firing: list[dict], now: float,
         if tier is None or node is None:
             continue
         finding_labels = {k: v for k, v in labels.items() if k not in ALERT_META_LABELS}
-        finding = _finding(rule, node, finding_labels, value, labels["severity"], tier[1], 1.0)
+        finding = _finding(rule, node, finding_labels, value, labels["severity"], tier[1], 1.0,
+                           tier[2])
         key = (rule.id, json.dumps(sorted(finding_labels.items())))
         if key not in chosen or tier[0] < chosen[key][0]:
             chosen[key] = (tier[0], _Candidate(finding, int(round(now * 1000))))
@@ -531,9 +585,9 @@ def alert_candidates(firing: list[dict], now: float,
 
 
 def _finding(rule: Rule, node: str, labels: dict[str, str], value: float, severity: str,
-             summary: str, held_ratio: float) -> engine.Finding:
+             summary: str, held_ratio: float, phase: str) -> engine.Finding:
     finding = engine.Finding(rule, node, labels, value, rule.confidence, severity=severity,
-                             summary_template=summary, held_ratio=held_ratio)
+                             summary_template=summary, held_ratio=held_ratio, phase=phase)
     for kind, label in rule.subject_labels.items():
         if label in labels:
             finding.subjects[kind].append(engine._subject_value(kind, labels[label]))
@@ -613,13 +667,7 @@ def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
     out: list[_Candidate] = []
     tier_of: dict[tuple[str, str], int] = {}  # (rule, node) -> the tier that holds there
     for (rule, tier, severity, _expr, summary), result in zip(queries, answers, strict=True):
-        per_step: dict[int, Vector] = {}
-        for series in result:
-            labels = labels_of(series)
-            for point in series.get("values") or []:
-                at_ms = int(round(_number(point[0]) * 1000))
-                if at_ms in step_set:
-                    per_step.setdefault(at_ms, {})[labels] = _number(point[1])
+        per_step = _per_step(result, step_set)
         hold = engine.HOLD_FRACTION if rule.for_seconds else 0.0
         held = engine.held_label_sets(sorted(per_step.items()), len(steps), hold)
         for labels, record in sorted(held.items()):
@@ -628,7 +676,7 @@ def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
             if tier_of.setdefault((rule.id, node), tier) != tier:
                 continue  # a more severe tier already holds on this node
             finding = _finding(rule, node, finding_labels, record.value, severity, summary,
-                               record.steps / len(steps))
+                               record.steps / len(steps), rule.levels()[tier].phase)
             out.append(_Candidate(finding, record.last_ms))
     return out
 

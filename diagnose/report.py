@@ -31,6 +31,8 @@ from rich.text import Text
 from fleetscope.core import units
 from fleetscope.rules.catalog import evidence_picks
 
+from .harm_lines import pool_harms
+
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan", "ok": "green",
           "unknown": "magenta"}
 MIN_WIDTH, MAX_WIDTH = 80, 120
@@ -168,6 +170,32 @@ def _not_evaluated(items: list[dict]) -> Table:
     return table
 
 
+MAX_HARM_LINES = 12  # pools named in the report's harm block; the rest are counted
+
+
+def print_harm(document: dict, console: Console) -> None:
+    """What hurts now, pool by pool, and what explains it: the verdict leads with it."""
+    entries = pool_harms(document)
+    if not entries:
+        return
+    with_node = len({entry.node for entry in entries}) > 1 or len(document["nodes"]) > 1
+    console.print(Text("Harm now (pools over their targets):", style="bold"))
+    body = Table.grid(padding=(0, 1))
+    body.add_column(width=2, no_wrap=True)
+    body.add_column(ratio=1, overflow="fold")
+    for entry in entries[:MAX_HARM_LINES]:
+        style = "yellow" if entry.explained_by else "bold yellow"
+        body.add_row(Text("*", style=style), entry.head(with_node))
+        body.add_row("", Text.assemble(("<- ", "dim"), entry.cause()))
+    console.print(Padding(body, (0, 0, 0, 2), expand=False))
+    if len(entries) > MAX_HARM_LINES:
+        rest = entries[MAX_HARM_LINES:]
+        console.print(Text(f"  and {units.count(len(rest), 'more pool')} on "
+                           f"{units.count(len({e.node for e in rest}), 'node')} "
+                           f"({sum(not e.explained_by for e in rest)} unexplained): --json "
+                           "lists them", style="dim"))
+
+
 def print_fleet_findings(document: dict, console: Console) -> None:
     """What the sick nodes share (`diagnose --fleet`), ahead of the per-node findings."""
     for entry in document.get("fleet_findings") or []:
@@ -212,6 +240,7 @@ def _print_report(document: dict, console: Console) -> None:
         console.print(Text("PARTIAL DATA: the query engine answered with warnings; rules "
                            "judged on part of it are not evaluated: "
                            + " | ".join(document.get("partial_reasons") or []), style="bold"))
+    print_harm(document, console)
     print_fleet_findings(document, console)
     print_accelerator_groups(document, console)
     console.print()

@@ -16,7 +16,8 @@ from fleetscope.collectors.harm import HarmCollector
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.diagnose.engine import diagnosis, evaluate
 from fleetscope.rules.catalog import CATALOG, NODE, Evidence, FleetFault, Panel, Proof, Rule
-from fleetscope.rules.harm import HARM, OtherFindings
+from fleetscope.rules.harm import POOL_HARM, ExplainingAlerts
+from fleetscope.rules.model import EXPLAINS_NODE, EXPLAINS_POOL
 from fleetscope.rules.promql import Max, Selector, Series
 
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "+Inf")
@@ -96,20 +97,28 @@ def _cause_metric(series: Series, at_ms: int, step: int) -> None:
     series.add("test_cause_gauge", {}, at_ms, 5.0)
 
 
+def _throwaway_cause(explains: str) -> Rule:
+    return Rule(id="throwaway-cause", severity="warning", symptom="s", cause="c", action="a",
+                summary="a cause", condition=Max(Selector("test_cause_gauge"), by=NODE) > 1,
+                evidence=(Evidence("gauge", Max(Selector("test_cause_gauge"), by=NODE), 1,
+                                   "ratio"),),
+                views=(Panel("gauge", Max(Selector("test_cause_gauge"), by=NODE), "ratio"),),
+                fleet=FleetFault(("chat",), 1, 5), proof=Proof(lambda k: None, "a cause"),
+                explains=explains)
+
+
 def test_any_registered_rule_explains_the_harm_one_registered_later_too():
-    """The causes are read from the registry: a rule registered after the harm rule (as a
-    merged branch's module, or a test's throwaway) silences it on the node it fires on."""
-    cause = Rule(id="throwaway-cause", severity="warning", symptom="s", cause="c", action="a",
-                 summary="a cause", condition=Max(Selector("test_cause_gauge"), by=NODE) > 1,
-                 evidence=(Evidence("gauge", Max(Selector("test_cause_gauge"), by=NODE), 1,
-                                    "ratio"),),
-                 views=(Panel("gauge", Max(Selector("test_cause_gauge"), by=NODE), "ratio"),),
-                 fleet=FleetFault(("chat",), 1, 5), proof=Proof(lambda k: None, "a cause"))
+    """The causes are read from the registry: a rule about the whole node registered after
+    the harm rule (as a merged branch's module, or a test's throwaway) silences it on the
+    node it fires on; a rule that does not say what it is about explains nothing."""
     slow = _sessions(2.0, extra=_cause_metric)
-    assert "throwaway-cause" not in OtherFindings().promql()
-    with CATALOG.registered(cause, rank=1000):
-        assert 'throwaway-cause' in OtherFindings().promql()
+    assert "throwaway-cause" not in ExplainingAlerts(EXPLAINS_NODE).promql()
+    with CATALOG.registered(_throwaway_cause(EXPLAINS_NODE), rank=1000):
+        assert 'throwaway-cause' in ExplainingAlerts(EXPLAINS_NODE).promql()
         assert set(_found(slow)) == {"throwaway-cause"}
+    with CATALOG.registered(_throwaway_cause(""), rank=1000):
+        assert set(_found(_sessions(2.0, extra=_cause_metric))) == {"throwaway-cause",
+                                                                     "unexplained-harm"}
     assert set(_found(_sessions(2.0, extra=_cause_metric))) == {"unexplained-harm"}
 
 
@@ -139,13 +148,21 @@ def test_harm_is_judged_on_the_signals_a_node_has():
     assert harm.to_json()["evidence"][0]["signal"] == "online processes' wait for a CPU"
 
 
-def test_the_exported_harm_alert_excludes_every_other_rules_alert():
+def test_the_exported_harm_alert_excludes_the_alerts_about_its_pool_or_its_node():
     text = CATALOG[-1].condition.promql() if CATALOG[-1].id == "unexplained-harm" else ""
-    assert text.startswith("(") and " unless on (instance) ALERTS{" in text
-    assert 'alertstate="firing"' in text and 'severity=~"warning|critical"' in text
-    ids = text.split('fleetscope_rule=~"')[1].split('"')[0].split("|")
-    assert set(ids) == set(CATALOG.ids()) - {"unexplained-harm"}
-    assert HARM.promql() in text
+    assert text.startswith("(") and POOL_HARM.promql() in text
+    about_pool, about_node = text.split(" unless on (instance, pool) ALERTS{")[1].split(
+        " unless on (instance) ALERTS{")
+    for alerts in (about_pool, about_node):
+        assert 'alertstate="firing"' in alerts and 'severity=~"warning|critical"' in alerts
+        assert 'fleetscope_phase="ongoing"' in alerts  # an event that ended explains nothing
+    pool_ids = set(about_pool.split('fleetscope_rule=~"')[1].split('"')[0].split("|"))
+    node_ids = set(about_node.split('fleetscope_rule=~"')[1].split('"')[0].split("|"))
+    assert pool_ids == {r.id for r in CATALOG if r.explains == EXPLAINS_POOL}
+    assert node_ids == {r.id for r in CATALOG if r.explains == EXPLAINS_NODE}
+    assert pool_ids | node_ids == set(CATALOG.ids()) - {"unexplained-harm"}
+    assert {"offline-preemption", "oom-kill", "lock-contention"} <= pool_ids
+    assert {"cpu-saturation", "memory-bandwidth-saturation"} <= node_ids
 
 
 @pytest.mark.parametrize("targets, message", [
@@ -177,18 +194,31 @@ def test_a_bad_harm_target_stops_diagnose_with_exit_3_and_one_line(tmp_path):
 
 def test_a_query_engine_without_alerts_still_lets_a_cause_explain_the_harm():
     """diagnose --prometheus on a Prometheus that does not evaluate the exported rules has
-    no ALERTS: the harm finding on a node with a cause finding is dropped afterwards."""
+    no ALERTS: a pool's harm that a finding about that pool (or its node) explains is
+    dropped afterwards; another pool's, or one beside an event that ended, stays."""
     from fleetscope.diagnose.engine import Finding, drop_explained
     from fleetscope.rules.catalog import by_id
+    from fleetscope.rules.model import ENDED
 
-    harm, cause, old = by_id("unexplained-harm"), by_id("slow-dependency"), by_id("isa-mismatch")
-    findings = [Finding(harm, "a:9105", {"instance": "a:9105"}, 2.0, 0.5),
-                Finding(cause, "a:9105", {"instance": "a:9105"}, 0.9, 0.7),
-                Finding(harm, "b:9105", {"instance": "b:9105"}, 2.0, 0.5),
-                Finding(old, "b:9105", {"instance": "b:9105"}, 1.0, 0.9, severity="info")]
+    harm, cause = by_id("unexplained-harm"), by_id("slow-dependency")
+    old, busy = by_id("isa-mismatch"), by_id("cpu-saturation")
+
+    def at(node: str, pool: str | None = None) -> dict:
+        return {"instance": node, **({"pool": pool} if pool else {})}
+
+    findings = [Finding(harm, "a:9105", at("a:9105", "chat"), 2.0, 0.5),
+                Finding(cause, "a:9105", at("a:9105", "chat"), 0.9, 0.7),
+                Finding(harm, "b:9105", at("b:9105", "chat"), 2.0, 0.5),
+                Finding(cause, "b:9105", at("b:9105", "batch"), 0.9, 0.7),
+                Finding(harm, "c:9105", at("c:9105", "chat"), 2.0, 0.5),
+                Finding(old, "c:9105", at("c:9105"), 1.0, 0.9, severity="warning",
+                        phase=ENDED),
+                Finding(harm, "d:9105", at("d:9105", "chat"), 2.0, 0.5),
+                Finding(busy, "d:9105", at("d:9105"), 1.0, 0.9)]
     kept = [(f.rule.id, f.node) for f in drop_explained(findings)]
     assert kept == [("slow-dependency", "a:9105"), ("unexplained-harm", "b:9105"),
-                    ("isa-mismatch", "b:9105")]
+                    ("slow-dependency", "b:9105"), ("unexplained-harm", "c:9105"),
+                    ("isa-mismatch", "c:9105"), ("cpu-saturation", "d:9105")]
 
 
 def test_a_long_condition_filtered_to_many_nodes_stays_under_the_query_limit():
@@ -255,3 +285,102 @@ def test_evidence_of_many_firing_nodes_stays_under_the_query_limit():
     assert len(asked) > len(rule.evidence)  # split
     for node in nodes:
         assert sum(f"{node}|" in q or f'{node}"' in q for q in asked) == len(rule.evidence)
+
+
+def _pool_gauge(name: str, pool: str, value: float, klass: str = "online"):
+    def add(series: Series, at_ms: int, step: int) -> None:
+        series.add(name, {"pool": pool, "class": klass}, at_ms, value)
+    return add
+
+
+def _pool_cause(rule_id: str, severity: str = "warning", tiers=()) -> Rule:
+    """A rule about a pool: `test_pool_cause` above 1 in that pool."""
+    from fleetscope.rules.signals import POOL
+
+    value = Max(Selector("test_pool_cause"), by=POOL)
+    return Rule(id=rule_id, severity=severity, symptom="s", cause="c", action="a",
+                summary="pool {pool}: a cause", condition=value > 1,
+                evidence=(Evidence("gauge", value, 1, "ratio"),), explains=EXPLAINS_POOL,
+                tiers=tiers)
+
+
+def test_a_cause_about_another_pool_leaves_this_pools_harm_unexplained():
+    """The batch pool's own trouble does not explain why chat-online's sessions crawl: the
+    harm rule fires for chat-online beside it, and the harm names no explanation."""
+    from fleetscope.diagnose.engine import assess
+
+    slow = _sessions(2.0, extra=_pool_gauge("test_pool_cause", "batch", 5.0))
+    with CATALOG.registered(_pool_cause("throwaway-pool-cause"), rank=1000):
+        verdict = assess(slow, "node-1")
+        assert [(f.rule.id, f.labels.get("pool")) for f in verdict.findings] == [
+            ("unexplained-harm", "chat-online"), ("throwaway-pool-cause", "batch")]
+        assert [(h.pool, h.signal.name, h.explained_by) for h in verdict.harm] == [
+            ("chat-online", "online_session_p99_seconds", [])]
+        # the same cause in the hurting pool explains it, and leads
+        here = _sessions(2.0, extra=_pool_gauge("test_pool_cause", "chat-online", 5.0))
+        verdict = assess(here, "node-1")
+        assert [f.rule.id for f in verdict.findings] == ["throwaway-pool-cause"]
+        assert verdict.findings[0].explains == ["chat-online"]
+        assert verdict.harm[0].explained_by == ["throwaway-pool-cause"]
+
+
+def test_an_event_that_ended_explains_nothing_and_ranks_after_the_harm():
+    """A critical event of the ended phase (a kill whose cgroup is gone) in the hurting pool
+    is history: the harm stays unexplained and leads, the event comes after it."""
+    from fleetscope.diagnose.engine import assess
+    from fleetscope.rules.model import ENDED, Tier
+
+    from_the_log = Max(Selector("test_old_event"), by=(*NODE, "pool", "class")) > 0
+    event = _pool_cause("throwaway-event", "critical",
+                        tiers=(Tier("critical", from_the_log, "pool {pool}: it ended", ENDED),))
+    old = _sessions(2.0, extra=_pool_gauge("test_old_event", "chat-online", 1.0))
+    with CATALOG.registered(event, rank=1000):
+        verdict = assess(old, "node-1")
+    found = [(f.rule.id, f.severity, f.phase) for f in verdict.findings]
+    assert found == [("unexplained-harm", "warning", "ongoing"),
+                     ("throwaway-event", "critical", "ended")]
+    document = diagnosis("live", ["node-1"], (0.0, 20.0), verdict.findings,
+                         verdict.not_evaluated, len(CATALOG), verdict.harm)
+    assert document["status"] == "critical"  # the worst severity, as the contract says
+    assert document["findings"][0]["rule"] == "unexplained-harm"
+    assert document["findings"][1]["phase"] == "ended"
+
+
+def test_the_harm_section_says_the_pool_signal_target_and_since():
+    from fleetscope.diagnose.engine import assess
+
+    series = _sessions(2.0)
+    verdict = assess(series, "node-1")
+    document = diagnosis("live", ["node-1"], (0.0, 20.0), verdict.findings,
+                         verdict.not_evaluated, len(CATALOG), verdict.harm)
+    (harm,) = document["harm"]
+    first_step = series.timestamps()[0] / 1000
+    assert harm["pool"] == "chat-online" and harm["signal"] == "online_session_p99_seconds"
+    assert harm["target"] == 1.0 and harm["value"] > 1.0 and harm["explained_by"] == []
+    # held from the first step with a rate window behind it to the end
+    assert first_step < harm["since"] < first_step + 10
+
+
+@pytest.mark.parametrize("config, harmed", [
+    ({}, False),  # an offline pool at its quota: what its limit is for
+    ({"harm_targets": {"pools": {"batch": {"pool_throttled_ratio": 0.5}}}}, True),
+])
+def test_an_offline_pool_is_judged_only_against_targets_it_is_given(config, harmed):
+    """A batch pool throttled in every CFS period while the online pool is fine: no harm by
+    default; with a target its operator gave it, harm of that pool."""
+    from fleetscope.diagnose.engine import assess
+
+    def throttled(series: Series, at_ms: int, step: int) -> None:
+        labels = {"pool": "batch", "class": "offline"}
+        series.add("fleetscope_pool_cgroup_cpu_periods_total", labels, at_ms, 10.0 * step)
+        series.add("fleetscope_pool_cgroup_cpu_throttled_periods_total", labels, at_ms,
+                   10.0 * step)
+        series.add("fleetscope_pool_processes", labels, at_ms, 4)
+
+    verdict = assess(_sessions(0.05, config=config, extra=throttled), "node-1")
+    assert [(h.pool, h.signal.name) for h in verdict.harm] == (
+        [("batch", "pool_throttled_ratio")] if harmed else [])
+    serious = [f.rule.id for f in verdict.findings if f.severity != "info"]
+    assert serious == (["unexplained-harm"] if harmed else [])
+    assert [(f.rule.id, f.severity) for f in verdict.findings if f.severity == "info"] == [
+        ("cpu-throttling", "info")]  # it says what the limit does, whoever minds
