@@ -84,6 +84,7 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 def _cmd_rules_export(args: argparse.Namespace) -> int:
     from fleetscope.rules.export import (
         DEFAULT_RUNBOOK_BASE,
+        export_alertmanager,
         export_prometheus_rule,
         export_yaml,
         parse_duration,
@@ -98,7 +99,8 @@ def _cmd_rules_export(args: argparse.Namespace) -> int:
         print("fleetscope rules export: error: --console-url must be an http(s) URL",
               file=sys.stderr)
         return EXIT_USAGE
-    formats = {"rules": export_yaml, "prometheusrule": export_prometheus_rule}
+    formats = {"rules": export_yaml, "prometheusrule": export_prometheus_rule,
+               "alertmanager": export_alertmanager}
     text = formats[args.format](args.runbook_url_base or DEFAULT_RUNBOOK_BASE, hold,
                                 args.console_url, args.runbook_url_base is None)
     if args.output in (None, "-"):
@@ -393,9 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "runbooks/ (relative: `fleetscope runbook RULE` prints one)")
     export.add_argument("--for", dest="hold_for", metavar="DURATION",
                         help="one `for:` for every alert, e.g. 5m (default: each rule's own)")
-    export.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+    export.add_argument("--format", choices=("rules", "prometheusrule", "alertmanager"),
+                        default="rules",
                         help="rules: a Prometheus rule file (default); prometheusrule: the same "
-                             "groups as a prometheus-operator PrometheusRule resource")
+                             "groups as a prometheus-operator PrometheusRule resource; "
+                             "alertmanager: the inhibit rules for alertmanager.yml (a cause "
+                             "inhibits the unexplained-harm alert of its own pool)")
     export.add_argument("--console-url", metavar="URL",
                         help="the ops console's address: every alert gets a console_url "
                              "annotation linking to its finding")

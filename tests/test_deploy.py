@@ -463,3 +463,21 @@ def test_alertmanager_example_passes_amtool_and_routes_on_labels_the_alerts_carr
     assert routed <= severities and "critical" in routed
     assert set(config["route"]["group_by"]) <= {"fleetscope_rule", "node_pool", "rack",
                                                  "instance", "alertname"}
+
+
+def test_alertmanager_example_holds_the_generated_inhibit_rules_and_routes_ended_events():
+    """deploy/alertmanager/alertmanager.yml's inhibit rules are `rules export --format
+    alertmanager`'s (the relation of causes to the harm they explain, regenerated, never
+    hand-copied), and an event that ended goes to chat even when critical."""
+    from fleetscope.rules.export import inhibit_rules
+
+    amtool = require_tool("amtool")
+    path = DEPLOY / "alertmanager" / "alertmanager.yml"
+    assert yaml.safe_load(path.read_text())["inhibit_rules"] == inhibit_rules()
+    for labels, receiver in ((["severity=critical", "fleetscope_phase=ended"], "oncall-chat"),
+                             (["severity=critical", "fleetscope_phase=ongoing"],
+                              "oncall-pager")):
+        routed = subprocess.run([amtool, "config", "routes", "test",
+                                 f"--config.file={path}", "fleetscope_rule=oom-kill", *labels],
+                                capture_output=True, text=True, timeout=120)
+        assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
