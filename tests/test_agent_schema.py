@@ -21,6 +21,9 @@ DOCUMENTED = {
     "agent_task_heartbeat_age_seconds": ("gauge", {"pool"}),
     "agent_session_migrations_total": ("counter", {"pool"}),
     "agent_module_queue_depth": ("gauge", {"pool", "module"}),
+    "agent_sessions_total": ("counter", {"pool", "class", "outcome"}),
+    "agent_sessions_in_flight": ("gauge", {"pool", "class"}),
+    "agent_session_oldest_in_flight_seconds": ("gauge", {"pool", "class"}),
 }
 
 
@@ -29,6 +32,7 @@ def test_schema_is_the_contract():
     assert schema.STAGES == ("queue_wait", "context_assembly", "inference", "tool_call",
                              "state_io", "model_load", "other")
     assert schema.OUTCOMES == ("ok", "timeout", "bad_arguments", "error")
+    assert schema.SESSION_OUTCOMES == ("ok", "error", "timeout")
     assert schema.CLASSES == ("online", "offline")
     for metric in schema.METRICS:
         assert bool(metric.buckets) == (metric.type == "histogram"), metric.name
