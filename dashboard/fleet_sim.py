@@ -244,6 +244,8 @@ SIGNALS = {
     "model_load_seconds": (POOL, "seconds a model load takes"),
     "unexplained_session_seconds": (POOL, "session seconds outside every measured stage"),
     "session_tail": (POOL, "the log-normal width of session latency"),
+    "session_error_share": (POOL, "share of sessions that fail (outcome error)"),
+    "oldest_in_flight": (POOL, "seconds since the arrival of the oldest session in flight"),
 }
 POOL_CHOICES = ("first", "online", "offline")
 
@@ -1081,6 +1083,21 @@ class Fleet:
             rate = sessions * mean_total
             yield ("agent_session_duration_seconds_sum", with_class(),
                    counter(rate, rate[:, -1] * uptime), rows)
+        # How sessions end, and the ones not ended yet (from their arrival).
+        if want("agent_sessions_total"):
+            failing = moved("session_error_share", const(0.0))
+            for outcome, share in (("ok", 1 - failing), ("error", failing),
+                                   ("timeout", 0 * failing)):
+                rate = sessions * share
+                yield ("agent_sessions_total", with_class(outcome=outcome),
+                       counter(rate, rate[:, -1] * uptime), rows)
+        oldest = moved("oldest_in_flight", median * np.exp(tail))  # the slowest in flight
+        if want("agent_sessions_in_flight"):
+            flying = np.round(sessions * mean_total)  # Little's law
+            yield ("agent_sessions_in_flight", with_class(),
+                   np.where(oldest > median * np.exp(tail), np.maximum(flying, 1), flying), rows)
+        if want("agent_session_oldest_in_flight_seconds"):
+            yield "agent_session_oldest_in_flight_seconds", with_class(), oldest, rows
 
     def _per_core(self, i: int, t: np.ndarray):
         """fleetscope_cpu_seconds_total{cpu, mode} for one node (full per-core mode)."""

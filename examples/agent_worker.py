@@ -1,31 +1,47 @@
 """An example agent worker, instrumented with fleetscope.agent_signals.
 
     python examples/agent_worker.py --listen 127.0.0.1:8081 --pool chat-online \\
-        [--redis redis://127.0.0.1:6379/0 --queue tasks:chat] [--tool-url URL]
+        [--redis redis://127.0.0.1:6379/0 --queue tasks:chat] [--tool-url URL] \\
+        [--serial] [--listen-backlog N]
 
     GET /metrics          the agent runtime endpoint: agent_* and gen_ai_* families, what
                           fleetscope's `agent` collector scrapes as agent_metrics_url
-    GET /run?q=TEXT       one simulated agent session, answered as JSON
+    GET /run?q=TEXT       one simulated agent session, answered as JSON (HTTP 500 with
+                          {"error": ...} when the session failed)
         &session=ID       conversation id (default: a new one)
         &migrated=1       the session arrives from another node (counts a migration)
 
+A session counts from the request's arrival: the `X-Request-Start` header the front proxy
+sets (`t=<unix time>` in seconds, milliseconds or microseconds, e.g. nginx
+`proxy_set_header X-Request-Start "t=${msec}";`), else the time its connection was accepted.
+A bad or future header value is ignored (said once on stderr). Without the header a worker
+cannot see the time a request waited in its listen socket's accept queue.
+
+--serial serves one request at a time, as a single-threaded (GIL-bound, single event loop)
+worker does: the others wait in the accept queue (--listen-backlog long, default 128), and
+/metrics waits its turn too.
+
 With --redis and --queue it also pops tasks from that Redis list, each a JSON object
-{"id": str, "q": str, "enqueued_at": unix seconds} (queue wait = now - enqueued_at), and
-reports the list's length as agent_queue_depth.
+{"id": str, "q": str, "enqueued_at": unix seconds} (the task's arrival: queue wait = now -
+enqueued_at), and reports the list's length as agent_queue_depth.
 
 A session is: context assembly (joins a made-up history), inference (burns --inference-ms of
 CPU, as a small quantised model on CPU would), a tool call (GET --tool-url?q=TEXT with
 --tool-timeout: 200 is ok, 400/422 bad arguments, other errors error, no answer in time a
 timeout; without --tool-url a local stub), and state I/O (the session's state to Redis when
 --redis is given, else to memory), then --untracked-ms in no stage at all (a step nobody
-instrumented). The worker loads its "model" once at start (stage
-model_load). Needs `pip install 'fleetscope[agent,redis]'`.
+instrumented). A state write Redis refuses (e.g. a full Redis: `CONFIG SET maxmemory 1` with
+`maxmemory-policy noeviction` answers SET with "OOM command not allowed") fails the session:
+outcome `error` (`timeout` for a Redis timeout) and HTTP 500; the worker keeps serving. The
+worker loads its "model" once at start (stage model_load). Needs
+`pip install 'fleetscope[agent,redis]'`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -34,13 +50,15 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import ThreadingMixIn
 
 from fleetscope.agent_signals import (
     EXPOSITION_CONTENT_TYPE,
     AgentSignals,
     BadToolArguments,
     classify_exception,
+    parse_request_start,
 )
 
 
@@ -67,8 +85,19 @@ class Worker:
                                               socket_connect_timeout=5, decode_responses=True)
         self.memory_state: dict[str, str] = {}
         self.stop = threading.Event()
+        self._said: set[str] = set()
+        self._said_lock = threading.Lock()
         with self.signals.stage("model_load"):
             burn_cpu(args.load_ms)
+
+    def say_once(self, kind: str, message: str) -> None:
+        """One stderr line per kind of trouble: a bad header on every request, or every
+        session failing on a full Redis, is one fact, not a flood."""
+        with self._said_lock:
+            if kind in self._said:
+                return
+            self._said.add(kind)
+        print(f"agent worker: {message}", file=sys.stderr, flush=True)
 
     def call_tool(self, query: str) -> str:
         if not self.args.tool_url:
@@ -84,15 +113,13 @@ class Worker:
                 raise BadToolArguments(f"tool rejected the arguments: HTTP {err.code}") from err
             raise
 
-    def run_session(self, query: str, session_id: str | None = None, migrated: bool = False,
-                    enqueued_at: float | None = None) -> dict:
-        session_id = session_id or uuid.uuid4().hex[:12]
+    def run_session(self, query: str, session_id: str, migrated: bool = False,
+                    arrived_at: float | None = None) -> dict:
+        """One session; an exception (a state write refused) leaves it failed and counted."""
         if migrated:
             self.signals.session_migrated()
         answer: dict = {"session": session_id}
-        with self.signals.session(session_id):
-            if enqueued_at is not None:
-                self.signals.record_stage("queue_wait", time.time() - enqueued_at)
+        with self.signals.session(session_id, arrived_at=arrived_at):
             with self.signals.stage("context_assembly"):
                 prompt = "\n".join(f"turn {i}: {query}" for i in range(50))
             with self.signals.inference(self.args.model) as chat:
@@ -130,15 +157,48 @@ class Worker:
                 continue
             try:
                 task = json.loads(popped[1])
-                self.run_session(str(task.get("q", "")), task.get("id"),
-                                 enqueued_at=task.get("enqueued_at"))
-            except (ValueError, AttributeError) as err:
+                query, task_id = str(task.get("q", "")), str(task.get("id") or new_session_id())
+                enqueued_at = task.get("enqueued_at")
+                enqueued_at = None if enqueued_at is None else float(enqueued_at)
+            except (ValueError, TypeError, AttributeError) as err:
                 print(f"agent worker: bad task {popped[1][:80]!r}: {err}", file=sys.stderr,
                       flush=True)
+                continue
+            if enqueued_at is not None and not math.isfinite(enqueued_at):
+                enqueued_at = None
+            try:
+                self.run_session(query, task_id, arrived_at=enqueued_at)
+            except Exception as err:  # counted failed by the session; the next task comes
+                self.say_once(f"task {type(err).__name__}", session_failed(err))
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def session_failed(err: Exception) -> str:
+    return (f"session failed: {type(err).__name__}: {str(err)[:160]} (outcome counted in "
+            "agent_sessions_total; later failures of this kind are not logged)")
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: Server
+    server: WorkerServer
+
+    def handle(self) -> None:
+        # the accept: where a request without X-Request-Start starts counting
+        self.accepted_at = time.time()
+        super().handle()
+
+    def arrival(self) -> float:
+        """When the request arrived: the proxy's X-Request-Start, else the accept time."""
+        header = self.headers.get("X-Request-Start")
+        if header:
+            try:
+                return parse_request_start(header)
+            except ValueError as err:
+                self.server.worker.say_once("X-Request-Start", f"{err}; such requests count "
+                                            "from their accept (said once)")
+        return self.accepted_at
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         url = urllib.parse.urlsplit(self.path)
@@ -147,8 +207,15 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, worker.signals.exposition(), EXPOSITION_CONTENT_TYPE)
         elif url.path == "/run":
             params = dict(urllib.parse.parse_qsl(url.query))
-            answer = worker.run_session(params.get("q", ""), params.get("session"),
-                                        params.get("migrated") == "1")
+            session_id = params.get("session") or new_session_id()
+            try:
+                answer = worker.run_session(params.get("q", ""), session_id,
+                                            params.get("migrated") == "1", self.arrival())
+            except Exception as err:  # the session failed (and was counted so): say so
+                worker.say_once(f"http {type(err).__name__}", session_failed(err))
+                error = {"session": session_id, "error": f"{type(err).__name__}: {err}"[:300]}
+                self.reply(500, json.dumps(error).encode(), "application/json")
+                return
             self.reply(200, json.dumps(answer).encode(), "application/json")
         else:
             self.reply(404, b"try /run?q=... or /metrics\n", "text/plain")
@@ -164,12 +231,20 @@ class Handler(BaseHTTPRequestHandler):
         pass  # quiet: one line per request is noise here
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
+class WorkerServer(HTTPServer):
+    """The worker's HTTP server. As it is, one request at a time in the serving thread
+    (--serial): the others wait in the listen socket's accept queue."""
 
-    def __init__(self, address: tuple[str, int], worker: Worker):
+    def __init__(self, address: tuple[str, int], worker: Worker, backlog: int):
         self.worker = worker
+        self.request_queue_size = backlog  # listen()'s backlog (socketserver's default: 5)
         super().__init__(address, Handler)
+
+
+class ThreadedWorkerServer(ThreadingMixIn, WorkerServer):
+    """A thread per request."""
+
+    daemon_threads = True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,15 +264,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untracked-ms", type=float, default=0.0, metavar="MS",
                         help="time each session spends in a step outside every stage (an "
                              "uninstrumented call: what no stage histogram shows)")
+    parser.add_argument("--serial", action="store_true",
+                        help="serve one request at a time (a single-threaded worker); the "
+                             "others wait in the listen socket's accept queue")
+    parser.add_argument("--listen-backlog", type=int, default=128, metavar="N",
+                        help="accept-queue length of the listen socket (listen() backlog)")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit():
         parser.error(f"--listen must be HOST:PORT, got {args.listen!r}")
     if args.queue and not args.redis:
         parser.error("--queue needs --redis")
+    if args.listen_backlog < 1:
+        parser.error(f"--listen-backlog must be at least 1, got {args.listen_backlog}")
 
     worker = Worker(args)
-    server = Server((host.strip("[]") or "127.0.0.1", int(port)), worker)
+    server_class = WorkerServer if args.serial else ThreadedWorkerServer
+    server = server_class((host.strip("[]") or "127.0.0.1", int(port)), worker,
+                          args.listen_backlog)
     consumer = None
     if args.queue:
         consumer = threading.Thread(target=worker.consume, name="consumer", daemon=True)

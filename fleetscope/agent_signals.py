@@ -13,6 +13,7 @@ from fleetscope.agent_runtime.signals import (  # noqa: F401
     OUTCOMES,
     SCOPE,
     SESSION_BUCKETS,
+    SESSION_OUTCOMES,
     STAGE_BUCKETS,
     STAGES,
     AgentSignals,
@@ -21,4 +22,6 @@ from fleetscope.agent_runtime.signals import (  # noqa: F401
     Session,
     ToolCall,
     classify_exception,
+    parse_request_start,
+    session_outcome,
 )

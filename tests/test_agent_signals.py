@@ -28,10 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from fleetscope.agent_signals import (
     OUTCOMES,
+    SESSION_OUTCOMES,
     STAGES,
     AgentSignals,
     BadToolArguments,
     classify_exception,
+    parse_request_start,
+    session_outcome,
 )
 from fleetscope.collectors.agent import agent_prom, map_genai_stages, parse_agent_exposition
 from fleetscope.collectors.parsers import ParseError
@@ -54,11 +57,26 @@ DOCUMENTED_LABELS = {
     "agent_task_heartbeat_age_seconds": {"pool"},
     "agent_session_migrations_total": {"pool"},
 }
+# Beside them (issue 35): the harm a user feels that no latency histogram holds.
+HARM_LABELS = {
+    "agent_sessions_total": {"pool", "class", "outcome"},
+    "agent_sessions_in_flight": {"pool", "class"},
+    "agent_session_oldest_in_flight_seconds": {"pool", "class"},
+}
 DOCUMENTED_TYPES = {
     "agent_queue_depth": "gauge", "agent_session_duration_seconds": "histogram",
     "agent_stage_duration_seconds": "histogram", "agent_tool_calls": "counter",
     "agent_task_heartbeat_age_seconds": "gauge", "agent_session_migrations": "counter",
+    "agent_sessions": "counter", "agent_sessions_in_flight": "gauge",
+    "agent_session_oldest_in_flight_seconds": "gauge",
 }
+ONLINE = 'class="online",pool="chat-online"'
+
+
+def outcomes_of(text: str) -> dict[str, float]:
+    """agent_sessions_total of the online class, by outcome."""
+    return {s.labels["outcome"]: s.value for s in families_of(text)["agent_sessions"].samples
+            if s.labels["class"] == "online"}
 
 
 def free_port() -> int:
@@ -352,6 +370,129 @@ def test_heartbeat_age_grows_while_a_task_is_blocked():
     assert signals.heartbeat_age() == 0.0
 
 
+def test_sessions_end_with_the_outcome_users_got():
+    """Raised out of the session, or marked failed by the runtime that caught it: counted by
+    outcome, and the failed ones still observe their duration."""
+    import urllib.error
+
+    signals = AgentSignals(POOL)
+    # every outcome is a series from the start: a first failure is a rate, not a new series
+    assert outcomes_of(signals.exposition().decode()) == dict.fromkeys(SESSION_OUTCOMES, 0.0)
+    with signals.session("fine"):
+        pass
+    failures = [RuntimeError("state write refused"), TimeoutError("model server"),
+                urllib.error.URLError(TimeoutError("timed out")), BadToolArguments("bad json"),
+                ConnectionResetError("reset")]
+    for error in failures:
+        with pytest.raises(type(error)), signals.session():
+            raise error
+    with signals.session() as caught:  # the runtime answered an error itself
+        caught.fail(ConnectionRefusedError("redis down"))
+    with signals.session() as gave_up:
+        gave_up.fail("timeout")
+    with pytest.raises(ValueError), signals.session() as wrong:
+        wrong.fail("ok")  # a failure's outcome is error or timeout; that session failed too
+    text = signals.exposition().decode()
+    assert outcomes_of(text) == {"ok": 1.0, "error": 5.0, "timeout": 3.0}
+    assert samples(text)[f"agent_session_duration_seconds_count{{{ONLINE}}}"] == 9
+    assert_contract_shape(text, HARM_LABELS)
+    assert [session_outcome(e) for e in failures] == [
+        "error", "timeout", "timeout", "error", "error"]
+    signals.shutdown()
+
+
+def test_in_flight_gauges_follow_sessions_from_arrival():
+    signals = AgentSignals(POOL)
+    started = [threading.Event() for _ in range(3)]
+    release = [threading.Event() for _ in range(3)]
+    arrived = time.time() - 2.0  # a request that waited 2 s before the worker got to it
+
+    def hold(n: int, workload_class: str, arrived_at: float | None) -> None:
+        with signals.session(f"s{n}", workload_class, arrived_at=arrived_at):
+            started[n].set()
+            release[n].wait(10)
+
+    threads = [threading.Thread(target=hold, args=args) for args in (
+        (0, "online", arrived), (1, "online", None), (2, "offline", None))]
+    try:
+        for thread in threads:
+            thread.start()
+        assert all(event.wait(5) for event in started)
+        got = samples(signals.exposition().decode())
+        offline = 'class="offline",pool="chat-online"'
+        assert got[f"agent_sessions_in_flight{{{ONLINE}}}"] == 2
+        assert got[f"agent_sessions_in_flight{{{offline}}}"] == 1
+        assert got[f"agent_session_oldest_in_flight_seconds{{{ONLINE}}}"] >= 2.0
+        assert signals.oldest_in_flight_age("offline") < 2.0 <= signals.oldest_in_flight_age()
+        release[0].set()
+        threads[0].join(5)
+        got = samples(signals.exposition().decode())
+        assert got[f"agent_sessions_in_flight{{{ONLINE}}}"] == 1
+        assert got[f"agent_session_oldest_in_flight_seconds{{{ONLINE}}}"] < 2.0
+    finally:
+        for event in release:
+            event.set()
+        for thread in threads:
+            thread.join(5)
+    got = samples(signals.exposition().decode())
+    for cls in ("online", "offline"):  # nothing in flight: 0, not a vanished series
+        where = f'class="{cls}",pool="chat-online"'
+        assert got[f"agent_sessions_in_flight{{{where}}}"] == 0
+        assert got[f"agent_session_oldest_in_flight_seconds{{{where}}}"] == 0
+    assert signals.sessions_in_flight() == 0
+    signals.shutdown()
+
+
+def test_a_session_counts_from_its_arrival():
+    signals = AgentSignals(POOL)
+    waited = 1.5
+    with signals.session(arrived_at=time.time() - waited) as session:
+        assert signals.oldest_in_flight_age() >= waited
+        assert session.arrived_at <= time.time() - waited
+    with signals.session():  # no arrival given: arrives now, no queue_wait recorded
+        pass
+    with signals.session(arrived_at=time.time() + 60):  # another host's clock: counts as now
+        pass
+    with pytest.raises(ValueError):
+        with signals.session(arrived_at=float("nan")):
+            pass
+    got = samples(signals.exposition().decode())
+    bucket = 'agent_session_duration_seconds_bucket{{class="online",le="{}",pool="chat-online"}}'
+    assert got[bucket.format("1")] == 2  # the two that arrived when they started
+    assert got[bucket.format("2.5")] == 3  # the one that waited 1.5 s first
+    wait = 'agent_stage_duration_seconds_{}{{pool="chat-online",stage="queue_wait"}}'
+    assert got[wait.format("count")] == 2  # the sessions given an arrival
+    assert waited <= got[wait.format("sum")] < waited + 1.0
+    signals.shutdown()
+
+
+NOW = 1764662500.0
+REQUEST_START = [
+    ("t=1764662400.123", 1764662400.123),     # nginx: t=${msec}, seconds with milliseconds
+    ("t=1764662400123456", 1764662400.123456),  # Apache mod_headers %t: microseconds
+    ("1764662400123", 1764662400.123),        # Heroku router: milliseconds, no t=
+    ("t=1764662400", 1764662400.0),           # whole seconds
+    (" t=1764662400.5 ", 1764662400.5),
+]
+
+
+@pytest.mark.parametrize("value, arrived", REQUEST_START)
+def test_request_start_forms_the_proxies_write(value, arrived):
+    assert parse_request_start(value, now=NOW) == pytest.approx(arrived, abs=1e-6)
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("", "not t=<unix time>"), ("t=", "not t=<unix time>"), ("soon", "not t=<unix time>"),
+    ("t=-1764662400", "not t=<unix time>"), ("t=1.7e9", "not t=<unix time>"),
+    ("t=inf", "not t=<unix time>"), ("t=nan", "not t=<unix time>"),
+    ("t=1.2.3", "not t=<unix time>"), ("t=123", "before 2000"),
+    (f"t={NOW + 30:.3f}", "in the future"), (f"{int((NOW + 30) * 1000)}", "in the future"),
+])
+def test_request_start_refuses_what_is_no_arrival(value, reason):
+    with pytest.raises(ValueError, match=reason):
+        parse_request_start(value, now=NOW)
+
+
 # -- Redis queue depths ----------------------------------------------------------------------
 
 def test_queue_depths_grow_when_the_producer_outpaces_the_consumer(
@@ -470,14 +611,19 @@ def test_example_worker_signals_reach_the_exporter(
     assert_contract_shape(text)
     got = samples(text)
     assert got[key] == sessions
+    # every session has an arrival (its accept, or its task's enqueue time): queue_wait too
     for stage in ("queue_wait", "context_assembly", "inference", "tool_call", "state_io"):
-        expected = 3 if stage == "queue_wait" else sessions
         assert got[f'agent_stage_duration_seconds_count{{pool="chat-online",stage="{stage}"}}'] \
-            == expected, stage
+            == sessions, stage
     assert got['agent_stage_duration_seconds_count{pool="chat-online",stage="model_load"}'] == 1
     calls = {s.labels["outcome"]: s.value for s in families_of(text)["agent_tool_calls"].samples}
     assert calls == {"ok": sessions - 3, "bad_arguments": 1, "timeout": 1, "error": 1}
     assert got['agent_session_migrations_total{pool="chat-online"}'] == 1
+    # the harm families pass through as the runtime wrote them
+    assert_contract_shape(text, HARM_LABELS)
+    assert outcomes_of(text) == {"ok": sessions, "error": 0, "timeout": 0}
+    assert got[f"agent_sessions_in_flight{{{ONLINE}}}"] == 0
+    assert got[f"agent_session_oldest_in_flight_seconds{{{ONLINE}}}"] == 0
     assert got['agent_queue_depth{pool="chat-online",queue="tasks:chat"}'] == 0  # from Redis
     assert len([k for k in got if k.startswith("agent_queue_depth")]) == 1
     assert any(k.startswith("gen_ai_client_operation_duration_seconds_bucket") for k in got)
@@ -504,9 +650,12 @@ def test_example_worker_signals_reach_the_exporter(
     assert "fleetscope_" not in recorded and "target_info" not in recorded
     sample = _bundle(tmp_path, with_agent_prom=False)
     (sample / "agent.prom").write_text(recorded)
-    replayed = samples(render(Exporter(str(sample), parse_config(
-        agent_config(), ("agent",))).collect()))
+    replayed_text = render(Exporter(str(sample), parse_config(
+        agent_config(), ("agent",))).collect())
+    replayed = samples(replayed_text)
     assert replayed[key] == sessions
+    assert outcomes_of(replayed_text) == outcomes_of(text)
+    assert_contract_shape(replayed_text, HARM_LABELS)
     assert replayed['agent_queue_depth{pool="chat-online",queue="tasks:chat"}'] == 0
 
 
@@ -604,7 +753,11 @@ def test_bundle_replay_reads_agent_prom_and_never_the_network(exporter_factory, 
     assert_contract_shape(text)
     got = samples(text)
     assert got['agent_queue_depth{pool="chat-online",queue="tasks:chat"}'] == 4  # as recorded
-    assert got['agent_task_heartbeat_age_seconds{pool="chat-online"}'] == 0.227
+    assert got['agent_task_heartbeat_age_seconds{pool="chat-online"}'] == 0.071
+    assert_contract_shape(text, HARM_LABELS)  # one task in flight since its enqueue
+    assert got[f"agent_sessions_in_flight{{{ONLINE}}}"] == 1
+    assert got[f"agent_session_oldest_in_flight_seconds{{{ONLINE}}}"] == 1.546
+    assert outcomes_of(text) == {"ok": 14, "error": 0, "timeout": 0}
     assert got[('agent_tool_calls_total{model="qwen2.5-1.5b-instruct-q4_k_m",'
                 'outcome="timeout",pool="chat-online",tool="search"}')] == 2
     assert available(got, "agent.prom") == 1
@@ -641,6 +794,32 @@ def test_collector_reexports_the_module_queue_as_the_runtime_wrote_it(tmp_path, 
     text = render(Exporter(str(root), config).collect())
     assert samples(text)['agent_module_queue_depth{module="gpu3",pool="chat-online"}'] == 11
     assert label_names(text, "agent_module_queue_depth") == {frozenset({"pool", "module"})}
+    _assert_untouched(traps)
+
+
+def test_collector_reexports_failed_and_stuck_sessions_as_the_runtime_wrote_them(
+        tmp_path, traps):
+    """A bundle's agent.prom with failed sessions and one in flight for 30 s replays to the
+    same agent_sessions_total and in-flight gauges, label sets unchanged."""
+    root = tmp_path / "root"
+    root.mkdir()
+    signals = AgentSignals(POOL, "online")
+    for error in (RuntimeError("refused"), TimeoutError("late"), RuntimeError("refused")):
+        with pytest.raises(type(error)), signals.session():
+            raise error
+    with signals.session(arrived_at=time.time() - 30):
+        (root / "agent.prom").write_bytes(signals.exposition())
+    signals.shutdown()
+    written = samples((root / "agent.prom").read_text())
+    assert written[f"agent_session_oldest_in_flight_seconds{{{ONLINE}}}"] >= 30
+    text = render(Exporter(str(root), parse_config(_replay_config(traps), ("agent",))).collect())
+    got = samples(text)
+    for name in HARM_LABELS:
+        kept = {k: v for k, v in written.items() if k.startswith(name.removesuffix("_total"))}
+        assert kept and all(got[k] == v for k, v in kept.items()), name
+    assert outcomes_of(text) == {"ok": 0, "error": 2, "timeout": 1}
+    assert got[f"agent_sessions_in_flight{{{ONLINE}}}"] == 1
+    assert_contract_shape(text, HARM_LABELS)
     _assert_untouched(traps)
 
 

@@ -4,6 +4,8 @@ and histogram buckets.
     # TYPE agent_stage_duration_seconds histogram
     agent_stage_duration_seconds_bucket{pool="chat-online",stage="inference",le="0.5"} 41
     agent_tool_calls_total{model="qwen2.5-7b",outcome="ok",pool="chat-online",tool="search"} 9
+    agent_sessions_total{class="online",outcome="error",pool="chat-online"} 3.0
+    agent_session_oldest_in_flight_seconds{class="online",pool="chat-online"} 0.412
 
 One place for what the agent runtime emits and every reader expects: the runtime helpers
 (signals.py) create their instruments from it, the exporter's `agent` collector, the
@@ -19,6 +21,9 @@ from dataclasses import dataclass
 STAGES = ("queue_wait", "context_assembly", "inference", "tool_call", "state_io", "model_load",
           "other")
 OUTCOMES = ("ok", "timeout", "bad_arguments", "error")
+# How a whole session ended: answered, failed (it raised, or the runtime marked it failed), or
+# failed on a timeout. What a user feels, where tool-call outcomes are what a model did.
+SESSION_OUTCOMES = ("ok", "error", "timeout")
 CLASSES = ("online", "offline")
 
 # Seconds. Sessions of online agents last from tens of milliseconds to minutes; stages from
@@ -62,8 +67,19 @@ HEARTBEAT_AGE = Metric("agent_task_heartbeat_age_seconds", "gauge", ("pool",), "
                        "Age of the oldest heartbeat among in-flight tasks (0: none in flight).")
 SESSION_MIGRATIONS = Metric("agent_session_migrations_total", "counter", ("pool",),
                             "{session}", "Sessions that arrived here from another worker or node.")
+# Beside them, issue 35: the harm a user feels that no latency histogram holds. A session that
+# fails still counts in the duration histogram, but only its outcome says it failed; a session
+# that never finishes never reaches the histogram at all, only the in-flight gauges show it.
+# Both gauges count from the session's arrival (the proxy's X-Request-Start, else its start).
+SESSIONS = Metric("agent_sessions_total", "counter", ("pool", "class", "outcome"), "{session}",
+                  "Agent sessions finished, by workload class and outcome.")
+SESSIONS_IN_FLIGHT = Metric("agent_sessions_in_flight", "gauge", ("pool", "class"), "{session}",
+                            "Agent sessions arrived and not finished.")
+OLDEST_IN_FLIGHT = Metric("agent_session_oldest_in_flight_seconds", "gauge", ("pool", "class"),
+                          "s", "Age since arrival of the oldest session still in flight "
+                               "(0: none in flight).")
 METRICS = (QUEUE_DEPTH, SESSION_DURATION, STAGE_DURATION, TOOL_CALLS, HEARTBEAT_AGE,
-           SESSION_MIGRATIONS, MODULE_QUEUE_DEPTH)
+           SESSION_MIGRATIONS, MODULE_QUEUE_DEPTH, SESSIONS, SESSIONS_IN_FLIGHT, OLDEST_IN_FLIGHT)
 
 # OpenTelemetry GenAI conventions: the instrument names the runtime records, and the
 # Prometheus names they are exported under (dots become underscores, the unit a suffix).

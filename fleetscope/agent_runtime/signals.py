@@ -12,6 +12,9 @@ labels are exactly those of docs/metrics-and-rules.md, Agent signals:
     agent_tool_calls_total{pool,tool,model,outcome}        counter   (outcome: OUTCOMES)
     agent_task_heartbeat_age_seconds{pool}                 gauge (oldest in-flight task)
     agent_session_migrations_total{pool}                   counter
+    agent_sessions_total{pool,class,outcome}               counter   (outcome: SESSION_OUTCOMES)
+    agent_sessions_in_flight{pool,class}                   gauge (arrived, not finished)
+    agent_session_oldest_in_flight_seconds{pool,class}     gauge (age since arrival; 0: none)
 
 and, following the OpenTelemetry GenAI semantic conventions, `gen_ai.client.operation.duration`
 (`gen_ai_client_operation_duration_seconds`) and `gen_ai.client.token.usage`
@@ -21,11 +24,11 @@ TracerProvider the application installs; without one they cost nothing).
 
 Example:
 
-    from fleetscope.agent_signals import AgentSignals, BadToolArguments
+    from fleetscope.agent_signals import AgentSignals, BadToolArguments, parse_request_start
 
     signals = AgentSignals(pool="chat-online", workload_class="online", agent="support")
-    with signals.session("conversation-42"):
-        signals.record_stage("queue_wait", time.time() - task["enqueued_at"])
+    arrived = parse_request_start(headers.get("X-Request-Start", ""))  # ValueError: bad
+    with signals.session("conversation-42", arrived_at=arrived) as session:
         with signals.stage("context_assembly"):
             prompt = build_prompt(history)
         with signals.inference("qwen2.5-7b-instruct-q4_k_m") as chat:
@@ -34,6 +37,10 @@ Example:
         with signals.tool_call("web_search"):  # model: the one that just answered
             arguments = parse(reply)           # raise BadToolArguments -> bad_arguments
             search(arguments, timeout=5)       # TimeoutError -> timeout, other -> error
+        try:
+            save_state(redis)
+        except RedisError as err:              # the user gets an error: the session failed
+            session.fail(err)                  # (raising out of the session does the same)
     signals.set_queue_depth("tasks:chat", redis.llen("tasks:chat"))
     signals.set_module_queue_depth("npu0", engine_stats["num_requests_waiting"])
     body = signals.exposition()                # bytes for GET /metrics
@@ -41,13 +48,24 @@ Example:
 API: `AgentSignals(pool, workload_class, agent, provider)` with `session()`, `stage()`,
 `inference()`, `tool_call()` (context managers), `record_stage()`, `record_tool_call()`,
 `set_queue_depth()`, `set_module_queue_depth()`, `session_migrated()`, `heartbeat_age()`,
-`current_session()`, `exposition()` (with EXPOSITION_CONTENT_TYPE), `shutdown()`;
-`BadToolArguments`, `classify_exception()`; the label values allowed: STAGES, OUTCOMES,
-CLASSES. Names, units, label values and buckets come from schema.py, which the exporter and
-the simulators share.
+`sessions_in_flight()`, `oldest_in_flight_age()`, `current_session()`, `exposition()` (with
+EXPOSITION_CONTENT_TYPE), `shutdown()`; `Session.fail()`, `Session.beat()`;
+`BadToolArguments`, `classify_exception()`, `session_outcome()`, `parse_request_start()`; the
+label values allowed: STAGES, OUTCOMES, SESSION_OUTCOMES, CLASSES. Names, units, label values
+and buckets come from schema.py, which the exporter and the simulators share.
 A session is an in-flight task for the heartbeat gauge: entering or leaving any stage inside
 it, or `Session.beat()`, refreshes its heartbeat, so a worker parked in a tool call shows an
 age that keeps growing (rule `worker-blocked-external-call`).
+
+Harm as users feel it: a session counts from its arrival, not from when the worker got to it.
+`session(arrived_at=<unix seconds>)` (the front proxy's X-Request-Start, the time the request
+was accepted, a task's enqueue time) makes the duration histogram and the in-flight gauges
+count from then and records the wait before the session started as stage `queue_wait`; a
+worker busy with someone else's request would otherwise never see the wait its users feel.
+Every session ends with an outcome in agent_sessions_total: `ok`, or `error` / `timeout` when
+it raised (TimeoutError-like: timeout) or `Session.fail()` marked it; a failed session still
+observes its duration. A session that never ends shows in agent_sessions_in_flight and
+agent_session_oldest_in_flight_seconds, which keeps growing with wall time.
 
 Names and the OTel -> Prometheus mapping (OTel spec, compatibility/prometheus_and_openmetrics):
 the exporter appends the unit (`s` -> `_seconds`) unless the name already holds it and
@@ -66,6 +84,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import itertools
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -84,6 +103,7 @@ from fleetscope.agent_runtime.schema import (  # noqa: F401 (part of this module
     GENAI_TOKEN_BUCKETS,
     OUTCOMES,
     SESSION_BUCKETS,
+    SESSION_OUTCOMES,
     STAGE_BUCKETS,
     STAGES,
 )
@@ -117,19 +137,85 @@ def classify_exception(exc: BaseException) -> str:
     return "error"
 
 
-class Session:
-    """One agent session in flight; yielded by `AgentSignals.session()`."""
+def session_outcome(exc: BaseException) -> str:
+    """The session outcome an exception stands for: `timeout` for what classify_exception
+    calls a timeout, else `error` (a tool's bad arguments that end a session fail it)."""
+    return "timeout" if classify_exception(exc) == "timeout" else "error"
 
-    def __init__(self, signals: AgentSignals, session_id: str | None, workload_class: str):
+
+# Timestamps before 2000 are no arrival: how New Relic's agents tell seconds, milliseconds and
+# microseconds apart in X-Request-Start (newrelic/api/web_transaction.py, _parse_time_stamp).
+_JAN_1_2000 = 946684800.0
+_REQUEST_START_UNITS = ((1e6, "microseconds"), (1e3, "milliseconds"), (1.0, "seconds"))
+
+
+def parse_request_start(value: str, now: float | None = None) -> float:
+    """The arrival time (unix seconds) an `X-Request-Start` header value says, or ValueError.
+
+    The front proxy stamps when it received the request: `t=<seconds with a fraction>`
+    (nginx `proxy_set_header X-Request-Start "t=${msec}"`: `t=1764662400.123`), `t=<microseconds>`
+    (Apache mod_headers `%t`: `t=1764662400123456`) or bare milliseconds (Heroku's router:
+    `1764662400123`). As the New Relic agents read it: the `t=` is optional, the unit is the
+    largest of microseconds, milliseconds, seconds that puts the time after 2000. A time after
+    `now` (a proxy clock ahead of this host's) is refused, not read as no wait.
+
+    >>> parse_request_start("t=1764662400.123", now=1764662401.0)
+    1764662400.123
+    >>> parse_request_start("1764662400123", now=1764662401.0)
+    1764662400.123
+    """
+    now = time.time() if now is None else now
+    text = value.strip()
+    number = text[2:] if text.startswith("t=") else text
+    # digits and one dot only: no sign, exponent, inf or nan (float() takes them all)
+    if not number or number.count(".") > 1 or not number.replace(".", "").isdigit():
+        raise ValueError(f"X-Request-Start {value[:40]!r} is not t=<unix time>")
+    stamp = float(number)
+    for divisor, unit in _REQUEST_START_UNITS:
+        arrived = stamp / divisor
+        if arrived > now:
+            raise ValueError(f"X-Request-Start {value[:40]!r} is {arrived - now:.3f} s in the "
+                             f"future (read as {unit}): the proxy's clock is ahead of this host's")
+        if arrived > _JAN_1_2000:
+            return arrived
+    raise ValueError(f"X-Request-Start {value[:40]!r} is before 2000 in seconds, milliseconds "
+                     "and microseconds")
+
+
+class Session:
+    """One agent session in flight; yielded by `AgentSignals.session()`.
+
+    arrived_at  unix seconds the session arrived (the `arrived_at` given, else its start)
+    outcome     None while it runs; `fail()` sets it, else it ends ok or with the outcome of
+                the exception that ended it
+    """
+
+    def __init__(self, signals: AgentSignals, session_id: str | None, workload_class: str,
+                 arrived_at: float):
         self.signals = signals
         self.session_id = session_id
         self.workload_class = workload_class
+        self.arrived_at = arrived_at
         self.model: str | None = None  # the last model that answered, for tool calls
         self.span: Any = None
+        self.outcome: str | None = None
 
     def beat(self) -> None:
         """Refresh this task's heartbeat (call it from long loops that have no stages)."""
         self.signals._beat(self)
+
+    def fail(self, reason: BaseException | str = "error") -> None:
+        """Mark the session failed although no exception leaves it (the runtime caught it and
+        answered with an error): `reason` an exception (classified by session_outcome) or an
+        outcome, `error` or `timeout`."""
+        outcome = reason if isinstance(reason, str) else session_outcome(reason)
+        if outcome not in SESSION_OUTCOMES or outcome == "ok":
+            raise ValueError(f"a failed session's outcome is error or timeout, got {outcome!r}")
+        self.outcome = outcome
+        if self.span is not None:
+            if isinstance(reason, BaseException):
+                self.span.set_attribute("error.type", type(reason).__qualname__)
+            self.span.set_status(Status(StatusCode.ERROR, outcome))
 
 
 class Inference:
@@ -240,6 +326,14 @@ class AgentSignals:
         meter.create_observable_gauge(
             schema.HEARTBEAT_AGE.name, callbacks=[self._observe_heartbeat],
             unit=schema.HEARTBEAT_AGE.unit, description=schema.HEARTBEAT_AGE.help)
+        self._sessions = meter.create_counter(
+            schema.SESSIONS.name, unit=schema.SESSIONS.unit, description=schema.SESSIONS.help)
+        meter.create_observable_gauge(
+            schema.SESSIONS_IN_FLIGHT.name, callbacks=[self._observe_in_flight],
+            unit=schema.SESSIONS_IN_FLIGHT.unit, description=schema.SESSIONS_IN_FLIGHT.help)
+        meter.create_observable_gauge(
+            schema.OLDEST_IN_FLIGHT.name, callbacks=[self._observe_oldest_in_flight],
+            unit=schema.OLDEST_IN_FLIGHT.unit, description=schema.OLDEST_IN_FLIGHT.help)
         self._genai_duration = meter.create_histogram(
             schema.GENAI_OPERATION, unit="s",
             description="GenAI operation duration.",
@@ -251,6 +345,15 @@ class AgentSignals:
 
         self._lock = threading.Lock()
         self._beats: dict[int, float] = {}  # in-flight session -> monotonic time of last beat
+        # in-flight session -> (class, monotonic time of its arrival)
+        self._arrivals: dict[int, tuple[str, float]] = {}
+        # classes whose gauges are reported, 0 when none in flight (a series that vanished
+        # would read as no data, not as nothing stuck)
+        self._classes: list[str] = [workload_class]
+        # Every outcome of the pool's class from 0, so a first failure is a rate, not a new
+        # series that rate() cannot see yet.
+        for outcome in SESSION_OUTCOMES:
+            self._sessions.add(0, self._session_attrs(workload_class, outcome))
         self._ids = itertools.count()
         self._current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
             f"fleetscope_agent_session_{id(self)}", default=None)
@@ -293,17 +396,60 @@ class AgentSignals:
     def _observe_heartbeat(self, options: CallbackOptions) -> Iterator[Observation]:
         yield Observation(round(self.heartbeat_age(), 3), self._pool_attrs)
 
+    # -- sessions in flight -------------------------------------------------------------
+
+    def _in_flight(self, workload_class: str | None) -> list[float]:
+        with self._lock:
+            return [arrival for cls, arrival in self._arrivals.values()
+                    if workload_class is None or cls == workload_class]
+
+    def sessions_in_flight(self, workload_class: str | None = None) -> int:
+        """Sessions arrived and not finished (of one class, or all)."""
+        return len(self._in_flight(workload_class))
+
+    def oldest_in_flight_age(self, workload_class: str | None = None) -> float:
+        """Seconds since the arrival of the oldest session still in flight; 0 when none."""
+        oldest = min(self._in_flight(workload_class), default=None)
+        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
+
+    def _observe_in_flight(self, options: CallbackOptions) -> Iterator[Observation]:
+        for workload_class in list(self._classes):
+            yield Observation(self.sessions_in_flight(workload_class),
+                              {"pool": self.pool, "class": workload_class})
+
+    def _observe_oldest_in_flight(self, options: CallbackOptions) -> Iterator[Observation]:
+        for workload_class in list(self._classes):
+            yield Observation(round(self.oldest_in_flight_age(workload_class), 3),
+                              {"pool": self.pool, "class": workload_class})
+
+    def _session_attrs(self, workload_class: str, outcome: str) -> dict[str, str]:
+        return {"pool": self.pool, "class": workload_class, "outcome": outcome}
+
     # -- sessions and stages ------------------------------------------------------------
 
     @contextmanager
-    def session(self, session_id: str | None = None,
-                workload_class: str | None = None) -> Iterator[Session]:
-        """One agent session: its duration, an `invoke_agent` span, a heartbeat while in
-        flight. Stages, inferences and tool calls inside it belong to it."""
+    def session(self, session_id: str | None = None, workload_class: str | None = None, *,
+                arrived_at: float | None = None) -> Iterator[Session]:
+        """One agent session: its duration, its outcome, an `invoke_agent` span, a heartbeat
+        and a place in the in-flight gauges while it runs. Stages, inferences and tool calls
+        inside it belong to it.
+
+        arrived_at  unix seconds the request or task arrived (parse_request_start() of the
+                    proxy's X-Request-Start, the accept time, a task's enqueue time): the
+                    duration and the in-flight age count from it, and the wait until now is
+                    recorded as stage queue_wait. None: the session arrives now. A time after
+                    now (another host's clock) counts as now.
+        """
         workload_class = workload_class or self.workload_class
         if workload_class not in CLASSES:
             raise ValueError(f"workload_class must be online or offline, got {workload_class!r}")
-        session = Session(self, session_id, workload_class)
+        if arrived_at is not None and not math.isfinite(arrived_at):
+            raise ValueError(f"arrived_at must be unix seconds, got {arrived_at!r}")
+        now = time.time()
+        start = time.monotonic()
+        waited = 0.0 if arrived_at is None else max(0.0, now - arrived_at)
+        arrival = start - waited  # on the monotonic clock: immune to clock steps from here on
+        session = Session(self, session_id, workload_class, now - waited)
         attributes = {"gen_ai.operation.name": "invoke_agent",
                       "gen_ai.provider.name": self.provider}
         if self.agent:
@@ -313,18 +459,32 @@ class AgentSignals:
         name = f"invoke_agent {self.agent}" if self.agent else "invoke_agent"
         token = self._current.set(session)
         with self._lock:
-            self._beats[id(session)] = time.monotonic()
-        start = time.monotonic()
+            self._beats[id(session)] = start
+            self._arrivals[id(session)] = (workload_class, arrival)
+            if workload_class not in self._classes:
+                self._classes.append(workload_class)
+        if arrived_at is not None:
+            self.record_stage("queue_wait", waited)
+        outcome = "ok"
         try:
-            with self._tracer.start_as_current_span(name, kind=SpanKind.INTERNAL,
-                                                    attributes=attributes) as span:
+            # the span covers what the histogram does: from the arrival
+            with self._tracer.start_as_current_span(
+                    name, kind=SpanKind.INTERNAL, attributes=attributes,
+                    start_time=int(session.arrived_at * 1e9)) as span:
                 session.span = span
-                yield session
+                try:
+                    yield session
+                except BaseException as exc:
+                    outcome = session_outcome(exc)
+                    raise
         finally:
+            outcome = session.outcome or outcome
             self._session_duration.record(
-                time.monotonic() - start, {"pool": self.pool, "class": workload_class})
+                time.monotonic() - arrival, {"pool": self.pool, "class": workload_class})
+            self._sessions.add(1, self._session_attrs(workload_class, outcome))
             with self._lock:
                 self._beats.pop(id(session), None)
+                self._arrivals.pop(id(session), None)
             self._current.reset(token)
 
     def current_session(self) -> Session | None:
