@@ -192,6 +192,33 @@ def test_cgroup_totals_count_a_recreated_cgroup_as_new():
 
 # ---- the collector on fixture trees -----------------------------------------------------
 
+# /proc/net/tcp of the same machine, lines verbatim (each padded to 149 characters, as
+# tcp4_seq_show() pads them): a listener with 3 connections nobody accepted, a connection
+# holding 1,000 bytes its process did not read, a connect() whose SYN went unanswered 3 times
+# (the listener it calls has a full accept queue, the next listener below), a connection
+# whose 500 bytes the peer never acknowledged (3 timeouts: the peer's socket filter drops
+# everything), a CLOSE_WAIT connection (its peer's FIN counts 1 in rx_queue), a listener with
+# a full accept queue, and a TIME_WAIT line.
+NET_TCP_WAITING_REAL = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode                                                     \n"
+    "   2: 0100007F:B1D1 00000000:0000 0A 00000000:00000003 00:00000000 00000000     0        "
+    "0 73410 4 00000000ec033339 100 0 0 10 0                     \n"
+    "  13: 0100007F:D955 0100007F:CA0E 01 00000000:000003E8 00:00000000 00000000     0        "
+    "0 73416 1 000000006d19b16b 20 4 32 10 -1                    \n"
+    "   6: 0100007F:BAC6 0100007F:C707 02 00000001:00000000 01:00000036 00000003     0        "
+    "0 73417 2 00000000259be316 100 0 0 1 -1                     \n"
+    "   3: 0100007F:E49C 0100007F:A631 01 000001F4:00000000 01:00000051 00000003     0        "
+    "0 74343 2 00000000b827bf33 163 0 0 1 -1                     \n"
+    "  13: 0100007F:A95F 0100007F:84F4 08 00000000:00000001 00:00000000 00000000     0        "
+    "0 232834 1 00000000ebdb147b 20 4 0 10 -1                    \n"
+    "   1: 0100007F:C707 00000000:0000 0A 00000000:00000001 00:00000000 00000000     0        "
+    "0 73408 2 0000000011484739 100 0 0 10 0                     \n"
+    "   8: 0100007F:A489 0100007F:C766 06 00000000:00000000 03:00001547 00000000     0        "
+    "0 0 3 00000000ca9c5908                                      \n"
+)
+
+
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -72,6 +72,7 @@ SAMPLE_GLOBS = (
     "sys/devices/system/node/node*/numastat",
     "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
     "sys/fs/cgroup/cgroup.controllers", "proc/locks",
+    "proc/sys/net/ipv4/tcp_syn_linear_timeouts",  # the SYN_SENT wait's age (collectors/tasks.py)
 )
 # Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
