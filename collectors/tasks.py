@@ -33,9 +33,17 @@ sent and received no data, and tcp_info counts those from 0 (the machine's uptim
 comes from the SYN's retransmission timer instead (syn_sent_age). No wait is older than its
 thread (task/<tid>/stat starttime, against /proc/stat btime).
 
-A bundle holds the same files per task (bounded the same way) plus, for the waiting threads,
-proc/<pid>/fd_sockets ("fd inode [idle_ms]" lines) and proc/<pid>/task/<tid>/pollfds (one
-polled fd a line) where the live node has the fd links, the process memory and sock_diag.
+The pool's sockets and what waits on them (the pools collector's connection metrics):
+proc/<pid>/net/tcp{,6} is read once per network namespace a scrape (a walk of the kernel's
+whole connection hash, so never more often), the rows with something waiting kept
+(parsers/net_tcp.py parse_tcp_queues); only where there are such rows are a process's fd
+links read (proc/<pid>/fd/<n> -> socket:[inode], at most a pool's budget of them), to learn
+which of those sockets are the pool's.
+
+A bundle holds the same files per task (bounded the same way) plus proc/<pid>/fd_sockets
+("fd inode [idle_ms]" lines: the socket fds of the fd links read, and those the waiting
+threads wait on) and proc/<pid>/task/<tid>/pollfds (one polled fd a line) where the live node
+has the fd links, the process memory and sock_diag.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from .parsers.net_tcp import (
     TcpSocket,
     parse_inet_diag_idle_ms,
     parse_net_tcp,
+    parse_sockstat_inuse,
     parse_tcp_queues,
 )
 from .parsers.process import (
@@ -73,6 +82,7 @@ from .parsers.process import (
 from .shared import proc_stat
 
 TASKS_READ_PER_POOL = 1024  # threads whose files are read per pool per scrape (~25 ms)
+FD_LINKS_READ_PER_POOL = 4096  # fd links read per pool per scrape to find its sockets
 MAX_POLLED_FDS = 16
 SLEEPING = ("S", "D")
 NETLINK_SOCK_DIAG = 4  # include/uapi/linux/netlink.h
@@ -195,6 +205,11 @@ class NetworkWait(NamedTuple):
     idle_seconds: float | None = None  # how long the connection has been silent (tcp_info)
 
 
+def _recorded_fd_sockets(scrape: Scrape, pid: int) -> dict[int, tuple[int, int | None]]:
+    return scrape.memo(f"tasks:fd_sockets:{pid}", lambda: parse_fd_sockets(
+        read_proc(scrape, f"proc/{pid}/fd_sockets")))
+
+
 def _fd_socket(scrape: Scrape, pid: int, fd: int) -> tuple[int, int | None, bool] | None:
     """(socket inode, recorded idle ms or None, live) of one fd, or None: not a socket."""
     for root in scrape.roots:
@@ -208,12 +223,42 @@ def _fd_socket(scrape: Scrape, pid: int, fd: int) -> tuple[int, int | None, bool
         except OSError:
             return None
     try:
-        sockets = scrape.memo(f"tasks:fd_sockets:{pid}", lambda: parse_fd_sockets(
-            read_proc(scrape, f"proc/{pid}/fd_sockets")))
+        sockets = _recorded_fd_sockets(scrape, pid)
     except (NotAvailable, ParseError):
         return None
     found = sockets.get(fd)
     return None if found is None else (found[0], found[1], False)
+
+
+def socket_fds(scrape: Scrape, pid: int, most: int) -> tuple[dict[int, int], int]:
+    """({fd: socket inode} of the sockets among a process's first `most` fds in fd order, how
+    many fd links were read): the fd links of a live node, a bundle's fd_sockets (written
+    from the same links, under the same bound). NotAvailable: neither can be read (another
+    user's process without root, a bundle recorded without them, or it exited)."""
+    for root in scrape.roots:
+        directory = os.path.join(root, f"proc/{pid}/fd")
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no fd/ here (a bundle): its fd_sockets
+        except OSError as err:
+            raise NotAvailable(f"/proc/{pid}/fd: {err.strerror or err}") from None
+        if len(names) > most:
+            names = [str(fd) for fd in sorted(int(n) for n in names if n.isdigit())[:max(most, 0)]]
+        sockets = {}
+        for name in names:
+            try:
+                inode = socket_inode(os.readlink(f"{directory}/{name}"))
+            except OSError:
+                continue  # closed since the listing
+            if inode is not None:
+                sockets[int(name)] = inode
+        return sockets, len(names)
+    try:
+        recorded = _recorded_fd_sockets(scrape, pid)
+    except ParseError as err:
+        raise NotAvailable(str(err)) from None
+    return {fd: inode for fd, (inode, _) in recorded.items()}, len(recorded)
 
 
 def tcp_idle_ms(local: str, peer: str) -> int | None:
@@ -311,18 +356,35 @@ def tcp_tables(scrape: Scrape, pid: int,
     namespace a scrape: proc/<pid>/net/tcp{,6} (what a container's workers see), else the
     root's proc/net/tcp{,6} (a bundle). NotAvailable when neither table is there."""
     def read() -> tuple[tuple[str, str], ...]:
-        tables = []
-        for name in ("tcp", "tcp6"):
-            for relative in (f"proc/{pid}/net/{name}", f"proc/net/{name}"):
+        tables, found = [], False
+        for name, counts, protocol in (("tcp", "sockstat", "TCP"), ("tcp6", "sockstat6", "TCP6")):
+            for directory in (f"proc/{pid}/net", "proc/net"):
+                if _no_sockets(scrape, f"{directory}/{counts}", protocol):
+                    found = True  # an empty table, and its walk spared
+                    break
+                relative = f"{directory}/{name}"
                 try:
                     tables.append((f"/{relative}", read_proc(scrape, relative)))
                 except NotAvailable:
                     continue
+                found = True
                 break
-        if not tables:
+        if not found:
             raise NotAvailable(f"/proc/{pid}/net/tcp and /proc/net/tcp do not exist")
         return tuple(tables)
     return scrape.memo(f"tasks:tcp-text:{namespace or network_namespace(scrape, pid)}", read)
+
+
+def _no_sockets(scrape: Scrape, relative: str, protocol: str) -> bool:
+    """Whether the namespace's sockstat says it has no socket of `protocol`. Reading a TCP
+    table walks the kernel's whole connection hash (every namespace's sockets, every empty
+    bucket) even when it prints no row; sockstat prints a few counters (a bundle records the
+    tables, not the counts)."""
+    try:
+        return parse_sockstat_inuse(read_proc(scrape, relative, True), protocol,
+                                    f"/{relative}") == 0
+    except (NotAvailable, ParseError):
+        return False
 
 
 def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
@@ -340,6 +402,76 @@ def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
                 pass
         return sockets
     return scrape.memo(f"tasks:tcp:{network_namespace(scrape, pid)}", parse)
+
+
+def waiting_sockets(scrape: Scrape, pid: int,
+                    namespace: str | None = None) -> dict[int, TcpQueues]:
+    """{inode: TcpQueues} of the sockets of the process's network namespace (`namespace`,
+    network_namespace() when not given) with connections or bytes waiting for the process,
+    or a retransmission outstanding; memoised per namespace. NotAvailable: no TCP table;
+    ParseError: a corrupt one."""
+    namespace = namespace or network_namespace(scrape, pid)
+
+    def parse() -> dict[int, TcpQueues]:
+        rows: dict[int, TcpQueues] = {}
+        for what, text in tcp_tables(scrape, pid, namespace):
+            for inode, row in parse_tcp_queues(text, what=what).items():
+                # a listener's accept queue, an established connection's unread bytes (not
+                # CLOSE_WAIT's: the peer's FIN alone counts 1 there until the process reads
+                # the end of the stream), a retransmission outstanding
+                if row.retransmits or (row.rx_queue and row.state in ("LISTEN", "ESTABLISHED")):
+                    rows[inode] = row
+        return rows
+    return scrape.memo(f"tasks:waiting:{namespace}", parse)
+
+
+class PoolSockets(NamedTuple):
+    waiting: dict[int, TcpQueues]  # inode -> row: the pool's sockets something waits on
+    known: bool  # some process's sockets were read, or none could hold a waiting one
+    read: dict[int, dict[int, int]]  # pid -> {fd: socket inode} of the fd links read
+
+
+def pool_sockets(scrape: Scrape, members: list[tuple[int, str]],
+                 budget: int = FD_LINKS_READ_PER_POOL, tables=None, links=None) -> PoolSockets:
+    """The sockets of one pool's processes (pid, network namespace), in this order, that
+    something waits on (waiting_sockets). A process whose namespace has no such row needs no
+    fd read; the others' fd links are read up to `budget` links in all, and no more in a
+    namespace once every waiting socket of it is found to be the pool's. `tables` and
+    `links` tally how each source fared (.ok, .fail(err)). The recorder writes `read` as the
+    processes' fd_sockets, so a bundle replays the same reads."""
+    waiting: dict[int, TcpQueues] = {}
+    read: dict[int, dict[int, int]] = {}
+    known = False
+    for pid, namespace in members:
+        try:
+            rows = waiting_sockets(scrape, pid, namespace)
+        except (NotAvailable, ParseError) as err:
+            if tables is not None:
+                tables.fail(err)
+            continue
+        if tables is not None:
+            tables.ok += 1
+        if not rows or rows.keys() <= waiting.keys():
+            known = True  # nothing waits that it could add to the pool's
+            continue
+        if budget <= 0:
+            continue
+        try:
+            sockets, count = socket_fds(scrape, pid, budget)
+        except NotAvailable as err:
+            if links is not None:
+                links.fail(err)
+            continue
+        if links is not None:
+            links.ok += 1
+        budget -= count
+        known = True
+        read[pid] = sockets
+        for inode in sockets.values():
+            row = rows.get(inode)
+            if row is not None:
+                waiting[inode] = row
+    return PoolSockets(waiting, known, read)
 
 
 def _tcp_row(scrape: Scrape, pid: int, inode: int) -> TcpQueues | None:

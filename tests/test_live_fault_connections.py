@@ -8,8 +8,9 @@ fills them, sends 500 bytes on a connection whose peer (this test) drops everyth
 (a socket filter on the accepted socket: nothing on the machine is changed), and a worker
 thread calls connect() on the full listener: its SYN goes unanswered and is retransmitted.
 
-The connect() waits as long as it has (not the machine's uptime, what tcp_info's never-set
-timestamps gave). Every child ends by itself (an alarm) and is killed at the end.
+The exporter shows what was injected, the connect() waits as long as it has (not the
+machine's uptime, what tcp_info's never-set timestamps gave), and a bundle recorded while it
+holds replays the same values. Every child ends by itself (an alarm) and is killed at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import samples
+from fleetscope.collectors import COLLECTORS
+from fleetscope.collectors.base import Scrape
+from fleetscope.collectors.parsers.process import parse_fd_sockets
+from fleetscope.collectors.source import RecordedSample
+from fleetscope.core.config import parse_config
+from fleetscope.core.exposition import render
+from tests.conftest import record_bundle, samples
 
 pytestmark = pytest.mark.live
 
@@ -139,6 +146,44 @@ def series(pool: str, family: str, **labels) -> str:
     return f"{family}{{{','.join(f'{k}={json.dumps(v)}' for k, v in sorted(pairs.items()))}}}"
 
 
+WAITING = "fleetscope_pool_connections_waiting"
+RETRANSMITTING = "fleetscope_pool_connections_retransmitting"
+# What the scene injected, once the SYN and the 500 bytes have been retransmitted.
+EXPECTED = {
+    series("server", WAITING, queue="accept"): QUEUED + 1,  # the full listener's one
+    series("server", WAITING, queue="unread"): UNREAD,
+    series("server", RETRANSMITTING, state="syn_sent"): 0,
+    series("server", RETRANSMITTING, state="established"): 0,
+    series("client", WAITING, queue="accept"): 0,
+    series("client", WAITING, queue="unread"): 0,
+    series("client", RETRANSMITTING, state="syn_sent"): 1,
+    series("client", RETRANSMITTING, state="established"): 1,
+}
+
+
+def connections(got: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in got.items()
+            if key.startswith("fleetscope_pool_connections_")}
+
+
+def scrape_until(exporter, done, seconds: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + seconds
+    while True:
+        got = samples(exporter.text())
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
+
+
+def test_exporter_counts_what_waits_for_each_pool(scene, exporter_factory):
+    exporter = exporter_factory("/", scene.config())
+    got = scrape_until(exporter, lambda g: connections(g) == EXPECTED)
+    assert connections(got) == EXPECTED
+    for source in ("proc/<pid>/net/tcp", "proc/<pid>/fd/<n>"):
+        assert got[f'fleetscope_scrape_source_available{{collector="pools",'
+                   f'source="{source}"}}'] == 1
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
 def test_a_connect_whose_syn_is_dropped_waits_as_long_as_it_has(scene, exporter_factory):
     exporter = exporter_factory("/", scene.config())
@@ -155,3 +200,37 @@ def test_a_connect_whose_syn_is_dropped_waits_as_long_as_it_has(scene, exporter_
         # not less than since it certainly began (the SYN timer's own time, 10 ms ticks)
         assert start - scene.connecting - 0.3 <= waited <= end - scene.before_connect + 0.3
     assert got[blocked] == 1  # past blocked_call_seconds: the tool call, nothing else
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
+def test_a_bundle_recorded_meanwhile_replays_the_live_values(scene, exporter_factory,
+                                                             tmp_path):
+    exporter = exporter_factory("/", scene.config())
+    scrape_until(exporter, lambda g: connections(g) == EXPECTED)
+    output = record_bundle(scene.config(), tmp_path, 2)
+    before = time.time()
+    live = samples(exporter.text())
+    after = time.time()
+    meta = json.loads((output / "meta.json").read_text())
+    last = output / meta["samples"][-1]["dir"]
+    assert (last / "proc/net/tcp").is_file()
+    # every socket fd of both pools' processes, as their fd links name them now
+    for child in (scene.server, scene.client):
+        links = {int(fd): os.readlink(f"/proc/{child.pid}/fd/{fd}")
+                 for fd in os.listdir(f"/proc/{child.pid}/fd")}
+        recorded = parse_fd_sockets((last / f"proc/{child.pid}/fd_sockets").read_text())
+        assert {fd: f"socket:[{inode}]" for fd, (inode, _) in recorded.items()} == {
+            fd: link for fd, link in links.items() if link.startswith("socket:")}
+
+    collector = COLLECTORS["pools"](parse_config(meta["config"]))
+    for sample in meta["samples"]:  # replayed sample by sample, as the exporter saw them
+        source = RecordedSample(str(output / sample["dir"]), str(output / "static"))
+        replayed = samples(render(collector.collect(Scrape(source, sample["time"]))))
+    assert connections(replayed) == connections(live) == EXPECTED
+    # the connect()'s wait: the live one less the time since the sample, and as old as the
+    # connect() at the sample's time (it began between before_connect and connecting)
+    longest = series("client", "fleetscope_pool_network_wait_longest_seconds")
+    at = meta["samples"][-1]["time"]
+    assert live[longest] - (after - at) - 0.2 <= replayed[longest] <= \
+        live[longest] - (before - at) + 0.2
+    assert at - scene.connecting - 0.2 <= replayed[longest] <= at - scene.before_connect + 0.2

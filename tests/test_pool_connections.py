@@ -1,7 +1,8 @@
-"""The TCP table's queue and timer columns on real lines, the age of a connect() whose SYN
-goes unanswered against the kernel's retransmission schedule, and waits on fixture trees in
-the bundle's format (a SYN_SENT wait, a wait no older than its thread). The same on this
-machine's /proc: tests/test_live_fault_connections.py.
+"""Connections waiting for a pool, read from the kernel alone (collectors/tasks.py, the pools
+collector): the TCP table's queue and timer columns on real lines, the age of a connect()
+whose SYN goes unanswered against the kernel's retransmission schedule, and waits on fixture
+trees in the bundle's format (a SYN_SENT wait, a wait no older than its thread, a pool whose
+sockets cannot be read). The same on this machine's /proc: tests/test_live_fault_connections.py.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
+from fleetscope.collectors.base import Scrape
 from fleetscope.collectors.parsers import ParseError
-from fleetscope.collectors.parsers.net_tcp import TcpQueues, parse_tcp_queues
-from fleetscope.collectors.tasks import syn_sent_age
+from fleetscope.collectors.parsers.net_tcp import (
+    TcpQueues,
+    parse_sockstat_inuse,
+    parse_tcp_queues,
+)
+from fleetscope.collectors.source import RecordedSample
+from fleetscope.collectors.tasks import pool_sockets, syn_sent_age, waiting_sockets
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
@@ -33,6 +40,10 @@ NET_TCP6_WAITING_REAL = (
     "00000000:00000040 00:00000000 00000000     0        0 246283 1 00000000c95b1022 20 4 30 "
     "10 -1\n"
 )
+SOCKSTAT_REAL = ("sockets: used 12\nTCP: inuse 1 orphan 0 tw 243 alloc 1 mem 180\n"
+                 "UDP: inuse 0 mem 0\nUDPLITE: inuse 0\nRAW: inuse 0\nFRAG: inuse 0 memory 0\n")
+SOCKSTAT6_REAL = ("TCP6: inuse 0\nUDP6: inuse 0\nUDPLITE6: inuse 0\nRAW6: inuse 0\n"
+                  "FRAG6: inuse 0 memory 0\n")
 # task/<tid>/syscall of a thread blocked in connect(fd 5) to a listener whose accept queue is
 # full (wchan wait_woken), on the same machine.
 SYSCALL_CONNECT_REAL = "42 0x5 0x7f5fddd5ba30 0x10 0x0 0x0 0x0 0x7f5fddd5b990 0x7f5fde5287fb\n"
@@ -63,21 +74,30 @@ def test_queue_and_timer_columns_of_real_lines():
     assert 73416 not in parse_tcp_queues(table)
 
 
+def test_sockstat_counts_of_real_files():
+    assert parse_sockstat_inuse(SOCKSTAT_REAL, "TCP") == 1
+    assert parse_sockstat_inuse(SOCKSTAT6_REAL, "TCP6") == 0
+    with pytest.raises(ParseError):
+        parse_sockstat_inuse(SOCKSTAT6_REAL, "TCP")
+
+
 @pytest.mark.parametrize("parser, text", [
     (parse_tcp_queues, ""),
     (parse_tcp_queues, NET_TCP_WAITING_REAL.replace("00000000:00000003", "00000000-00000003")),
     (parse_tcp_queues, NET_TCP_WAITING_REAL.replace("01:00000036", "01:000000zz")),
     (parse_tcp_queues, NET_TCP_WAITING_REAL.replace(" 73417 ", " 73x17 ")),
+    (parse_sockstat_inuse, "TCP: inuse many\n"),
 ])
 def test_parsers_reject_malformed(parser, text):
     with pytest.raises(ParseError):
-        parser(text)
+        parser(text) if parser is parse_tcp_queues else parser(text, "TCP")
 
 
 test_fuzz_garbage, test_fuzz_cut_and_corrupted = parser_fuzz_tests(
     {"tcp_queues": (parse_tcp_queues, NET_TCP_WAITING_REAL),
-     "tcp6_queues": (parse_tcp_queues, NET_TCP6_WAITING_REAL)},
-    st.text(alphabet="0123456789ABCDEF: \n", max_size=300))
+     "tcp6_queues": (parse_tcp_queues, NET_TCP6_WAITING_REAL),
+     "sockstat": (lambda text: parse_sockstat_inuse(text, "TCP"), SOCKSTAT_REAL)},
+    st.text(alphabet="0123456789ABCDEFTCP:inuse \n", max_size=300))
 
 
 @pytest.mark.parametrize("seconds, retransmits, ticks", SYN_SENT_OBSERVED)
@@ -143,3 +163,44 @@ def test_no_wait_is_older_than_its_thread(tmp_path):
     assert longest_wait(root, 1200.0) == pytest.approx(900.0)
     root = worker_tree(tmp_path, SYSCALL_CONNECT_REAL, "5 73417\n")
     assert longest_wait(root, 2.0) == pytest.approx(2.0, abs=0.01)
+
+
+def test_a_pool_whose_sockets_cannot_be_read_reports_nothing(tmp_path):
+    root = worker_tree(tmp_path, SYSCALL_RECVFROM_REAL, "")
+    (root / "proc/500/fd_sockets").unlink()
+    config = parse_config({"pools": POOL, "collectors": ["pools"]}, ("pools",))
+    got = samples(render(Exporter(str(root), config).collect(now=BTIME + 4000.0)))
+    assert not [k for k in got if k.startswith("fleetscope_pool_connections_")]
+    assert got['fleetscope_scrape_source_available{collector="pools",'
+               'source="proc/<pid>/fd/<n>"}'] == 0
+    # no TCP table at all: unknown too, and said so
+    (root / "proc/net/tcp").unlink()
+    got = samples(render(Exporter(str(root), config).collect(now=BTIME + 4000.0)))
+    assert not [k for k in got if k.startswith("fleetscope_pool_connections_")]
+    assert got['fleetscope_scrape_source_available{collector="pools",'
+               'source="proc/<pid>/net/tcp"}'] == 0
+    # a table where nothing waits: a real 0 without reading any fd
+    write(root / "proc/net/tcp", NET_TCP_WAITING_REAL.splitlines(True)[0])
+    got = samples(render(Exporter(str(root), config).collect(now=BTIME + 4000.0)))
+    assert got[f'fleetscope_pool_connections_waiting{{{AGENTS},queue="accept"}}'] == 0
+    assert got[f'fleetscope_pool_connections_retransmitting{{{AGENTS},state="syn_sent"}}'] == 0
+
+
+def test_fds_are_read_within_the_pool_budget_and_not_past_what_waits(tmp_path):
+    root = tmp_path / "root"
+    write(root / "proc/net/tcp", NET_TCP_WAITING_REAL)
+    for pid, lines in ((600, "3 73410\n"), (601, "3 73410\n4 73416\n"), (602, "3 73417\n")):
+        write(root / f"proc/{pid}/fd_sockets", lines)
+    scrape = Scrape(RecordedSample(str(root)), 1000.0)
+    members = [(600, "root"), (601, "root"), (602, "root")]
+    assert set(waiting_sockets(scrape, 600, "root")) == {73410, 73416, 73417, 74343, 73408}
+    found = pool_sockets(scrape, members)
+    assert set(found.waiting) == {73410, 73416, 73417} and set(found.read) == {600, 601, 602}
+    # a budget of one fd: the first process's, then no more
+    found = pool_sockets(scrape, members, budget=1)
+    assert set(found.read) == {600} and set(found.waiting) == {73410}
+    # once every waiting socket of the namespace is the pool's, the rest are not read
+    write(root / "proc/net/tcp", "".join(NET_TCP_WAITING_REAL.splitlines(True)[:2]))
+    scrape = Scrape(RecordedSample(str(root)), 1000.0)
+    found = pool_sockets(scrape, members)
+    assert set(found.read) == {600} and set(found.waiting) == {73410} and found.known

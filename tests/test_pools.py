@@ -321,6 +321,15 @@ def pool_tree(tmp_path: Path) -> Path:
     write_cgroup(root, "/k8s/offline/etl", CPU_STAT_V2_LIMITED.replace("8123456789",
                                                                        "2000000000"),
                  "max 100000\n", CPU_PRESSURE_REAL)
+    # Sockets (fd_sockets, as `bundle record` writes them): both chat workers hold the
+    # listener (a pre-fork server), the first also the unread connection and the CLOSE_WAIT
+    # one; the batch job holds the unanswered connect() and the unacknowledged connection;
+    # sshd the full listener.
+    write(root / "proc/net/tcp", NET_TCP_WAITING_REAL)
+    write(root / "proc/100/fd_sockets", "3 73410\n7 73416\n9 232834\n")
+    write(root / "proc/101/fd_sockets", "3 73410\n")
+    write(root / "proc/200/fd_sockets", "5 73417 3460\n6 74343\n")
+    write(root / "proc/300/fd_sockets", "3 73408\n")
     return root
 
 
@@ -376,6 +385,17 @@ def test_pool_metrics_on_a_fixture_tree(tmp_path):
                              "limit_hits_total": 161}
     assert pids_of(BATCH) == {"usage_ratio": 0, "current": 3, "limit": math.inf,
                               "limit_hits_total": 0}
+    # connections: the listener's 3 once (two workers share it), the 1,000 unread bytes'
+    # connection (not the CLOSE_WAIT one, nor sshd's full listener)
+    waiting = 'fleetscope_pool_connections_waiting{{class="{}",pool="{}",queue="{}"}}'
+    assert got[waiting.format("online", "chat-online", "accept")] == 3
+    assert got[waiting.format("online", "chat-online", "unread")] == 1
+    assert got[waiting.format("offline", "batch", "accept")] == 0
+    assert got[waiting.format("offline", "batch", "unread")] == 0
+    retransmitting = 'fleetscope_pool_connections_retransmitting{{class="{}",pool="{}",state="{}"}}'
+    assert got[retransmitting.format("offline", "batch", "syn_sent")] == 1
+    assert got[retransmitting.format("offline", "batch", "established")] == 1
+    assert got[retransmitting.format("online", "chat-online", "syn_sent")] == 0
     sources = {k: v for k, v in got.items() if k.startswith("fleetscope_scrape_source")}
     assert sources and all(v == 1 for v in sources.values()), sources
 

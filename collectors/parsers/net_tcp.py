@@ -32,7 +32,7 @@ import struct
 from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
-from . import ParseError
+from . import ParseError, parse_int
 
 # include/net/tcp_states.h
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
@@ -167,6 +167,25 @@ def parse_tcp_queues(text: str, inodes: Collection[int] | None = None,
         except ValueError:
             raise ParseError(f"{what}: malformed queues or timer in {line[:48]!r}") from None
     return rows
+
+
+def parse_sockstat_inuse(text: str, protocol: str, what: str = "/proc/net/sockstat") -> int:
+    """The sockets of `protocol` ("TCP" in /proc/net/sockstat, "TCP6" in sockstat6) hashed
+    in this network namespace (net/ipv4/proc.c sockstat_seq_show(), net/ipv6/proc.c
+    sockstat6_seq_show(): sock_prot_inuse_get(), counted as a socket enters or leaves the
+    listening or connection hash): the rows of /proc/net/tcp (tcp6) that have an inode.
+
+    >>> parse_sockstat_inuse("sockets: used 12\\nTCP: inuse 1 orphan 0 tw 243 alloc 1 mem 180\\n"
+    ...                      "UDP: inuse 0 mem 0\\n", "TCP")
+    1
+    >>> parse_sockstat_inuse("TCP6: inuse 0\\nUDP6: inuse 0\\n", "TCP6")
+    0
+    """
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:2] == [f"{protocol}:", "inuse"] and len(fields) > 2:
+            return parse_int(fields[2], f"{what} {protocol} inuse")
+    raise ParseError(f"{what}: no {protocol} inuse line")
 
 
 # include/uapi/linux/sock_diag.h, inet_diag.h, tcp.h
