@@ -14,7 +14,13 @@ it adds `--threaded` Python processes of `--threads` sleeping threads each to th
 and measures again.
 
     python bench/pools_500.py [--processes 500] [--scrapes 20] [--threaded 10 --threads 100]
+    python bench/pools_500.py --waiting [--processes 500]
     python bench/pools_500.py --pods [--processes 500]
+
+`--waiting` opens a 127.0.0.1 listener of the bench's own holding connections nobody
+accepts: the TCP table then has a row where something waits that no pool holds, so the
+connection metrics read every pool process's fd links each scrape, their costliest case (a
+busy node whose other services always have a queue somewhere).
 
 `--pods` puts each child in a pod of its own instead, laid out as the kubelet lays pods out on
 a cgroup v1 node (cpu controller: kubepods/[burstable|besteffort/]pod<uid>/<container id>),
@@ -32,6 +38,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +66,15 @@ def start_children(count: int) -> list[subprocess.Popen]:
         marker = f"fleetscope-bench-{POOLS[i % len(POOLS)]}"
         children.append(subprocess.Popen([marker, str(LIFETIME_SECONDS)], executable=sleep))
     return children
+
+
+def unaccepted_listener(connections: int = 3) -> tuple[socket.socket, list[socket.socket]]:
+    """A 127.0.0.1 listener with `connections` in its accept queue, never accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(connections)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(connections)]
+    return listener, clients
 
 
 KUBEPODS = Path("/sys/fs/cgroup/cpu/kubepods")
@@ -197,6 +213,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--pods", action="store_true",
                         help="each child a pod of its own, pools by QoS class and namespace")
+    parser.add_argument("--waiting", action="store_true",
+                        help="a listener of no pool holds connections nobody accepts")
     args = parser.parse_args()
     if args.pods:
         bench_pods(args)
@@ -208,6 +226,7 @@ def main() -> None:
     ]
     pools.append({"name": "k8s-online", "class": "online", "match": {"cgroup": "*/online/*"}})
     config = parse_config({"pools": pools})
+    listener, clients = unaccepted_listener() if args.waiting else (None, [])
     children = start_children(args.processes)
     try:
         time.sleep(1.0)  # let every child exec
@@ -231,6 +250,8 @@ def main() -> None:
             child.kill()
         for child in children:
             child.wait()
+        for sock in [listener, *clients] if listener else []:
+            sock.close()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ Inputs, per process of a pool (collectors/processes.py decides membership):
     proc/<pid>/fd_count    57   (bundles) or the entries of proc/<pid>/fd (a live host)
     proc/<pid>/cgroup      0::/kubepods.slice/online/agent-chat
     proc/<pid>/task/<tid>/{status,schedstat,syscall}, fd links, net/tcp: collectors/tasks.py
+    proc/<pid>/net/tcp{,6} once per network namespace, and where it has a row with something
+    waiting, the fd links proc/<pid>/fd/<n> -> socket:[73410] (a bundle: proc/<pid>/fd_sockets)
 and per pool, the cgroup directories its processes live in, v1 or v2 alike (collectors/
 cgroups.py finds them from /proc/<pid>/cgroup and the mounts; each read once a scrape):
     v2 sys/fs/cgroup/<path>/cpu.stat       usage_usec 97113019 / nr_periods 123456 / ...
@@ -47,6 +49,19 @@ across scrapes while it stays in the same call (same syscall and arguments, no C
 seen counts from when its connection went silent (tcp_info, collectors/tasks.py). A thread
 that has not run since the last scrape is still in the same call, so its syscall is not read
 again. A bundle replayed sample by sample through one collector gives the same durations.
+
+Connections that wait for the pool, read from the kernel alone (collectors/tasks.py): the
+pool's sockets are the socket inodes of its processes' fds, counted once a pool however many
+of its processes share one (a pre-fork server's listener); their rows of the TCP table say
+what waits (parsers/net_tcp.py). `fleetscope_pool_connections_waiting{queue="accept"}` sums
+the accept queues of the pool's listeners (connections the kernel completed that the process
+has not accepted), `{queue="unread"}` counts its established connections holding received
+bytes the process has not read; `fleetscope_pool_connections_retransmitting{state}` counts
+its sockets with a retransmission outstanding: `syn_sent` a connect() whose SYNs go
+unanswered, `established` data the peer does not acknowledge (other states as they come).
+A namespace whose table has no such row costs no fd read (every pool in it reads 0); else at
+most FD_LINKS_READ_PER_POOL fd links a pool are read (processes by pid, fds in order), and
+none more in a namespace once every waiting socket of it is found to be the pool's.
 
 Counters summed over processes would fall when a process exits, and Prometheus takes any fall
 for a reset to zero: rate() would add the whole pre-fall sum, a spike of thousands of CPU
@@ -89,11 +104,15 @@ from .parsers.procfs import parse_pressure
 from .processes import CGROUP_REREAD_S, pool_processes, process_status
 from .shared import proc_stat
 from .tasks import (
+    FD_LINKS_READ_PER_POOL,
     LOCK_WAIT,
     SLEEPING,
     TASKS_READ_PER_POOL,
     NetworkWait,
+    PoolSockets,
     WaitTracker,
+    network_namespace,
+    pool_sockets,
     read_proc,
     read_task,
     socket_wait,
@@ -277,7 +296,7 @@ class SourceTally:
 class _PoolState:
     __slots__ = ("processes", "threads", "worst_fd", "nofile_min", "cgroups", "threads_read",
                  "task_budget", "runnable", "network_waits", "longest_wait", "blocked",
-                 "pids_cgroups", "nproc_min", "lock_waits")
+                 "pids_cgroups", "nproc_min", "lock_waits", "members", "sockets")
 
     def __init__(self) -> None:
         self.processes = 0
@@ -295,6 +314,8 @@ class _PoolState:
         # cpu directory -> (its location, the v1 cpuacct directory or None)
         self.cgroups: dict[str, tuple[Location, str | None]] = {}
         self.pids_cgroups: dict[str, Location] = {}
+        self.members: list[tuple[int, str]] = []  # (pid, network namespace) in order
+        self.sockets: PoolSockets | None = None
 
 
 class _CgroupReading(NamedTuple):
@@ -341,6 +362,9 @@ class PoolsCollector(Collector):
         ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root "
                                             "or CAP_SYS_PTRACE), or a bundle recorded without "
                                             "them"),
+        ("fleetscope_pool_connections_", "the pool processes' TCP tables (/proc/<pid>/net/tcp) "
+                                         "or fd links not readable (another user's fd links "
+                                         "need root), or a bundle recorded without them"),
     )
 
     @classmethod
@@ -374,6 +398,9 @@ class PoolsCollector(Collector):
         # (pid, starttime) -> (when read, its cpu and pids locations): live hosts only
         self._located: dict[Hashable, tuple] = {}
         self._located_next: dict[Hashable, tuple] = {}
+        # (pid, starttime) -> (when read, its network namespace): live hosts only
+        self._netns: dict[Hashable, tuple[float, str]] = {}
+        self._netns_next: dict[Hashable, tuple[float, str]] = {}
         self._cores: tuple[tuple, int] | None = None  # (roots and online CPUs, cores)
         # (pid, start time) of the processes seen in the last two scrapes, and per pool the
         # processes that joined since the first: a pool whose pids keep changing restarts
@@ -403,6 +430,7 @@ class PoolsCollector(Collector):
         wait_pool: dict[Hashable, str] = {}
         t_stat, t_status, t_sched, t_limits, t_fd, t_cgroup = (SourceTally() for _ in range(6))
         t_task, t_syscall = SourceTally(), SourceTally()
+        t_table, t_links = SourceTally(), SourceTally()
         for process in processes:
             pid, pool = process.pid, process.pool.name
             base = f"proc/{pid}"
@@ -471,9 +499,14 @@ class PoolsCollector(Collector):
                     if worst is None or (ratio, fds) > (worst[0], worst[1]):
                         acc.worst_fd = (ratio, fds, limit)
             self._locate_cgroups(scrape, process, key, acc, t_cgroup)
+            acc.members.append((pid, self._namespace(scrape, pid, key)))
         self._parked, self._parked_next = self._parked_next, {}
         self._tasks, self._tasks_next = self._tasks_next, {}
         self._located, self._located_next = self._located_next, {}
+        self._netns, self._netns_next = self._netns_next, {}
+        for acc in state.values():
+            acc.sockets = pool_sockets(scrape, acc.members, FD_LINKS_READ_PER_POOL, t_table,
+                                       t_links)
         waited = self._waits.observe(waits, scrape.time)
         for thread, seconds in waited.items():
             acc = state[wait_pool[thread]]
@@ -492,6 +525,9 @@ class PoolsCollector(Collector):
         t_syscall.report(scrape, name, "proc/<pid>/task/<tid>/syscall",
                          "reading another process's syscall and wchan needs root or "
                          "CAP_SYS_PTRACE")
+        t_table.report(scrape, name, "proc/<pid>/net/tcp")
+        t_links.report(scrape, name, "proc/<pid>/fd/<n>",
+                       "reading another user's fd links needs root")
 
         now = scrape.time
         families: list[Family] = []
@@ -500,6 +536,7 @@ class PoolsCollector(Collector):
         }
         families.extend(self._gauges(scrape, state, pool_labels))
         families.extend(self._thread_gauges(state, pool_labels, t_syscall))
+        families.extend(self._connection_gauges(state, pool_labels))
         hz = self.ticks_per_second
         none_read = not processes
         counters = (
@@ -654,6 +691,50 @@ class PoolsCollector(Collector):
             if task.state in SLEEPING:
                 acc.lock_waits += self._wait(scrape, pid, tid, thread, task.runtime_ns, pool,
                                              waits, wait_pool, t_syscall)
+
+    def _namespace(self, scrape: Scrape, pid: int, key: Hashable) -> str:
+        """The process's network namespace; on a live host kept CGROUP_REREAD_S, as its
+        cgroup is: a process seldom changes namespace, and the link would otherwise be read
+        for every process at every scrape."""
+        cached = self._netns.get(key) if scrape.evidence.live else None
+        if cached is None or not 0 <= scrape.time - cached[0] < CGROUP_REREAD_S:
+            cached = (scrape.time, network_namespace(scrape, pid))
+        if scrape.evidence.live:
+            self._netns_next[key] = cached
+        return cached[1]
+
+    @staticmethod
+    def _connection_gauges(state: dict, pool_labels: dict) -> list[Family]:
+        waiting = gauge(
+            "fleetscope_pool_connections_waiting",
+            "Connections waiting for the pool's processes, from the kernel's TCP tables: "
+            "queue=accept, completed by the kernel in the accept queue of the pool's "
+            "listening sockets, not yet accepted (LISTEN rx_queue); queue=unread, the pool's "
+            "established connections holding received bytes no process has read (rx_queue "
+            f"> 0). Over the first {FD_LINKS_READ_PER_POOL} fds of the pool's processes.")
+        retransmitting = gauge(
+            "fleetscope_pool_connections_retransmitting",
+            "The pool's TCP sockets with a retransmission outstanding (/proc/net/tcp "
+            "retrnsmt > 0: timeouts in a row without an acknowledgement), by kernel state: "
+            "syn_sent, a connect() whose SYNs go unanswered; established, data the peer "
+            "does not acknowledge; others as they come.")
+        for name, acc in state.items():
+            if not (acc.sockets.known or acc.processes == 0):
+                continue  # no process's sockets could be read: unknown, not 0
+            base = pool_labels[name]
+            rows = acc.sockets.waiting.values()
+            waiting.add(sum(r.rx_queue for r in rows if r.state == "LISTEN"),
+                        base.plus(queue="accept"))
+            waiting.add(sum(1 for r in rows if r.state == "ESTABLISHED" and r.rx_queue),
+                        base.plus(queue="unread"))
+            states = {"syn_sent": 0, "established": 0}
+            for row in rows:
+                if row.retransmits:
+                    kind = row.state.lower()
+                    states[kind] = states.get(kind, 0) + 1
+            for kind, count in states.items():
+                retransmitting.add(count, base.plus(state=kind))
+        return [family for family in (waiting, retransmitting) if family.samples]
 
     def _thread_gauges(self, state: dict, pool_labels: dict,
                        t_syscall: SourceTally) -> list[Family]:

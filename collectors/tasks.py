@@ -28,11 +28,22 @@ parked on a connection waits for an answer to what it last sent, so a wait first
 from when the connection went silent: tcp_info's tcpi_last_data_sent/recv (what `ss -ti`
 prints as lastsnd/lastrcv), asked through a sock_diag netlink query for exactly that socket
 (about 30 us; the exporter's own network namespace only). Then it lasts while the thread
-stays in the same call without running.
+stays in the same call without running. A connect() whose SYN is unanswered (SYN_SENT) has
+sent and received no data, and tcp_info counts those from 0 (the machine's uptime): its age
+comes from the SYN's retransmission timer instead (syn_sent_age). No wait is older than its
+thread (task/<tid>/stat starttime, against /proc/stat btime).
 
-A bundle holds the same files per task (bounded the same way) plus, for the waiting threads,
-proc/<pid>/fd_sockets ("fd inode [idle_ms]" lines) and proc/<pid>/task/<tid>/pollfds (one
-polled fd a line) where the live node has the fd links, the process memory and sock_diag.
+The pool's sockets and what waits on them (the pools collector's connection metrics):
+proc/<pid>/net/tcp{,6} is read once per network namespace a scrape (a walk of the kernel's
+whole connection hash, so never more often), the rows with something waiting kept
+(parsers/net_tcp.py parse_tcp_queues); only where there are such rows are a process's fd
+links read (proc/<pid>/fd/<n> -> socket:[inode], at most a pool's budget of them), to learn
+which of those sockets are the pool's.
+
+A bundle holds the same files per task (bounded the same way) plus proc/<pid>/fd_sockets
+("fd inode [idle_ms]" lines: the socket fds of the fd links read, and those the waiting
+threads wait on) and proc/<pid>/task/<tid>/pollfds (one polled fd a line) where the live node
+has the fd links, the process memory and sock_diag.
 """
 
 from __future__ import annotations
@@ -49,14 +60,18 @@ from .parsers import ParseError
 from .parsers.net_tcp import (
     INET_DIAG_INFO,
     SOCK_DIAG_BY_FAMILY,
+    TcpQueues,
     TcpSocket,
     parse_inet_diag_idle_ms,
     parse_net_tcp,
+    parse_sockstat_inuse,
+    parse_tcp_queues,
 )
 from .parsers.process import (
     TaskSyscall,
     parse_fd_sockets,
     parse_pid_schedstat,
+    parse_pid_stat,
     parse_task_syscall,
     parse_wchan,
     socket_inode,
@@ -64,8 +79,10 @@ from .parsers.process import (
     status_state,
     status_values,
 )
+from .shared import proc_stat
 
 TASKS_READ_PER_POOL = 1024  # threads whose files are read per pool per scrape (~25 ms)
+FD_LINKS_READ_PER_POOL = 4096  # fd links read per pool per scrape to find its sockets
 MAX_POLLED_FDS = 16
 SLEEPING = ("S", "D")
 NETLINK_SOCK_DIAG = 4  # include/uapi/linux/netlink.h
@@ -188,6 +205,11 @@ class NetworkWait(NamedTuple):
     idle_seconds: float | None = None  # how long the connection has been silent (tcp_info)
 
 
+def _recorded_fd_sockets(scrape: Scrape, pid: int) -> dict[int, tuple[int, int | None]]:
+    return scrape.memo(f"tasks:fd_sockets:{pid}", lambda: parse_fd_sockets(
+        read_proc(scrape, f"proc/{pid}/fd_sockets")))
+
+
 def _fd_socket(scrape: Scrape, pid: int, fd: int) -> tuple[int, int | None, bool] | None:
     """(socket inode, recorded idle ms or None, live) of one fd, or None: not a socket."""
     for root in scrape.roots:
@@ -201,12 +223,42 @@ def _fd_socket(scrape: Scrape, pid: int, fd: int) -> tuple[int, int | None, bool
         except OSError:
             return None
     try:
-        sockets = scrape.memo(f"tasks:fd_sockets:{pid}", lambda: parse_fd_sockets(
-            read_proc(scrape, f"proc/{pid}/fd_sockets")))
+        sockets = _recorded_fd_sockets(scrape, pid)
     except (NotAvailable, ParseError):
         return None
     found = sockets.get(fd)
     return None if found is None else (found[0], found[1], False)
+
+
+def socket_fds(scrape: Scrape, pid: int, most: int) -> tuple[dict[int, int], int]:
+    """({fd: socket inode} of the sockets among a process's first `most` fds in fd order, how
+    many fd links were read): the fd links of a live node, a bundle's fd_sockets (written
+    from the same links, under the same bound). NotAvailable: neither can be read (another
+    user's process without root, a bundle recorded without them, or it exited)."""
+    for root in scrape.roots:
+        directory = os.path.join(root, f"proc/{pid}/fd")
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no fd/ here (a bundle): its fd_sockets
+        except OSError as err:
+            raise NotAvailable(f"/proc/{pid}/fd: {err.strerror or err}") from None
+        if len(names) > most:
+            names = [str(fd) for fd in sorted(int(n) for n in names if n.isdigit())[:max(most, 0)]]
+        sockets = {}
+        for name in names:
+            try:
+                inode = socket_inode(os.readlink(f"{directory}/{name}"))
+            except OSError:
+                continue  # closed since the listing
+            if inode is not None:
+                sockets[int(name)] = inode
+        return sockets, len(names)
+    try:
+        recorded = _recorded_fd_sockets(scrape, pid)
+    except ParseError as err:
+        raise NotAvailable(str(err)) from None
+    return {fd: inode for fd, (inode, _) in recorded.items()}, len(recorded)
 
 
 def tcp_idle_ms(local: str, peer: str) -> int | None:
@@ -286,28 +338,216 @@ def polled_fds(scrape: Scrape, pid: int, tid: int, syscall: TaskSyscall) -> list
     return [int(line) for line in text.split() if line.isdigit()]
 
 
-def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
-    """Every TCP socket of the process's network namespace: proc/<pid>/net/tcp{,6} (what a
-    container's workers see), else the root's proc/net/tcp{,6} (a bundle)."""
-    def read() -> dict[int, TcpSocket]:
-        sockets: dict[int, TcpSocket] = {}
-        for name in ("tcp", "tcp6"):
-            for relative in (f"proc/{pid}/net/{name}", f"proc/net/{name}"):
+def network_namespace(scrape: Scrape, pid: int) -> str:
+    """What names the process's network namespace: its ns/net link ("net:[4026531840]"),
+    or in a bundle (no links) the process itself when its own TCP tables were recorded (a
+    process in another namespace), else the node's."""
+    for root in scrape.roots:
+        try:
+            return os.readlink(os.path.join(root, f"proc/{pid}/ns/net"))
+        except OSError:
+            continue
+    return f"pid {pid}" if scrape.reader.entries(f"proc/{pid}/net") else "root"
+
+
+def tcp_tables(scrape: Scrape, pid: int,
+               namespace: str | None = None) -> tuple[tuple[str, str], ...]:
+    """(path, text) of the TCP tables of the process's network namespace, read once per
+    namespace a scrape: proc/<pid>/net/tcp{,6} (what a container's workers see), else the
+    root's proc/net/tcp{,6} (a bundle). NotAvailable when neither table is there."""
+    def read() -> tuple[tuple[str, str], ...]:
+        tables, found = [], False
+        for name, counts, protocol in (("tcp", "sockstat", "TCP"), ("tcp6", "sockstat6", "TCP6")):
+            for directory in (f"proc/{pid}/net", "proc/net"):
+                if _no_sockets(scrape, f"{directory}/{counts}", protocol):
+                    found = True  # an empty table, and its walk spared
+                    break
+                relative = f"{directory}/{name}"
                 try:
-                    text = read_proc(scrape, relative)
+                    tables.append((f"/{relative}", read_proc(scrape, relative)))
                 except NotAvailable:
                     continue
-                try:
-                    sockets.update(parse_net_tcp(text, what=f"/{relative}"))
-                except ParseError:
-                    pass
+                found = True
                 break
-        return sockets
+        if not found:
+            raise NotAvailable(f"/proc/{pid}/net/tcp and /proc/net/tcp do not exist")
+        return tuple(tables)
+    return scrape.memo(f"tasks:tcp-text:{namespace or network_namespace(scrape, pid)}", read)
+
+
+def _no_sockets(scrape: Scrape, relative: str, protocol: str) -> bool:
+    """Whether the namespace's sockstat says it has no socket of `protocol`. Reading a TCP
+    table walks the kernel's whole connection hash (every namespace's sockets, every empty
+    bucket) even when it prints no row; sockstat prints a few counters (a bundle records the
+    tables, not the counts)."""
     try:
-        namespace = os.readlink(scrape.path(f"proc/{pid}/ns/net"))
-    except OSError:
-        namespace = "root"
-    return scrape.memo(f"tasks:tcp:{namespace}", read)
+        return parse_sockstat_inuse(read_proc(scrape, relative, True), protocol,
+                                    f"/{relative}") == 0
+    except (NotAvailable, ParseError):
+        return False
+
+
+def _tcp_table(scrape: Scrape, pid: int) -> dict[int, TcpSocket]:
+    """Every TCP socket of the process's network namespace ({} when unreadable)."""
+    def parse() -> dict[int, TcpSocket]:
+        sockets: dict[int, TcpSocket] = {}
+        try:
+            tables = tcp_tables(scrape, pid)
+        except NotAvailable:
+            return sockets
+        for what, text in tables:
+            try:
+                sockets.update(parse_net_tcp(text, what=what))
+            except ParseError:
+                pass
+        return sockets
+    return scrape.memo(f"tasks:tcp:{network_namespace(scrape, pid)}", parse)
+
+
+def waiting_sockets(scrape: Scrape, pid: int,
+                    namespace: str | None = None) -> dict[int, TcpQueues]:
+    """{inode: TcpQueues} of the sockets of the process's network namespace (`namespace`,
+    network_namespace() when not given) with connections or bytes waiting for the process,
+    or a retransmission outstanding; memoised per namespace. NotAvailable: no TCP table;
+    ParseError: a corrupt one."""
+    namespace = namespace or network_namespace(scrape, pid)
+
+    def parse() -> dict[int, TcpQueues]:
+        rows: dict[int, TcpQueues] = {}
+        for what, text in tcp_tables(scrape, pid, namespace):
+            for inode, row in parse_tcp_queues(text, what=what).items():
+                # a listener's accept queue, an established connection's unread bytes (not
+                # CLOSE_WAIT's: the peer's FIN alone counts 1 there until the process reads
+                # the end of the stream), a retransmission outstanding
+                if row.retransmits or (row.rx_queue and row.state in ("LISTEN", "ESTABLISHED")):
+                    rows[inode] = row
+        return rows
+    return scrape.memo(f"tasks:waiting:{namespace}", parse)
+
+
+class PoolSockets(NamedTuple):
+    waiting: dict[int, TcpQueues]  # inode -> row: the pool's sockets something waits on
+    known: bool  # some process's sockets were read, or none could hold a waiting one
+    read: dict[int, dict[int, int]]  # pid -> {fd: socket inode} of the fd links read
+
+
+def pool_sockets(scrape: Scrape, members: list[tuple[int, str]],
+                 budget: int = FD_LINKS_READ_PER_POOL, tables=None, links=None) -> PoolSockets:
+    """The sockets of one pool's processes (pid, network namespace), in this order, that
+    something waits on (waiting_sockets). A process whose namespace has no such row needs no
+    fd read; the others' fd links are read up to `budget` links in all, and no more in a
+    namespace once every waiting socket of it is found to be the pool's. `tables` and
+    `links` tally how each source fared (.ok, .fail(err)). The recorder writes `read` as the
+    processes' fd_sockets, so a bundle replays the same reads."""
+    waiting: dict[int, TcpQueues] = {}
+    read: dict[int, dict[int, int]] = {}
+    known = False
+    for pid, namespace in members:
+        try:
+            rows = waiting_sockets(scrape, pid, namespace)
+        except (NotAvailable, ParseError) as err:
+            if tables is not None:
+                tables.fail(err)
+            continue
+        if tables is not None:
+            tables.ok += 1
+        if not rows or rows.keys() <= waiting.keys():
+            known = True  # nothing waits that it could add to the pool's
+            continue
+        if budget <= 0:
+            continue
+        try:
+            sockets, count = socket_fds(scrape, pid, budget)
+        except NotAvailable as err:
+            if links is not None:
+                links.fail(err)
+            continue
+        if links is not None:
+            links.ok += 1
+        budget -= count
+        known = True
+        read[pid] = sockets
+        for inode in sockets.values():
+            row = rows.get(inode)
+            if row is not None:
+                waiting[inode] = row
+    return PoolSockets(waiting, known, read)
+
+
+def _tcp_row(scrape: Scrape, pid: int, inode: int) -> TcpQueues | None:
+    try:
+        for what, text in tcp_tables(scrape, pid):
+            row = parse_tcp_queues(text, {inode}, what).get(inode)
+            if row is not None:
+                return row
+    except (NotAvailable, ParseError):
+        pass
+    return None
+
+
+# include/net/tcp.h: a SYN's first retransmission timeout (RFC 6298), and the most a timeout
+# grows to; icsk_retransmits is a u8.
+TCP_TIMEOUT_INIT_S = 1.0
+TCP_RTO_MAX_S = 120.0
+MAX_RETRANSMITS = 255
+SYN_LINEAR_TIMEOUTS = "proc/sys/net/ipv4/tcp_syn_linear_timeouts"
+
+
+def syn_sent_age(row: TcpQueues, linear_timeouts: int, ticks_per_second: float) -> float | None:
+    """Seconds since a connect() sent its first SYN, from its SYN_SENT row: the retransmit
+    timer's schedule is the kernel's own (net/ipv4/tcp_timer.c tcp_retransmit_timer()): the
+    first SYN waits TCP_TIMEOUT_INIT, each retransmission `retrnsmt` sets the timer again,
+    to the same timeout for the first tcp_syn_linear_timeouts retransmissions (Linux 6.5+,
+    default 4; 0 before) and doubled after each one past them (up to TCP_RTO_MAX). So after
+    k retransmissions the timer fires at the sum of the k + 1 timeouts, and the SYN is that
+    sum minus the timer's time left old. None when the row does not fit that schedule: no
+    retransmit timer, or more time left than the timeout (an initial timeout a BPF program
+    changed). A TCP_USER_TIMEOUT that cut the last timer short makes it older by the cut.
+
+    >>> row = TcpQueues("SYN_SENT", 0, 5, 1, 99)  # 5 retransmissions, 0.99 s to the sixth
+    >>> round(syn_sent_age(row, 4, 100), 2)       # timeouts 1, 1, 1, 1, 1, then 2
+    6.01
+    >>> round(syn_sent_age(row, 0, 100), 2)       # before 6.5: 1, 2, 4, 8, 16, then 32
+    62.01
+    """
+    if row.timer != 1 or not 0 <= row.retransmits <= MAX_RETRANSMITS:
+        return None
+    elapsed, timeout = 0.0, TCP_TIMEOUT_INIT_S
+    for sent in range(1, row.retransmits + 1):
+        elapsed += timeout
+        if sent > linear_timeouts:
+            timeout = min(timeout * 2, TCP_RTO_MAX_S)
+    left = row.timer_ticks / ticks_per_second
+    if left > timeout:
+        return None
+    return elapsed + timeout - left
+
+
+def _syn_linear_timeouts(scrape: Scrape) -> int:
+    """net.ipv4.tcp_syn_linear_timeouts (the node's, the exporter's network namespace);
+    0 where the file is not there: kernels before 6.5 back off from the first SYN."""
+    def read() -> int:
+        try:
+            value = scrape.read_text(SYN_LINEAR_TIMEOUTS).strip()
+        except NotAvailable:
+            return 0
+        return int(value) if value.isdigit() and value.isascii() else 0
+    return scrape.memo("tasks:syn_linear_timeouts", read)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_age(scrape: Scrape, pid: int, tid: int) -> float | None:
+    """Seconds the thread has existed at the scrape's time: its starttime (task/<tid>/stat
+    field 22, clock ticks after boot) against /proc/stat btime. btime is whole seconds
+    rounded down, so this errs long by under a second, never short. None: unreadable."""
+    try:
+        start = parse_pid_stat(read_proc(scrape, f"{task_dir(pid, tid)}/stat", True))
+        btime = proc_stat(scrape).scalars["btime"]
+    except (NotAvailable, ParseError, KeyError):
+        return None
+    return scrape.time - btime - start.starttime_ticks / CLOCK_TICKS
 
 
 def _wchan(scrape: Scrape, pid: int, tid: int) -> str:
@@ -363,10 +603,22 @@ def socket_wait(scrape: Scrape, pid: int, tid: int) -> NetworkWait | str | None:
             continue
         if wchan is None:
             wchan = _wchan(scrape, pid, tid)
-        if live and tcp.peer and _same_network_namespace(scrape, pid):
+        idle = None if idle_ms is None else idle_ms / 1000
+        if tcp.state == "SYN_SENT":
+            # tcp_info's last data sent/received count from 0 on a socket that never
+            # carried any: the SYN's own timer says how long the connect() has waited
+            row = _tcp_row(scrape, pid, inode)
+            idle = None if row is None else syn_sent_age(row, _syn_linear_timeouts(scrape),
+                                                         CLOCK_TICKS)
+        elif live and tcp.peer and _same_network_namespace(scrape, pid):
             idle_ms = tcp_idle_ms(tcp.local, tcp.peer)
+            idle = None if idle_ms is None else idle_ms / 1000
+        if idle is not None:
+            # a connection older than the thread (a pooled one) is not the thread's wait
+            age = thread_age(scrape, pid, tid)
+            idle = idle if age is None else max(0.0, min(idle, age))
         return NetworkWait(pid, tid, call, fd, inode, tcp.peer, wchan, syscall.signature,
-                           polled, None if idle_ms is None else idle_ms / 1000)
+                           polled, idle)
     return local
 
 

@@ -6,6 +6,7 @@ The generated fixture trees (BUNDLES, SCENARIOS) are not committed: the session 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -93,6 +94,20 @@ class ExporterProcess:
                 self.proc.wait()
         self.proc.stdout.close()
         self._stderr.close()
+
+
+def record_bundle(config: dict, tmp_path: Path, seconds: int, name: str = "bundle") -> Path:
+    """`fleetscope bundle record` of this machine under `config`, one sample a second for
+    `seconds`, into tmp_path/name (a directory)."""
+    config_path = tmp_path / f"{name}-config.json"
+    config_path.write_text(json.dumps(config))
+    output = tmp_path / name
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
+                             "--seconds", str(seconds), "--interval", "1", "--config",
+                             str(config_path), "-o", str(output)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return output
 
 
 @pytest.fixture

@@ -192,6 +192,33 @@ def test_cgroup_totals_count_a_recreated_cgroup_as_new():
 
 # ---- the collector on fixture trees -----------------------------------------------------
 
+# /proc/net/tcp of the same machine, lines verbatim (each padded to 149 characters, as
+# tcp4_seq_show() pads them): a listener with 3 connections nobody accepted, a connection
+# holding 1,000 bytes its process did not read, a connect() whose SYN went unanswered 3 times
+# (the listener it calls has a full accept queue, the next listener below), a connection
+# whose 500 bytes the peer never acknowledged (3 timeouts: the peer's socket filter drops
+# everything), a CLOSE_WAIT connection (its peer's FIN counts 1 in rx_queue), a listener with
+# a full accept queue, and a TIME_WAIT line.
+NET_TCP_WAITING_REAL = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode                                                     \n"
+    "   2: 0100007F:B1D1 00000000:0000 0A 00000000:00000003 00:00000000 00000000     0        "
+    "0 73410 4 00000000ec033339 100 0 0 10 0                     \n"
+    "  13: 0100007F:D955 0100007F:CA0E 01 00000000:000003E8 00:00000000 00000000     0        "
+    "0 73416 1 000000006d19b16b 20 4 32 10 -1                    \n"
+    "   6: 0100007F:BAC6 0100007F:C707 02 00000001:00000000 01:00000036 00000003     0        "
+    "0 73417 2 00000000259be316 100 0 0 1 -1                     \n"
+    "   3: 0100007F:E49C 0100007F:A631 01 000001F4:00000000 01:00000051 00000003     0        "
+    "0 74343 2 00000000b827bf33 163 0 0 1 -1                     \n"
+    "  13: 0100007F:A95F 0100007F:84F4 08 00000000:00000001 00:00000000 00000000     0        "
+    "0 232834 1 00000000ebdb147b 20 4 0 10 -1                    \n"
+    "   1: 0100007F:C707 00000000:0000 0A 00000000:00000001 00:00000000 00000000     0        "
+    "0 73408 2 0000000011484739 100 0 0 10 0                     \n"
+    "   8: 0100007F:A489 0100007F:C766 06 00000000:00000000 03:00001547 00000000     0        "
+    "0 0 3 00000000ca9c5908                                      \n"
+)
+
+
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -294,6 +321,15 @@ def pool_tree(tmp_path: Path) -> Path:
     write_cgroup(root, "/k8s/offline/etl", CPU_STAT_V2_LIMITED.replace("8123456789",
                                                                        "2000000000"),
                  "max 100000\n", CPU_PRESSURE_REAL)
+    # Sockets (fd_sockets, as `bundle record` writes them): both chat workers hold the
+    # listener (a pre-fork server), the first also the unread connection and the CLOSE_WAIT
+    # one; the batch job holds the unanswered connect() and the unacknowledged connection;
+    # sshd the full listener.
+    write(root / "proc/net/tcp", NET_TCP_WAITING_REAL)
+    write(root / "proc/100/fd_sockets", "3 73410\n7 73416\n9 232834\n")
+    write(root / "proc/101/fd_sockets", "3 73410\n")
+    write(root / "proc/200/fd_sockets", "5 73417 3460\n6 74343\n")
+    write(root / "proc/300/fd_sockets", "3 73408\n")
     return root
 
 
@@ -349,6 +385,17 @@ def test_pool_metrics_on_a_fixture_tree(tmp_path):
                              "limit_hits_total": 161}
     assert pids_of(BATCH) == {"usage_ratio": 0, "current": 3, "limit": math.inf,
                               "limit_hits_total": 0}
+    # connections: the listener's 3 once (two workers share it), the 1,000 unread bytes'
+    # connection (not the CLOSE_WAIT one, nor sshd's full listener)
+    waiting = 'fleetscope_pool_connections_waiting{{class="{}",pool="{}",queue="{}"}}'
+    assert got[waiting.format("online", "chat-online", "accept")] == 3
+    assert got[waiting.format("online", "chat-online", "unread")] == 1
+    assert got[waiting.format("offline", "batch", "accept")] == 0
+    assert got[waiting.format("offline", "batch", "unread")] == 0
+    retransmitting = 'fleetscope_pool_connections_retransmitting{{class="{}",pool="{}",state="{}"}}'
+    assert got[retransmitting.format("offline", "batch", "syn_sent")] == 1
+    assert got[retransmitting.format("offline", "batch", "established")] == 1
+    assert got[retransmitting.format("online", "chat-online", "syn_sent")] == 0
     sources = {k: v for k, v in got.items() if k.startswith("fleetscope_scrape_source")}
     assert sources and all(v == 1 for v in sources.values()), sources
 

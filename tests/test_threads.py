@@ -40,7 +40,7 @@ from fleetscope.collectors.tasks import WaitTracker
 from fleetscope.core.config import ConfigError, parse_config
 from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
-from tests.conftest import require_tool, samples
+from tests.conftest import record_bundle, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
 from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_pools import STATUS_REAL, write, write_process
@@ -471,14 +471,7 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
     from fleetscope.rules.promql import Selector
 
     pid, port, marker, _ = parked_worker
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(json.dumps(_config(marker)))
-    output = tmp_path / "parked"
-    result = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
-                             "--seconds", "3", "--interval", "1", "--config",
-                             str(config_path), "-o", str(output)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    output = record_bundle(_config(marker), tmp_path, 3, "parked")
     meta = json.loads((output / "meta.json").read_text())
     last = output / meta["samples"][-1]["dir"]
     assert (last / "proc/net/tcp").is_file()
@@ -487,7 +480,12 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
         for name in ("stat", "status", "schedstat", "syscall", "wchan"):
             assert (last / f"proc/{pid}/task/{tid}/{name}").is_file()
     fd_sockets = parse_fd_sockets((last / f"proc/{pid}/fd_sockets").read_text())
-    assert len(fd_sockets) == 2
+    # the two waits with their connections' silence, among every socket fd of the worker
+    # (the listener's accept queue holds them: the pools collector reads the fd links)
+    assert len([idle for _, idle in fd_sockets.values() if idle is not None]) == 2
+    links = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert {fd: f"socket:[{inode}]" for fd, (inode, _) in fd_sockets.items()} == {
+        fd: link for fd, link in links.items() if link.startswith("socket:")}
     assert any((last / f"proc/{pid}/task/{tid}/pollfds").is_file() for tid in tids)
 
     # Replayed sample by sample: the waits last as long as the recording did.
@@ -503,7 +501,7 @@ def test_recorded_bundle_replays_the_waits_and_the_finding_names_them(parked_wor
     # beside the fds), then grow with the samples' times.
     first_sockets = parse_fd_sockets(
         (output / meta["samples"][0]["dir"] / f"proc/{pid}/fd_sockets").read_text())
-    silent_for = max(idle for _, idle in first_sockets.values()) / 1000
+    silent_for = max(idle for _, idle in first_sockets.values() if idle is not None) / 1000
     assert values[0] == pytest.approx(silent_for, abs=0.01) and values[0] > 0
     for value, at in zip(values, times, strict=True):
         assert value == pytest.approx(silent_for + at - times[0], abs=0.01)

@@ -72,6 +72,7 @@ SAMPLE_GLOBS = (
     "sys/devices/system/node/node*/numastat",
     "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
     "sys/fs/cgroup/cgroup.controllers", "proc/locks",
+    "proc/sys/net/ipv4/tcp_syn_linear_timeouts",  # the SYN_SENT wait's age (collectors/tasks.py)
 )
 # Never "environ": it holds every secret the process was started with.
 PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
@@ -214,26 +215,28 @@ TASK_FILES = ("stat", "status", "schedstat", "syscall", "wchan")
 
 def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
     """Pool members' threads as the pools collector reads them (the same threads, in the
-    same order and bound: collectors/tasks.py), and what their network waits need where the
-    live node has fd links and process memory: proc/<pid>/fd_sockets ("fd inode" lines),
-    proc/<pid>/task/<tid>/pollfds (one polled fd a line), and the TCP tables."""
+    same order and bound: collectors/tasks.py), and what their network waits and sockets
+    need where the live node has fd links and process memory: proc/<pid>/fd_sockets ("fd
+    inode [idle_ms]" lines: the socket fds of the fd links the pools collector reads, and
+    those a waiting thread waits on), proc/<pid>/task/<tid>/pollfds (one polled fd a line),
+    and the TCP tables."""
     from fleetscope.collectors.tasks import (
         TASKS_READ_PER_POOL,
+        network_namespace,
+        pool_sockets,
         process_network_waits,
         task_dir,
         task_ids,
     )
 
-    # Waits are found in what was just recorded (so the bundle agrees with itself), with the
-    # live node behind it for the fd links, the memory and the TCP tables.
+    # Waits and sockets are found in what was just recorded (so the bundle agrees with
+    # itself), with the live node behind it for the fd links, the memory and the TCP tables;
+    # the tables are written as they were read for that (memoised in `recorded`).
     recorded = Scrape(RecordingOf(destination, scrape.evidence), scrape.time)
-    reader, root = scrape.reader, scrape.roots[0]
+    reader = scrape.reader
     budget = {p.pool.name: TASKS_READ_PER_POOL for p in pool_members}
-    any_wait = False
-    try:
-        own_net = os.readlink(os.path.join(root, "proc/self/ns/net"))
-    except OSError:
-        own_net = None
+    fd_lines: dict[int, dict[int, str]] = {}
+    members: dict[str, list[tuple[int, str]]] = {}
     for process in pool_members:
         pid = process.pid
         base = f"proc/{pid}"
@@ -244,30 +247,55 @@ def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
         for tid in tids:
             for file_name in TASK_FILES:
                 copy_file(reader, f"{base}/task/{tid}/{file_name}", destination)
-        waits = process_network_waits(recorded, pid, tids=tids)
-        if not waits:
-            continue
-        any_wait = True
-        with open(os.path.join(destination, base, "fd_sockets"), "w") as out:
-            out.writelines(sorted({
-                f"{w.fd} {w.inode}" + ("" if w.idle_seconds is None else
-                                        f" {round(w.idle_seconds * 1000)}") + "\n"
-                for w, _ in waits}))
-        for wait, _ in waits:
+        for wait, _ in process_network_waits(recorded, pid, tids=tids):
+            fd_lines.setdefault(pid, {})[wait.fd] = f"{wait.fd} {wait.inode}" + (
+                "" if wait.idle_seconds is None else f" {round(wait.idle_seconds * 1000)}")
             if wait.polled:
                 with open(os.path.join(destination, task_dir(pid, wait.tid), "pollfds"),
                           "w") as out:
                     out.writelines(f"{fd}\n" for fd in wait.polled)
+        members.setdefault(process.pool.name, []).append(
+            (pid, network_namespace(recorded, pid)))
+    for pool_members_of in members.values():
+        for pid, sockets in pool_sockets(recorded, pool_members_of).read.items():
+            lines = fd_lines.setdefault(pid, {})
+            for fd, inode in sockets.items():
+                lines.setdefault(fd, f"{fd} {inode}")
+    for pid, lines in fd_lines.items():
+        target = os.path.join(destination, f"proc/{pid}/fd_sockets")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as out:
+            out.writelines(f"{lines[fd]}\n" for fd in sorted(lines))
+    try:
+        own = os.readlink(os.path.join(scrape.roots[0], "proc/self/ns/net"))
+    except OSError:
+        own = None
+    _write_tcp_tables(destination, recorded, own,
+                      [member for group in members.values() for member in group])
+
+
+def _write_tcp_tables(destination: str, recorded: Scrape, own: str | None,
+                      members: list[tuple[int, str]]) -> None:
+    """The TCP tables the waits and sockets were read from: those of the recorder's own
+    network namespace (`own`) as proc/net/tcp{,6}, another's (a container's workers) as
+    each of its processes' proc/<pid>/net/tcp{,6}, where a replay looks them up
+    (collectors/tasks.py)."""
+    from fleetscope.collectors.tasks import tcp_tables
+
+    written = set()
+    for pid, namespace in members:
+        directory = "proc/net" if namespace in (own, "root") else f"proc/{pid}/net"
+        if directory in written:
+            continue
+        written.add(directory)
         try:
-            other_net = os.readlink(os.path.join(root, f"{base}/ns/net")) != own_net
-        except OSError:
-            other_net = False
-        if other_net:  # a container's workers: their own namespace's table
-            for name in ("tcp", "tcp6"):
-                copy_file(reader, f"{base}/net/{name}", destination)
-    if any_wait:
-        for name in ("tcp", "tcp6"):
-            copy_file(reader, f"proc/net/{name}", destination)
+            tables = tcp_tables(recorded, pid, namespace)
+        except (NotAvailable, ParseError):
+            continue
+        os.makedirs(os.path.join(destination, directory), exist_ok=True)
+        for path, text in tables:
+            with open(os.path.join(destination, directory, os.path.basename(path)), "w") as out:
+                out.write(text)
 
 
 def _capture_listeners(destination: str, source: EvidenceSource) -> None:
