@@ -4,7 +4,8 @@ worst first, laid out for a terminal 80 to 120 columns wide. `--json` prints the
      1  CRITICAL  fd-exhaustion on kunpeng-920-128                          confidence 91%
         pool chat-online: a process uses 99% of its open-file limit
         subjects  pids 3080417
-        evidence  open fds over RLIMIT_NOFILE (worst process)   98.9 %   > 90 %
+        evidence  open fds over RLIMIT_NOFILE (worst process)   98.9 %  needs over 90 %: met
+                  its soft limit                             1,024 fds  needs under 65,535 fds: met
         cause     a process is close to its file-descriptor limit (RLIMIT_NOFILE, 1024
                   by default)
         action    raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the
@@ -74,16 +75,16 @@ def _names(values: list[str], limit: int = 8) -> str:
 
 
 def _evidence_table(evidence: list[dict], width: int, picks: dict[str, str]) -> Table:
-    """Signal, value, threshold in three columns; where the numbers would leave the signal
-    less than MIN_SIGNAL columns (a crash time against the look-back's start), each signal
-    takes its own line with its numbers indented under it."""
+    """Signal, value and what its threshold needs with whether the value meets it, in three
+    columns; where the numbers would leave the signal less than MIN_SIGNAL columns (a crash
+    time against the look-back's start), each signal takes its own line with its numbers
+    indented under it."""
     rows = []
     for item in evidence:
         pick = item.get("pick") or picks.get(item["signal"], "max")
-        threshold = units.format_threshold(item["threshold"], item["unit"], pick) \
-            if item["threshold"] else ""
         rows.append((item["signal"], units.format_value(item["value"], item["unit"]),
-                     threshold))
+                     str(units.reading(item["value"], item["threshold"], item["unit"],
+                                       pick))))
     numbers = max(len(value) for _, value, _ in rows) + 2 + max(len(t) for *_, t in rows)
     if width - numbers - 2 >= MIN_SIGNAL:
         table = Table.grid(padding=(0, 2))
