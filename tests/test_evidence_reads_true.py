@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ from fleetscope.dashboard import evidence_frames
 from fleetscope.diagnose.report import print_report
 from fleetscope.rules.catalog import evidence_picks
 from tests.conftest import BUNDLES, SCENARIOS
+
+KILL_CGROUP = "/kubepods.slice/kubepods-burstable.slice/online/agent-chat-7d9f"
 
 
 def diagnose(bundle: Path, *extra: str) -> tuple[int, str]:
@@ -134,3 +137,91 @@ def test_the_console_evidence_table_says_met_on_the_side_that_fires(kunpeng):
     share = re.fullmatch(r"met, ([\d.]+) % of it", limit[evidence_frames.MET])
     assert share and float(share.group(1)) == pytest.approx(
         100 * row["value"] / row["threshold"], rel=0.05), limit[evidence_frames.MET]
+
+
+# -- summaries count what the evidence lists -----------------------------------------------
+def _copy(bundle: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(bundle, tmp_path / bundle.name))
+
+
+def _uptime_at_end(tree: Path) -> float:
+    """Seconds since boot at the bundle's last sample (its time less /proc/stat btime)."""
+    last = json.loads((tree / "meta.json").read_text())["samples"][-1]
+    stat = (tree / last["dir"] / "proc" / "stat").read_text()
+    boot = int(re.search(r"^btime (\d+)$", stat, re.M).group(1))
+    return last["time"] - boot
+
+
+def _oom_report(uptime: float, pid: int) -> str:
+    """One memory-cgroup OOM kill as mm/oom_kill.c and mm/memcontrol.c print it."""
+    stamp = f"[{uptime:12.6f}]"
+    return (f"{stamp} memory: usage 2097152kB, limit 2097152kB, failcnt 6349\n"
+            f"{stamp} oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=agent,"
+            f"mems_allowed=0-3,oom_memcg={KILL_CGROUP},task_memcg={KILL_CGROUP},"
+            f"task=agent-tool,pid={pid},uid=1000\n"
+            f"{stamp} Memory cgroup out of memory: Killed process {pid} (agent-tool) "
+            "total-vm:2503815kB, anon-rss:2091815kB, file-rss:25002kB, shmem-rss:0kB, UID:1000 "
+            "pgtables:4188kB oom_score_adj:985\n")
+
+
+def _with_kills(tmp_path: Path, ages_s: list[float]) -> Path:
+    """kunpeng-128 with OOM kills `ages_s` seconds before its window's end, oldest first."""
+    tree = _copy(BUNDLES / "kunpeng-128", tmp_path)
+    end = _uptime_at_end(tree)
+    with (tree / "static" / "dmesg.txt").open("a") as log:
+        for number, age in enumerate(sorted(ages_s, reverse=True)):
+            log.write(_oom_report(end - age, 4_100_000 + number))
+    return tree
+
+
+def test_kills_older_than_the_look_back_read_as_not_meeting_it(tmp_path):
+    """The info tier: 'seconds since the last OOM kill  21.6 min  < 15 min'."""
+    tree = _with_kills(tmp_path, [1296.0, 1500.0])
+    document = json.loads(diagnose(tree, "--json")[1])
+    oom = next(f for f in document["findings"] if f["rule"] == "oom-kill")
+    assert oom["severity"] == "info"
+    text = render(document)
+    assert "21.6 min  needs under 15 min: not met" in text
+    assert "< 15 min" not in text
+    assert "2 kills in the kernel log, none in the look-back, latest agent-tool" in \
+        oom["summary"]
+
+
+def test_the_summary_counts_the_kills_the_evidence_counts(tmp_path):
+    """'1 kill' in the summary beside 'OOM kills in the kernel log: 5 kills'."""
+    tree = _with_kills(tmp_path, [3600.0, 3500.0, 3400.0, 3300.0, 5.0])
+    document = json.loads(diagnose(tree, "--json")[1])
+    oom = next(f for f in document["findings"] if f["rule"] == "oom-kill")
+    logged = next(r for r in oom["evidence"] if r["signal"] == "OOM kills in the kernel log")
+    assert logged["value"] == 5  # the lines written
+    assert "1 kill in the look-back, 5 in the kernel log, latest agent-tool (pid 4100004" in \
+        oom["summary"], oom["summary"]
+
+
+def test_crashes_in_the_look_back_and_in_the_log_are_both_said(tmp_path):
+    """crash-loop said 'crashed 5 times in the look-back' beside its evidence row of 7."""
+    tree = _copy(SCENARIOS / "crash-loop", tmp_path)
+    log = tree / "static" / "dmesg.txt"
+    lines = log.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "tool-runner[" in line)
+    uptime = float(re.match(r"\[\s*([\d.]+)\]", lines[first]).group(1))
+    older = [f"[{uptime - age:12.6f}] tool-runner[{pid}]: segfault at 0 ip 000055d0c1a594c9 sp "
+             f"00007ffd3b2a1c40 error 4 in tool-runner[2e4c9,55d0c1a2b000+9b000] likely on CPU "
+             "6 (core 6, socket 0)\n" for age, pid in ((7200.0, 600001), (3600.0, 600002))]
+    log.write_text("".join(lines[:first] + older + lines[first:]))
+    document = json.loads(diagnose(tree, "--json")[1])
+    crash = next(f for f in document["findings"] if f["rule"] == "crash-loop")
+    row = next(r for r in crash["evidence"] if r["signal"].startswith("fatal traps of "))
+    assert row["value"] == 7  # the scenario's 5 and the 2 written
+    assert "tool-runner crashed 5 times in the look-back (7 in the kernel log)" in \
+        crash["summary"], crash["summary"]
+
+
+def test_refused_forks_in_the_window_and_in_all_are_both_said():
+    """pid-exhaustion said '35 forks refused so far' beside its evidence row of the window's
+    11 (pids.events max: 0 .. 35 across the scenario's samples, the rate window the last)."""
+    document = document_of(SCENARIOS / "pid-exhaustion")
+    pids = document["findings"][0]
+    row = next(r for r in pids["evidence"] if r["signal"].startswith("forks refused"))
+    assert f"{row['value']:.0f} forks refused in the window, 35 since the cgroup was made " \
+           "(pids.events max)" in pids["summary"], pids["summary"]
