@@ -355,10 +355,19 @@ def _usable_cgroup(path: str) -> bool:
     return path.startswith("/") and path != "/" and "/../" not in path + "/" and "\n" not in path
 
 
+# Pools configured (their series are there) but a family of them absent.
+POOL_FAMILY_ABSENT = ("pools configured, but none of their processes gave these series: no "
+                      "process matched them (fleetscope_pool_processes 0), or their files "
+                      "were not read (a bundle recorded without them, a collector left out of "
+                      "`collectors:`)")
+
+
 class PoolsCollector(Collector):
     name = "pools"
     missing_hints = (
-        ("fleetscope_pool_", "no workload pools in the config, or no process matched them"),
+        ("fleetscope_pool_", "no workload pools in the config: add `pools:` to it, each pool "
+                             "with the `match:` its processes pass (README.md, The exporter; "
+                             "on Kubernetes docs/kubernetes.md)"),
         ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root "
                                             "or CAP_SYS_PTRACE), or a bundle recorded without "
                                             "them"),
@@ -371,9 +380,12 @@ class PoolsCollector(Collector):
     def why_missing(cls, prefix: str, present: set[str],
                     unavailable: frozenset[str] = frozenset()) -> str:
         if not any(name.startswith("fleetscope_pool_") for name in present):
-            # No pool series at all: no pool is configured (or none matched), whatever the
-            # narrower family's usual reason.
+            # No pool series at all: no pool is configured (a configured pool that matches
+            # nothing still has fleetscope_pool_processes 0), whatever the narrower family's
+            # usual reason.
             prefix = "fleetscope_pool_"
+        elif prefix == "fleetscope_pool_":
+            return POOL_FAMILY_ABSENT
         return super().why_missing(prefix, present, unavailable)
 
     def __init__(self, config):

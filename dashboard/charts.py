@@ -264,8 +264,9 @@ def small_multiples(frame: pd.DataFrame, title: str, facet: str, unit: str = "",
 def evidence_chart(panel, frame: pd.DataFrame, window: tuple | None = None) -> go.Figure:
     """A rule's evidence panel (dashboard/evidence_views.py) over time."""
     title = panel.title if not panel.role else f"{panel.role.capitalize()}: {panel.title}"
+    # 'fires < 15 min' at the line: 'threshold < 15 min' read as a claim about the threshold
     return lines(frame, title, colour="series", threshold=panel.threshold, unit=panel.unit,
-                 pick=panel.pick, window=window)
+                 pick=panel.pick, window=window, threshold_label="fires")
 
 
 def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
@@ -274,14 +275,18 @@ def evidence_bars(evidence: pd.DataFrame) -> go.Figure:
     # sliver, and how to read the scale, centred under that sliver, ran past the right edge.
     # Names wrap; the reading goes under the title, which has the chart's whole width.
     frame["signal"] = frame["signal"].map(lambda name: "<br>".join(textwrap.wrap(name, 26)))
-    fig = px.bar(frame, x="ratio", y="signal", orientation="h")
+    # A bar's hover says what the table's row says (units.reading): a floor's ratio is
+    # threshold over value, which '%{x}x' alone would not tell.
+    frame["reading"] = frame.get("reading", frame["value"]).map(
+        lambda text: "<br>".join(textwrap.wrap(str(text), 40)))
+    fig = px.bar(frame, x="ratio", y="signal", orientation="h", custom_data=["reading"])
     fig.add_vline(x=1, line_dash="dash", line_color="#d62728")
-    fig.update_traces(marker_color="#d62728", hovertemplate="%{x:.2f}x<extra></extra>")
+    fig.update_traces(marker_color="#d62728", hovertemplate="%{customdata[0]}<extra></extra>")
     lines = sum(name.count("<br>") + 1 for name in frame["signal"])
     fig.update_layout(height=max(220, 22 * lines + 30 * len(frame) + 110),
                       margin={**MARGIN, "t": 70},
-                      title={"text": "Evidence against its threshold<br><sup>value / threshold: "
-                                     "1x at it, more past it (either side)</sup>"},
+                      title={"text": "Evidence against its threshold<br><sup>1x at it, more: "
+                                     "further past it on the side that fires</sup>"},
                       xaxis={"ticksuffix": "x", "title": {"text": ""}},
                       yaxis={"title": {"text": ""}})
     return _styled(fig)

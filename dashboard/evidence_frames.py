@@ -14,6 +14,9 @@ from fleetscope.dashboard.frames import local_times
 from fleetscope.rules.catalog import evidence_picks
 from fleetscope.rules.promql import Series
 
+MET = "met?"  # the evidence table's column: 'met, 6.3 % over it', 'not met, 50 % of it'
+TABLE = ["signal", "value", "threshold", MET]  # what the table shows; the bars read the rest
+
 
 def pending_text(pending: list[dict]) -> str:
     """Pending alerts (data.Snapshot.pending) in words: the condition holds, the rule's
@@ -39,30 +42,22 @@ def subjects_line(subjects: dict[str, list]) -> str:
 
 
 def evidence_frame(finding: dict) -> pd.DataFrame:
-    """The finding's evidence for people: value and threshold in their units, and how far
-    past the threshold the value is in words (the ratio stays numeric for the bars)."""
+    """The finding's evidence for people: value in its unit, what its threshold needs and
+    whether the value meets it, and how far (units.reading, as the report reads it); the
+    ratio stays numeric for the bars, 1 at the threshold and more past it on the side that
+    fires (a floor: threshold over value); a moment against a moment has none."""
     rows = []
     picks = evidence_picks(finding.get("rule", ""))
     for e in finding.get("evidence", []):
         pick = e.get("pick") or picks.get(e["signal"], "max")
-        # how far past the threshold, 1 at it and more when firing, whichever side fires
-        # (a floor: threshold over value); a moment against a moment is no ratio: words only
-        ratio = None
-        if e["threshold"] and e["unit"] != units.TIME_UNIT:
-            if pick != "min":
-                ratio = e["value"] / e["threshold"]
-            elif e["value"] > 0:
-                ratio = e["threshold"] / e["value"]
-        rows.append({"signal": e["signal"], "value": units.format_value(e["value"], e["unit"]),
-                     # a 0 threshold is context (idle CPUs, somaxconn): no "above 0"
-                     "threshold": units.format_threshold(e["threshold"], e["unit"], pick)
-                     if e["threshold"] else "–",
-                     "over threshold": units.over_threshold(e["value"], e["threshold"], pick,
-                                                            e["unit"])
-                     if e["threshold"] else "–",
-                     "ratio": ratio})
-    return pd.DataFrame(rows, columns=["signal", "value", "threshold", "over threshold",
-                                       "ratio"])
+        value = units.format_value(e["value"], e["unit"])
+        # a 0 threshold is context (idle CPUs, somaxconn): '–' past the value
+        said = units.reading(e["value"], e["threshold"], e["unit"], pick)
+        rows.append({"signal": e["signal"], "value": value, "threshold": said.needs or "–",
+                     MET: said.result or "–", "ratio": said.ratio,
+                     "reading": f"{value}: {said}" if said.needs else value})
+    return pd.DataFrame(rows, columns=["signal", "value", "threshold", MET, "ratio",
+                                       "reading"])
 
 
 def panel_frame(panel: evidence_views.Panel, series: Series, labels: dict | None = None

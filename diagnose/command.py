@@ -208,7 +208,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if args.json:
         print_json(document)
     else:
-        print_report(document)
+        print_report(document, verbose=getattr(args, "verbose", False))
     return engine.exit_code(document)
 
 

@@ -154,22 +154,46 @@ def unavailable_sources(vector: Vector) -> set[tuple[str, str]]:
     return out if len(nodes) <= 1 else set()
 
 
-def missing_reason(missing: list[str], present: set[str],
-                   unavailable: set[tuple[str, str]] = frozenset()) -> str:
-    """A not_evaluated reason: the absent signals, and for each the likeliest reason its
-    collector gives, narrowed by the signals the source does have and by the sources that
-    collector could not read on the node (`unavailable`, (collector, source) pairs): a
-    configured endpoint that does not answer is not "set the endpoint"."""
-    hints = set()
+# The cause of absent signals no collector claims (no missing_hints for them).
+UNEXPLAINED = "signals absent from this source, and no collector says why"
+
+
+def missing_causes(missing: list[str], present: set[str],
+                   unavailable: set[tuple[str, str]] = frozenset()) -> dict[str, list[str]]:
+    """The likeliest reason each absent signal's collector gives -> the signals it explains
+    (in `missing`'s order), narrowed by the signals the source does have and by the
+    sources that collector could not read on the node (`unavailable`, (collector, source)
+    pairs): a configured endpoint that does not answer is not "set the endpoint". Signals
+    no collector claims are left out."""
+    causes: dict[str, list[str]] = {}
     for name in missing:
         owners = [(prefix, owner) for prefix, owner in _hint_owners() if name.startswith(prefix)]
         if owners:
             prefix, owner = max(owners, key=lambda item: len(item[0]))
             down = frozenset(source for collector, source in unavailable
                              if collector == owner.name)
-            hints.add(owner.why_missing(prefix, present, down))
+            causes.setdefault(owner.why_missing(prefix, present, down), []).append(name)
+    return causes
+
+
+def _reason(missing: list[str], causes: dict[str, list[str]]) -> str:
+    """A not_evaluated reason: the absent signals, and in brackets their causes."""
     reason = f"signals absent from this source: {', '.join(missing)}"
-    return reason + (f" ({'; '.join(sorted(hints))})" if hints else "")
+    return reason + (f" ({'; '.join(sorted(causes))})" if causes else "")
+
+
+def not_evaluated_item(rule_id: str, missing: list[str], present: set[str],
+                       unavailable: set[tuple[str, str]] = frozenset()) -> dict:
+    """A rule the source lacks signals for: the contract's rule and reason, and beside them
+    `causes`, each cause with the absent signals it explains (those no collector claims
+    under UNEXPLAINED), so a report can group the rules by cause."""
+    causes = missing_causes(missing, present, unavailable)
+    claimed = {name for names in causes.values() for name in names}
+    listed = [{"cause": cause, "signals": names} for cause, names in sorted(causes.items())]
+    unclaimed = [name for name in missing if name not in claimed]
+    if unclaimed:
+        listed.append({"cause": UNEXPLAINED, "signals": unclaimed})
+    return {"rule": rule_id, "reason": _reason(missing, causes), "causes": listed}
 
 
 def _matches(finding_labels: dict[str, str], labels: tuple) -> bool:
@@ -349,8 +373,8 @@ def _evaluate_rules(series: Series, hostname: str, timestamps: list[int], steps:
         if missing:
             if unavailable is None:
                 unavailable = unavailable_sources(UNAVAILABLE.evaluate(series, timestamps[-1]))
-            not_evaluated.append({"rule": rule.id, "reason": missing_reason(
-                missing, series.names(), unavailable)})
+            not_evaluated.append(not_evaluated_item(rule.id, missing, series.names(),
+                                                    unavailable))
             continue
         if rule.needs_rates and span_ms <= 0:
             not_evaluated.append({"rule": rule.id,

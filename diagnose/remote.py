@@ -329,8 +329,8 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
         if missing:
             if unavailable is None:
                 unavailable = _unavailable_sources(client, scope, end)
-            not_evaluated.append({"rule": rule.id, "reason": engine.missing_reason(
-                missing, names.names(), unavailable)})
+            not_evaluated.append(engine.not_evaluated_item(rule.id, missing, names.names(),
+                                                           unavailable))
             continue
         if rule.needs_rates and stamps[-1] == stamps[0]:
             not_evaluated.append({"rule": rule.id,
@@ -507,7 +507,7 @@ def alerts_diagnosis(base: str, seconds: float, *, deadline_seconds: float = DEA
     now = time.time() if now is None else now
     window = (now - seconds, now)
     names = _present_names(client, [], window)
-    not_evaluated = [{"rule": rule.id, "reason": engine.missing_reason(missing, names.names())}
+    not_evaluated = [engine.not_evaluated_item(rule.id, missing, names.names())
                      for rule in rules if (missing := engine.missing_signals(rule, names))]
     candidates = alert_candidates(firing, now, rules)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:

@@ -4,7 +4,8 @@ worst first, laid out for a terminal 80 to 120 columns wide. `--json` prints the
      1  CRITICAL  fd-exhaustion on kunpeng-920-128                          confidence 91%
         pool chat-online: a process uses 99% of its open-file limit
         subjects  pids 3080417
-        evidence  open fds over RLIMIT_NOFILE (worst process)   98.9 %   > 90 %
+        evidence  open fds over RLIMIT_NOFILE (worst process)   98.9 %  needs over 90 %: met
+                  its soft limit                             1,024 fds  needs under 65,535 fds: met
         cause     a process is close to its file-descriptor limit (RLIMIT_NOFILE, 1024
                   by default)
         action    raise nofile to >= 65535 (LimitNOFILE= in the unit, ulimit -n, the
@@ -29,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetscope.core import units
-from fleetscope.rules.catalog import evidence_picks
+from fleetscope.rules.catalog import CATALOG, evidence_picks
 
 from .harm_lines import pool_harms
 
@@ -76,16 +77,16 @@ def _names(values: list[str], limit: int = 8) -> str:
 
 
 def _evidence_table(evidence: list[dict], width: int, picks: dict[str, str]) -> Table:
-    """Signal, value, threshold in three columns; where the numbers would leave the signal
-    less than MIN_SIGNAL columns (a crash time against the look-back's start), each signal
-    takes its own line with its numbers indented under it."""
+    """Signal, value and what its threshold needs with whether the value meets it, in three
+    columns; where the numbers would leave the signal less than MIN_SIGNAL columns (a crash
+    time against the look-back's start), each signal takes its own line with its numbers
+    indented under it."""
     rows = []
     for item in evidence:
         pick = item.get("pick") or picks.get(item["signal"], "max")
-        threshold = units.format_threshold(item["threshold"], item["unit"], pick) \
-            if item["threshold"] else ""
         rows.append((item["signal"], units.format_value(item["value"], item["unit"]),
-                     threshold))
+                     str(units.reading(item["value"], item["threshold"], item["unit"],
+                                       pick))))
     numbers = max(len(value) for _, value, _ in rows) + 2 + max(len(t) for *_, t in rows)
     if width - numbers - 2 >= MIN_SIGNAL:
         table = Table.grid(padding=(0, 2))
@@ -143,30 +144,33 @@ def _block(number: int, group: list[dict], width: int) -> Group:
     return Group(head, Padding(body, (0, 0, 1, INDENT + 1), expand=False))
 
 
-_ABSENT = re.compile(r"^signals absent from this source: (?P<metrics>[^(]*?)\s*"
-                     r"(?:\((?P<why>.*)\))?$")
-
-
-def _not_evaluated(items: list[dict]) -> Table:
-    """Rules not evaluated, one entry per cause: the five rules that lack the agent runtime's
-    metrics are one line saying so, with the signals they miss under it."""
+def _by_cause(items: list[dict]) -> dict[str, tuple[list[str], list[str]]]:
+    """cause -> (the rules it leaves unevaluated, the signals it explains), the causes
+    leaving most rules first; a rule lacking signals for two causes is under both. An item
+    without `causes` (no samples, a partial answer) is its own reason's."""
     by_cause: dict[str, tuple[list[str], list[str]]] = {}
     for item in items:
-        match = _ABSENT.match(item["reason"])
-        cause, metrics = item["reason"], []
-        if match:
-            cause = match.group("why") or "signals absent from this source"
-            metrics = [m.strip() for m in match.group("metrics").split(",") if m.strip()]
-        rules, missing = by_cause.setdefault(cause, ([], []))
-        rules.append(item["rule"])
-        missing.extend(m for m in metrics if m not in missing)
+        for entry in item.get("causes") or [{"cause": item["reason"], "signals": []}]:
+            rules, signals = by_cause.setdefault(entry["cause"], ([], []))
+            if item["rule"] not in rules:
+                rules.append(item["rule"])
+            signals.extend(name for name in entry["signals"] if name not in signals)
+    return dict(sorted(by_cause.items(), key=lambda pair: -len(pair[1][0])))
+
+
+def _not_evaluated(items: list[dict], verbose: bool = False) -> Table:
+    """Rules not evaluated, one entry per cause: how many rules it leaves unevaluated and
+    what to do (the collectors' words); with `verbose` the rules and the signals they lack
+    under it (every rule's signals fill a screen on a node without pools)."""
     table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True, justify="right")
     table.add_column(ratio=1, style="dim")
-    for cause, (rules, missing) in by_cause.items():
-        table.add_row(Text.assemble((", ".join(rules), "bold"), f": {cause}"))
-        if missing:
-            table.add_row(Padding(Text(f"missing {', '.join(missing)}"), (0, 0, 0, 2),
-                                  expand=False))
+    for cause, (rules, signals) in _by_cause(items).items():
+        table.add_row(units.count(len(rules), "rule"), cause)
+        if verbose:
+            table.add_row("", Text.assemble(("rules ", "bold"), ", ".join(rules)))
+            if signals:
+                table.add_row("", Text.assemble(("missing ", "bold"), ", ".join(signals)))
     return table
 
 
@@ -210,17 +214,19 @@ def print_accelerator_groups(document: dict, console: Console) -> None:
         console.print(Text.assemble(("modules: ", style), group["summary"]))
 
 
-def print_report(document: dict, console: Console | None = None) -> None:
+def print_report(document: dict, console: Console | None = None, verbose: bool = False
+                 ) -> None:
+    """The report; `verbose` names each rule not evaluated and the signals it lacks."""
     console = _width(console)
     if console.is_terminal:
-        _print_report(document, console)
+        _print_report(document, console, verbose)
         return
     with console.capture() as captured:  # into a file: no padding spaces at line ends
-        _print_report(document, console)
+        _print_report(document, console, verbose)
     console.file.write("\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n")
 
 
-def _print_report(document: dict, console: Console) -> None:
+def _print_report(document: dict, console: Console, verbose: bool) -> None:
     status = document["status"]
     nodes = ", ".join(document["nodes"]) or "?"
     window = document.get("window") or {}
@@ -254,7 +260,11 @@ def _print_report(document: dict, console: Console) -> None:
         console.print("No finding of warning or worse." if status == "ok"
                       else "Nothing could be diagnosed from this source.")
     if document["not_evaluated"]:
-        console.print(Text(f"Not evaluated ({len(document['not_evaluated'])}):", style="dim"))
-        console.print(Padding(_not_evaluated(document["not_evaluated"]), (0, 0, 0, 2),
-                              expand=False))
+        skipped = len({item["rule"] for item in document["not_evaluated"]})
+        console.print(Text(f"Not evaluated: {skipped} of {units.count(len(CATALOG), 'rule')}, "
+                           "by cause" + ("" if verbose else " (--verbose names the rules and "
+                                                           "the signals they lack)") + ":",
+                           style="dim"))
+        console.print(Padding(_not_evaluated(document["not_evaluated"], verbose),
+                              (0, 0, 0, 2), expand=False))
 

@@ -390,7 +390,7 @@ def test_a_bandwidth_value_renders_in_gigabytes_per_second(monkeypatch):
     assert app.subheader[0].value.endswith(node)
     evidence = table(app, "evidence_table").set_index("signal")
     assert evidence.loc["DRAM bandwidth over platform peak", "value"].endswith(" %")
-    assert evidence.loc["DRAM bandwidth over platform peak", "threshold"] == "> 80 %"
+    assert evidence.loc["DRAM bandwidth over platform peak", "threshold"] == "needs over 80 %"
     charts = [json.loads(c.proto.spec) for c in app.get("plotly_chart")]
     axes = [c["layout"].get("yaxis", {}) for c in charts]
     assert any(a.get("ticksuffix") == "B/s" and a.get("tickformat") == "~s" for a in axes)

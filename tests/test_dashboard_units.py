@@ -18,6 +18,7 @@ from fleetscope.dashboard import (
     fleet_frames,
     rulebook,
 )
+from fleetscope.dashboard.evidence_frames import MET
 from fleetscope.dashboard.fleet_sim import Fleet
 from fleetscope.rules.catalog import CATALOG, Evidence, Rule
 from fleetscope.rules.promql import Max, Selector
@@ -56,9 +57,9 @@ def test_thresholds_read_as_conditions_and_never_in_exponent_notation():
         for item in rule.evidence:
             text = units.format_threshold(item.threshold, item.unit, item.pick)
             assert "e+" not in text and "e-" not in text, (rule.id, text)
-    assert units.over_threshold(0.6, 0.3) == "2x the threshold"
-    assert units.over_threshold(0.15, 0.3).startswith("below")
-    assert units.over_threshold(12, 0) == "above 0"
+    assert units.reading(0.6, 0.3, "ratio").result == "met, 2x the threshold"
+    assert units.reading(0.15, 0.3, "ratio").result == "not met, 50 % of it"
+    assert str(units.reading(12, 0)) == ""  # a 0 threshold is context: no reading
 
 
 def test_a_moment_reads_as_a_local_time_and_its_distance_from_the_threshold(monkeypatch):
@@ -67,10 +68,13 @@ def test_a_moment_reads_as_a_local_time_and_its_distance_from_the_threshold(monk
     assert units.format_value(crash, units.TIME_UNIT) == "2025-12-02 16:01:03 CST"
     assert units.format_threshold(look_back_start, units.TIME_UNIT) == \
         "after 2025-12-02 15:46:10 CST"
-    assert units.over_threshold(crash, look_back_start, unit=units.TIME_UNIT) == \
-        "14.9 min after it"
-    assert units.over_threshold(look_back_start - 60, look_back_start,
-                                unit=units.TIME_UNIT) == "60 s before it"
+    # the look-back's start on the crash's day reads as a time of day beside it
+    assert str(units.reading(crash, look_back_start, units.TIME_UNIT)) == \
+        "needs after 15:46:10 CST: met, 14.9 min after it"
+    assert str(units.reading(look_back_start - 60, look_back_start, units.TIME_UNIT)) == \
+        "needs after 15:46:10 CST: not met, 60 s before it"
+    day_before = units.reading(look_back_start - 86400, look_back_start, units.TIME_UNIT)
+    assert day_before.needs == "needs after 2025-12-02 15:46:10 CST"
     frame = evidence_frames.evidence_frame({"rule": "isa-mismatch", "evidence": [
         {"signal": "latest SIGILL", "value": crash, "threshold": look_back_start,
          "unit": units.TIME_UNIT}]})
@@ -106,7 +110,7 @@ def test_chart_titles_are_words_with_the_unit():
     assert units.metric_title("fleetscope_something_new_total") == "Something new (per second)"
 
 
-def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
+def test_the_evidence_table_has_units_and_says_whether_and_how_far_the_value_meets_it():
     finding = {"rule": "fd-exhaustion", "evidence": [
         {"signal": "open fds over RLIMIT_NOFILE (worst process)", "value": 0.97,
          "threshold": 0.9, "unit": "ratio"},
@@ -114,21 +118,25 @@ def test_the_evidence_table_has_units_and_says_how_far_past_the_threshold():
         {"signal": "its soft limit", "value": 1024.0, "threshold": 65535, "unit": "fds"}]}
     frame = evidence_frames.evidence_frame(finding).set_index("signal")
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "value"] == "97 %"
-    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "threshold"] == "> 90 %"
+    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "threshold"] == \
+        "needs over 90 %"
+    assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", MET] == "met, 7.8 % over it"
     assert frame.loc["open fds of that process", "threshold"] == "–"
-    assert frame.loc["its soft limit", "threshold"] == "< 65,535 fds"  # pick="min" in the rule
-    assert frame.loc["its soft limit", "over threshold"] == "64x below"
+    # pick="min" in the rule: it fires under the limit ('64x below' said neither)
+    assert frame.loc["its soft limit", "threshold"] == "needs under 65,535 fds"
+    assert frame.loc["its soft limit", MET] == "met, 1.6 % of it"
     # a floor's ratio says how far past it (more than 1 when firing), as a ceiling's does
     assert frame.loc["its soft limit", "ratio"] == pytest.approx(65535 / 1024)
     assert frame.loc["open fds over RLIMIT_NOFILE (worst process)", "ratio"] == \
         pytest.approx(0.97 / 0.9)
-    assert frame["over threshold"].notna().all()
+    assert frame[MET].notna().all()
 
 
-def test_a_value_just_under_a_floor_reads_as_past_it_not_as_1x():
-    assert units.over_threshold(14.4, 15.0, "min") == "below (4 % under it)"
-    assert units.over_threshold(15.5, 15.0, "min") == "not below"
-    assert units.over_threshold(0, 15.0, "min") == "at 0"
+def test_a_value_just_under_a_floor_reads_as_meeting_it_not_as_1x():
+    assert units.reading(14.4, 15.0, "", "min").result == "met, 4 % under it"
+    assert units.reading(15.5, 15.0, "", "min").result == "not met, 3.3 % over it"
+    assert units.reading(0, 15.0, "", "min").result == "met"
+    assert units.reading(15.0, 15.0, "", "min").result == "at it"
 
 
 # -- evidence views ------------------------------------------------------------------------
@@ -363,19 +371,19 @@ def test_one_of_a_count_reads_singular():
 
 def test_a_health_check_reads_failing_not_zero_percent():
     """A vendor health verdict (1 passing) read '0 %' against '< 100 %', 'at 0'."""
-    row = (units.format_value(0, units.CHECK_UNIT),
-           units.format_threshold(1, units.CHECK_UNIT, "min"),
-           units.over_threshold(0, 1, "min", units.CHECK_UNIT))
-    assert row == ("failing", "failing", "failing")
+    said = units.reading(0, 1, units.CHECK_UNIT, "min")
+    row = (units.format_value(0, units.CHECK_UNIT), said.needs, said.result)
+    assert row == ("failing", "needs failing", "met")
+    assert units.reading(1, 1, units.CHECK_UNIT, "min").result == "not met"
     assert units.format_value(1, units.CHECK_UNIT) == "passing"
     assert units.format_value(79, "xid") == "XID 79"
 
 
 def test_just_past_a_threshold_says_by_how_much_not_1x():
     """99.4 % against a 95 % threshold read '1x the threshold', as if at it."""
-    assert units.over_threshold(0.994, 0.95) == "4.6 % over it"
-    assert units.over_threshold(0.95, 0.95) == "at it"
-    assert units.over_threshold(1.2, 1) == "1.2x the threshold"
+    assert units.reading(0.994, 0.95).result == "met, 4.6 % over it"
+    assert units.reading(0.95, 0.95).result == "at it"
+    assert units.reading(1.2, 1).result == "met, 1.2x the threshold"
 
 
 def test_a_context_row_without_threshold_claims_nothing_past_it():
@@ -386,8 +394,8 @@ def test_a_context_row_without_threshold_claims_nothing_past_it():
         {"signal": "run queue per CPU", "value": 3, "threshold": 1.5, "unit": ""}]})
     rows = frame.set_index("signal")
     assert rows.loc["idle CPUs on the node", "threshold"] == "–"
-    assert rows.loc["idle CPUs on the node", "over threshold"] == "–"
-    assert rows.loc["run queue per CPU", "over threshold"] == "2x the threshold"
+    assert rows.loc["idle CPUs on the node", MET] == "–"
+    assert rows.loc["run queue per CPU", MET] == "met, 2x the threshold"
 
 
 def test_subjects_read_as_names_not_counts():

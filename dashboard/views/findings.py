@@ -90,7 +90,7 @@ links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",
                    icon=":material/menu_book:", query_params={"rule": finding["rule"]})
 evidence = evidence_frames.evidence_frame(finding)
 left, right = st.columns([3, 2])
-state.static_table(evidence.drop(columns="ratio"), left)
+state.static_table(evidence[evidence_frames.TABLE], left)
 if evidence["ratio"].notna().any():
     right.plotly_chart(charts.evidence_bars(evidence), key="evidence_bars",
                        config=charts.STATIC)

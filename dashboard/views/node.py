@@ -82,7 +82,7 @@ for number, finding in enumerate(mine):
         subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
         if subjects:
             st.markdown(evidence_frames.subjects_line(subjects))
-        state.static_table(evidence_frames.evidence_frame(finding).drop(columns="ratio"))
+        state.static_table(evidence_frames.evidence_frame(finding)[evidence_frames.TABLE])
         if is_open:  # the charts of the finding asked for (the others on a click)
             panels = evidence_frames.evidence_panels(finding["rule"], history,
                                                      finding.get("labels"))

@@ -4,7 +4,7 @@ the engine, rich), so `fleetscope exporter` starts without them. They live in co
 the diagnose package: importing any module of that package loads the package itself.
 
     fleetscope diagnose [--bundle PATH | --prometheus URL [--node NAME | --fleet]]
-                        [--seconds N] [--json] [--config FILE]
+                        [--seconds N] [--json] [--verbose] [--config FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --prometheus: one deadline for all its queries together "
                         "(default 30)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
+    parser.add_argument("--verbose", action="store_true", help="the report names each rule "
+                        "not evaluated and the signals it lacks (the JSON always holds them)")
     parser.add_argument("--config", metavar="FILE", help="node config YAML (for a bundle it "
                         "overrides the recorded one; live default: $FLEETSCOPE_CONFIG or "
                         "/etc/fleetscope/config.yaml if present)")

@@ -5,7 +5,9 @@ times). Standard library only, so the command line can use it without pandas or 
     format_value(56540488564, "bytes")  -> '52.7 GiB'      (IEC: memory sizes)
     format_value(0.482, "ratio")        -> '48.2 %'
     format_value(0.12, "s/s")           -> '120 ms/s'
-    format_threshold(0.3, "ratio")      -> '> 30 %'
+    format_threshold(0.3, "ratio")      -> '> 30 %'   (a chart's threshold line)
+    str(reading(1296, 900, "s", "min")) -> 'needs under 15 min: not met'
+    reading(1296, 900, "s", "min").result -> 'not met, 1.4x the threshold'
     format_value(1, "crashes")          -> '1 crash'
     format_value(0, "check")            -> 'failing'   (a health check: 1 passing)
     local_time(1764660000)              -> '2025-12-02 07:20:00 UTC' (the console's zone)
@@ -22,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -121,7 +124,8 @@ def count(number, thing: str) -> str:
 
 
 def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
-    """A rule threshold as a condition: '> 30 %', '< 1 IPC'; no threshold: '–'."""
+    """A rule threshold as a chart line's label: '> 30 %', '< 1 IPC'; no threshold: '–'.
+    Beside a value it reads as a claim about that value: evidence rows take `reading`."""
     if threshold is None or (isinstance(threshold, float) and math.isnan(threshold)):
         return "–"
     if unit == TIME_UNIT:
@@ -133,34 +137,84 @@ def format_threshold(threshold, unit: str = "", pick: str = "max") -> str:
     return f"{'<' if pick == 'min' else '>'} {format_value(threshold, unit)}"
 
 
-def over_threshold(value, threshold, pick: str = "max", unit: str = "") -> str:
-    """How far past its threshold a value is, in words: '2.4x the threshold', 'below', and
-    for a moment '12.5 min after it'. For a threshold a value fires under (pick="min"),
-    '28x below' or 'below (4 % under it)' is past it."""
-    if value is None or threshold is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if unit == TIME_UNIT:
-        side = "after" if value >= threshold else "before"
-        return f"{duration(abs(value - threshold))} {side} it"
-    if unit == CHECK_UNIT:
-        return format_value(value, unit)
-    if unit == "xid":
-        return "set" if value else "none"
-    if threshold == 0:
-        return "above 0" if value > 0 else "at 0"
-    if pick == "min":  # fires below its threshold: under it is past it
-        if value >= threshold:
-            return "not below"
-        if value <= 0 or threshold / value >= 2:
-            return f"{_significant(threshold / value, 2)}x below" if value > 0 else "at 0"
-        return f"below ({_significant((1 - value / threshold) * 100, 2)} % under it)"
+@dataclass(frozen=True)
+class Reading:
+    """An evidence row's value against its threshold, in words: what the threshold needs,
+    whether the value meets it, and how far from it. str() is the report's line:
+    'needs under 15 min: not met'; '' for a row without threshold."""
+
+    needs: str = ""  # 'needs over 60 %', 'needs after 07:05:15 UTC'
+    verdict: str = ""  # 'met', 'not met', 'at it'
+    distance: str = ""  # '1.4x the threshold', '6.3 % over it', '1.81 h before it'
+    ratio: float | None = None  # 1 at the threshold, more past it on the side that fires
+    moment: bool = False  # a time against a time: the gap is what a person reads
+
+    @property
+    def result(self) -> str:
+        """'met, 0.7 % of it': the verdict and how far."""
+        return ", ".join(part for part in (self.verdict, self.distance) if part)
+
+    def __str__(self) -> str:
+        # How far is the console's column; a moment's gap stays (its time alone says little).
+        return f"{self.needs}: {self.result if self.moment else self.verdict}" \
+            if self.needs else ""
+
+
+def _distance(value: float, threshold: float) -> str:
+    """How a value compares with a positive threshold, whichever side fires."""
     ratio = value / threshold
-    if ratio == 1:
-        return "at it"
-    if 1 < ratio < 1.1:  # '1x' would read as at it: 99.4 % against 95 % is 4.6 % over
+    if ratio <= 0 or ratio == 1:
+        return ""  # 0 against a positive threshold, or at it: the verdict says it all
+    if ratio >= 1.1:
+        return f"{_significant(ratio, 2)}x the threshold"
+    if ratio > 1:  # '1x' would read as at it: 99.4 % against 95 % is 4.6 % over it
         return f"{_significant((ratio - 1) * 100, 2)} % over it"
-    return f"{_significant(ratio, 2)}x the threshold" if ratio >= 1 else \
-        f"below ({_significant(ratio * 100, 2)} % of it)"
+    if ratio >= 0.9:
+        return f"{_significant((1 - ratio) * 100, 2)} % under it"
+    return f"{_significant(ratio * 100, 2)} % of it"
+
+
+def reading(value, threshold, unit: str = "", pick: str = "max") -> Reading:
+    """What an evidence row's threshold needs and whether its value meets it: the one
+    reading of the report, the console's evidence table and its bars. `pick` is the
+    rule's (rules/model.py Evidence.pick): "min" fires under the threshold, "max" over it.
+    A 0 threshold is context (idle CPUs, somaxconn): no reading."""
+    missing = (None, 0)
+    if threshold in missing or value is None or any(
+            isinstance(x, float) and math.isnan(x) for x in (value, threshold)):
+        return Reading()
+    value, threshold = float(value), float(threshold)
+    under = pick == "min"
+    if unit == CHECK_UNIT:  # a verdict (1 passing): a floor of 1 fires on failing
+        return Reading(f"needs {'failing' if under else 'passing'}",
+                       "met" if (value < threshold) == under else "not met")
+    if value == threshold:
+        verdict = "at it"
+    else:
+        verdict = "met" if (value < threshold) == under else "not met"
+    if unit == TIME_UNIT:  # a moment against a moment (a crash against the look-back's start)
+        side = "before" if value < threshold else "after"
+        gap = f"{duration(abs(value - threshold))} {side} it" if value != threshold else ""
+        return Reading(f"needs {'before' if under else 'after'} "
+                       f"{_moment_beside(threshold, value)}", verdict, gap, moment=True)
+    if unit == "xid":
+        return Reading("needs any XID", "met" if value else "not met")
+    ratio = None
+    if threshold > 0 and not under:
+        ratio = value / threshold
+    elif threshold > 0 and value > 0:
+        ratio = threshold / value  # a floor: how far under it, 1 at it
+    return Reading(f"needs {'under' if under else 'over'} {format_value(threshold, unit)}",
+                   verdict, _distance(value, threshold) if threshold > 0 else "", ratio)
+
+
+def _moment_beside(moment: float, other: float) -> str:
+    """A moment read beside another: its time of day alone when both fall on one day."""
+    zone = console_zone()
+    when, beside = datetime.fromtimestamp(moment, zone), datetime.fromtimestamp(other, zone)
+    if when.date() != beside.date():
+        return local_time(moment, zone)
+    return local_time(moment, zone).split(" ", 1)[1]
 
 
 def unit_words(unit: str) -> str:

@@ -129,9 +129,12 @@ def enrich(ctx, finding) -> None:
         pids = ", ".join(str(p) for p in crashed.pids[:3])
         ago = f", last {units.duration(max(0.0, now - crashed.last_time))} ago" \
             if crashed.last_time is not None else ""
+        # the look-back's crashes, and beside them all the log's, as the evidence row counts
         inside = crashed.since(start)
-        count = f"{inside} time{'s' if inside != 1 else ''} in the look-back" if inside \
-            else f"{crashed.crashes} time{'s' if crashed.crashes != 1 else ''}"
+        count = units.count(crashed.crashes, "time")
+        if inside:
+            count = f"{units.count(inside, 'time')} in the look-back" + (
+                f" ({crashed.crashes} in the kernel log)" if inside < crashed.crashes else "")
         parts.append(f"{crashed.binary} crashed {count} (pid {pids}{ago}): "
                      f"{where(crashed.last)}")
     finding.extra_summary = "; ".join(parts)

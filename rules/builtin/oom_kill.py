@@ -152,12 +152,30 @@ def enrich(ctx, finding) -> None:
     finding.subjects["binaries"] = list(dict.fromkeys(k.comm for k in shown))[:MAX_SUBJECTS]
     finding.subjects["cgroups"] = list(dict.fromkeys(
         k.memcg or k.oom_memcg for k in shown if k.memcg or k.oom_memcg))[:MAX_SUBJECTS]
-    count = f"{len(shown)} kill{'s' if len(shown) != 1 else ''}"
+    count = _kill_count(len(recent), _logged(finding, len(kills)))
     others = [k.pid for k in shown[1:]]
-    finding.extra_summary = (f"{count}, latest " if recent else "earlier: ") + phrases[0] + (
+    finding.extra_summary = f"{count}, latest {phrases[0]}" + (
         f"; before it pid{'s' if len(others) > 1 else ''} "
         f"{', '.join(map(str, others[:5]))}{' ...' if len(others) > 5 else ''}"
         if others else "")
+
+
+def _logged(finding, scanned: int) -> int:
+    """The kernel log's kills as the finding's evidence row counts them (the exporter's
+    count), else as scanned here: the summary says what the row beside it says."""
+    rows = {item.signal for item in RULE.evidence if _LOGGED.name in item.expr.metrics()}
+    counted = [row["value"] for row in finding.evidence if row["signal"] in rows]
+    return int(max(counted)) if counted else scanned
+
+
+def _kill_count(recent: int, logged: int) -> str:
+    """'3 kills' (every logged kill in the look-back), '1 kill in the look-back, 5 in the
+    kernel log', '2 kills in the kernel log, none in the look-back'."""
+    if recent >= logged:
+        return units.count(recent, "kill")
+    if recent:
+        return f"{units.count(recent, 'kill')} in the look-back, {logged} in the kernel log"
+    return f"{units.count(logged, 'kill')} in the kernel log, none in the look-back"
 
 
 def scenario(k):

@@ -79,8 +79,8 @@ def enrich(ctx, finding) -> None:
         finding.subjects["cgroups"] = [location.path]
         limit = "max" if reading.limit is None else reading.limit
         parts.append(f"cgroup {location.path} (v{location.version}): pids.current "
-                     f"{reading.current} of pids.max {limit}, {reading.limit_hits or 0} forks "
-                     "refused so far (pids.events max)")
+                     f"{reading.current} of pids.max {limit}, "
+                     f"{_refusals(finding, reading.limit_hits or 0)}")
     text = ctx.kernel_log()
     if text:
         boot, now = _boot_time(ctx), ctx.now()
@@ -99,6 +99,18 @@ def enrich(ctx, finding) -> None:
                 "value": 1, "threshold": 0, "unit": "lines"})
     if parts:
         finding.extra_summary = "; ".join(parts)
+
+
+def _refusals(finding, so_far: int) -> str:
+    """The cgroup's refusals since it was made (pids.events max) beside the window's, as
+    the finding's evidence row reads them: one number alone read as the other."""
+    rows = {item.signal: item.unit for item in RULE.evidence if item.expr is _REFUSED}
+    window = [units.format_value(row["value"], rows[row["signal"]])
+              for row in finding.evidence if row["signal"] in rows]
+    since = "since the cgroup was made (pids.events max)"
+    if not window:
+        return f"{units.count(so_far, 'fork')} refused {since}"
+    return f"{window[0]} refused in the window, {so_far} {since}"
 
 
 def scenario(k):
