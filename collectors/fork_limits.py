@@ -38,6 +38,15 @@ def pids_cgroup_files(path: str) -> list[str]:
     return [f"{mount}{path}/pids.max" for mount in PIDS_MOUNTS]
 
 
+def rejected_cgroups(text: str) -> set[str]:
+    """The cgroups the kernel log's fork-rejected lines name: what a bundle records the
+    existence of."""
+    if "fork rejected" not in text:
+        return set()
+    return {path for path, _ in fork_rejections(text)[-4 * MAX_CGROUPS:]
+            if path.startswith("/")}
+
+
 def cgroup_exists(scrape: Scrape, path: str) -> bool:
     for marker in pids_cgroup_files(path):
         try:

@@ -514,6 +514,16 @@ def _account(kills: Counter[str], last: dict[str, float],
             del cgroups[key]
 
 
+def killed_in_cgroups(text: str) -> set[str]:
+    """The memory cgroups the kernel log's OOM kills were about (kill_cgroup), the global
+    ones left out: what a bundle records the existence of."""
+    try:
+        kills = scan_oom_kills(text)
+    except ParseError:
+        return set()
+    return {path for path in map(kill_cgroup, kills[-MAX_KILL_CGROUPS:]) if path}
+
+
 def kill_cgroup(kill: OomKill) -> str:
     """The memory cgroup a kill is about: the one at its limit, else the killed task's;
     "" for a global kill (the node ran out) or a kernel that names none."""

@@ -318,6 +318,28 @@ def _capture_listeners(destination: str, source: EvidenceSource) -> None:
         out.write(format_listeners_file(listeners))
 
 
+def capture_event_cgroups(reader: Reader, dmesg: str, sample_dirs: list[str]) -> None:
+    """Whether the cgroups the kernel log's events name still exist, as the replay asks it:
+    the file that marks each (a memory cgroup's memory.oom_control or memory.events, a pids
+    cgroup's pids.max) copied into every sample where it exists when the recording ends. A
+    cgroup removed before then reads as gone throughout: its events no longer act."""
+    from fleetscope.collectors.fork_limits import pids_cgroup_files, rejected_cgroups
+    from fleetscope.collectors.memory import (
+        V1_MOUNTS,
+        V2_MOUNTS,
+        killed_in_cgroups,
+        memcg_marker_files,
+    )
+
+    markers = [marker for path in sorted(killed_in_cgroups(dmesg))
+               for marker in memcg_marker_files(path, V1_MOUNTS, V2_MOUNTS)]
+    markers += [marker for path in sorted(rejected_cgroups(dmesg))
+                for marker in pids_cgroup_files(path)]
+    for sample_dir in sample_dirs:
+        for marker in markers:
+            copy_file(reader, marker, sample_dir)
+
+
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
 
 
@@ -482,6 +504,9 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
         commands.matrix(static, static_reader)
         if dmesg is not None and commands.own_root:
             capture_sigill_faults(static, dmesg, config.binary_dirs)
+        if dmesg is not None:
+            capture_event_cgroups(static_reader, dmesg, [os.path.join(bundle_dir, s["dir"])
+                                                         for s in samples])
         _record_meta(bundle_dir, interval, samples, config, redactor)
         if as_tar:
             _write_archive(bundle_dir, output, partial, force)
