@@ -41,7 +41,7 @@ from typing import TypeVar
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
 from .base import Collector, NotAvailable, Scrape
-from .fatal_traps import fatal_trap_families
+from .fatal_traps import fatal_trap_families, pool_crash_family
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
 from .parsers.kmsg import KernelLogScan, SigillCrash, boot_time, scan_kernel_log, wall_clock
@@ -153,6 +153,8 @@ class CpuFeaturesCollector(Collector):
         self._fault_last: dict[str, float] = {}
         self._fault_seen: dict[str, int] = {}
         self._fault_position = 0
+        # executable name -> (pool, class, last seen): whose a crashed binary was
+        self._owners: dict[str, tuple[str, str, float]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -262,11 +264,34 @@ class CpuFeaturesCollector(Collector):
             latest.add(round(last[binary], 3), labels(binary=binary))
         yield latest
         yield from fatal_trap_families(*faults)
+        if self.config.pools:
+            owners = self._pool_owners(scrape)
+            yield pool_crash_family("fleetscope_pool_sigill_last_crash_timestamp_seconds",
+                                    "SIGILL", last, owners)
+            yield pool_crash_family("fleetscope_pool_fatal_trap_last_crash_timestamp_seconds",
+                                    "fatal trap", faults[1], owners)
         yield counter(
             "fleetscope_sigill_reports_suppressed_total",
             "Unhandled-signal reports the kernel dropped by rate limit ('show_signal: N "
             "callbacks suppressed'); while it rises the crash counter undercounts.",
         ).add(suppressed)
+
+    def _pool_owners(self, scrape: Scrape) -> dict[str, tuple[str, str]]:
+        """Executable name -> (pool, class) of the pool processes seen now or in the last
+        GONE_TTL_SECONDS (a worker that crashes at start is seldom there at a scrape)."""
+        from .pools import GONE_TTL_SECONDS
+        from .processes import pool_processes
+
+        with self._lock:
+            for process in pool_processes(scrape, self.config.pools):
+                words = process.cmdline.replace("\0", " ").split()
+                if words:
+                    self._owners[os.path.basename(words[0])] = (
+                        process.pool.name, process.pool.workload_class, scrape.time)
+            for name in [n for n, (*_, seen) in self._owners.items()
+                         if scrape.time - seen > GONE_TTL_SECONDS]:
+                del self._owners[name]
+            return {name: (pool, cls) for name, (pool, cls, _) in self._owners.items()}
 
     def _read_kmsg(self, scrape: Scrape, boot: float | None) -> tuple:
         try:

@@ -29,12 +29,13 @@ A session is: context assembly (joins a made-up history), inference (burns --inf
 CPU, as a small quantised model on CPU would), a tool call (GET --tool-url?q=TEXT with
 --tool-timeout: 200 is ok, 400/422 bad arguments, other errors error, no answer in time a
 timeout; without --tool-url a local stub), and state I/O (the session's state to Redis when
---redis is given, else to memory), then --untracked-ms in no stage at all (a step nobody
-instrumented). A state write Redis refuses (e.g. a full Redis: `CONFIG SET maxmemory 1` with
-`maxmemory-policy noeviction` answers SET with "OOM command not allowed") fails the session:
-outcome `error` (`timeout` for a Redis timeout) and HTTP 500; the worker keeps serving. The
-worker loads its "model" once at start (stage model_load). Needs
-`pip install 'fleetscope[agent,redis]'`.
+--redis is given; appended to --state-file under an exclusive flock held --state-file-ms, as
+a file-backed store syncs it, when given; else to memory), then --untracked-ms in no stage
+at all (a step nobody instrumented). A state write Redis refuses (e.g. a full Redis: `CONFIG
+SET maxmemory 1` with `maxmemory-policy noeviction` answers SET with "OOM command not
+allowed") fails the session: outcome `error` (`timeout` for a Redis timeout) and HTTP 500;
+the worker keeps serving. The worker loads its "model" once at start (stage model_load).
+Needs `pip install 'fleetscope[agent,redis]'`.
 """
 
 from __future__ import annotations
@@ -113,6 +114,20 @@ class Worker:
                 raise BadToolArguments(f"tool rejected the arguments: HTTP {err.code}") from err
             raise
 
+    def append_state(self, state: str) -> None:
+        """One line to the shared state file under an exclusive flock: workers sharing the
+        file take turns, each holding it while its write is made durable."""
+        import fcntl
+
+        with open(self.args.state_file, "a", encoding="utf-8") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            try:
+                out.write(state + "\n")
+                out.flush()
+                time.sleep(self.args.state_file_ms / 1000)  # the sync a durable store waits
+            finally:
+                fcntl.flock(out, fcntl.LOCK_UN)
+
     def run_session(self, query: str, session_id: str, migrated: bool = False,
                     arrived_at: float | None = None) -> dict:
         """One session; an exception (a state write refused) leaves it failed and counted."""
@@ -136,6 +151,8 @@ class Worker:
                 state = json.dumps({"query": query, "updated": time.time()})
                 if self.redis is not None:
                     self.redis.set(f"session:{session_id}", state, ex=3600)
+                elif self.args.state_file:
+                    self.append_state(state)
                 else:
                     self.memory_state[session_id] = state
             if self.args.untracked_ms:  # a step of the session no stage measures
@@ -264,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untracked-ms", type=float, default=0.0, metavar="MS",
                         help="time each session spends in a step outside every stage (an "
                              "uninstrumented call: what no stage histogram shows)")
+    parser.add_argument("--state-file", metavar="PATH",
+                        help="append each session's state to this file under an exclusive "
+                             "flock (workers sharing it take turns)")
+    parser.add_argument("--state-file-ms", type=float, default=5.0, metavar="MS",
+                        help="how long a state write holds the file's lock (its sync)")
     parser.add_argument("--serial", action="store_true",
                         help="serve one request at a time (a single-threaded worker); the "
                              "others wait in the listen socket's accept queue")

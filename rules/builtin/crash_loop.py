@@ -4,7 +4,8 @@ divide error, int3, an arm64 data abort ...) and its supervisor keeps restarting
 Condition: a fatal trap other than SIGILL (isa-mismatch keeps those) in the kernel log in
 the last 5 minutes (critical: still crashing); inside the 15-minute look-back with none since
 then, the loop stopped (a warning of the ended phase, explaining no harm of now); older
-crashes are an `info` tier, in every mode, as isa-mismatch reads SIGILLs. Enrichment: one
+crashes are an `info` tier, in every mode, as isa-mismatch reads SIGILLs; per pool where the
+crashing binary is one a pool's processes run. Enrichment: one
 finding per node naming each crashing binary, its pids, how many times it crashed, when
 last, and where (the faulting data address of a segfault, the instruction pointer and its
 file offset in the binary).
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
-from ..model import ENDED, EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..model import ENDED, EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import (
     EVENT_LOOKBACK_SECONDS,
     EVENT_ONGOING_SECONDS,
@@ -29,6 +30,7 @@ from ..promql import (
     Sum,
     Time,
 )
+from ..signals import POOL
 
 RANK = 0.7  # a cause, after isa-mismatch and oom-kill
 CRASH_WINDOW = EVENT_LOOKBACK_SECONDS  # crashes this recent are the incident, in every mode
@@ -36,6 +38,9 @@ MAX_SUBJECTS = 5
 
 _CRASHES = Selector("fleetscope_fatal_trap_crashes_total")
 _AGE = Time() - Max(Selector("fleetscope_fatal_trap_last_crash_timestamp_seconds"), by=NODE)
+# The same, per pool whose processes run the crashing binary (collectors/fatal_traps.py)
+_POOL_AGE = Time() - Max(
+    Selector("fleetscope_pool_fatal_trap_last_crash_timestamp_seconds"), by=POOL)
 # Beside the kernel's word: pool processes replaced by new ones (a supervisor restarting a
 # worker that lives long enough to be seen). Not a condition: short-lived tool processes
 # churn the same way by design.
@@ -160,8 +165,8 @@ def scenario(k):
 RULE = Rule(
     id="crash-loop",
     severity="critical",
-    # a binary crashing now on the node: which pool ran it, the dead process cannot say
-    explains=EXPLAINS_NODE,
+    # the pool whose processes run the crashing binary; a binary no pool runs explains none
+    explains=EXPLAINS_POOL,
     symptom="a worker keeps restarting; tasks fail or are retried elsewhere",
     cause="a binary dies of a fatal trap (segfault, general protection fault, divide error, "
           "int3, a data abort on arm64) as soon as it runs, and its supervisor restarts it",
@@ -173,7 +178,7 @@ RULE = Rule(
     # As isa-mismatch reads SIGILLs: crashes still happening (the last 5 minutes), one
     # finding per node naming every crashing binary; crashes that stopped are said as ended,
     # older ones are only information: a node that once ran a bad build is not sick now.
-    condition=Recent(_AGE, EVENT_ONGOING_SECONDS),
+    condition=Recent(_AGE, EVENT_ONGOING_SECONDS) | Recent(_POOL_AGE, EVENT_ONGOING_SECONDS),
     tiers=(Tier("warning", Recent(_AGE, CRASH_WINDOW),
                 "fatal traps ended: the last {value:duration} before the window's end, none "
                 "since", ENDED),

@@ -3,9 +3,9 @@
 Condition: a SIGILL crash in the kernel log in the last 5 minutes (critical: still
 crashing); inside the 15-minute look-back but none since then, the crashes ended (a warning
 of the ended phase, explaining no harm of now); older crashes are an `info` tier, in every
-mode. Enrichment: one
-finding per node naming every binary that died, its pids, crash times and the instruction
-that faulted (fleetscope/tools/isa_fault.py).
+mode. Per pool where the crashing binary is one a pool's processes run (the alert names whose
+workers die). Enrichment: one finding per node naming every binary that died, its pids,
+crash times and the instruction that faulted (fleetscope/tools/isa_fault.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fleetscope.collectors.base import NotAvailable
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy
-from ..model import ENDED, EXPLAINS_NODE, NODE, Evidence, Panel, Proof, Rule, Tier
+from ..model import ENDED, EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule, Tier
 from ..promql import (
     EVENT_LOOKBACK_SECONDS,
     EVENT_ONGOING_SECONDS,
@@ -27,6 +27,7 @@ from ..promql import (
     Sum,
     Time,
 )
+from ..signals import POOL
 
 RANK = 0  # ties between equally severe, equally confident findings: causes first
 # Crashes this recent are the incident, older ones "earlier" (information), in every mode.
@@ -36,6 +37,9 @@ MAX_SUBJECTS = 5
 _SIGILL = Selector("fleetscope_sigill_crashes_total")
 _PER_BINARY = Max(_SIGILL, by=(*NODE, "binary"))
 _SIGILL_AGE = Time() - Max(Selector("fleetscope_sigill_last_crash_timestamp_seconds"), by=NODE)
+# The same, per pool whose processes run the crashing binary (collectors/fatal_traps.py)
+_POOL_SIGILL_AGE = Time() - Max(
+    Selector("fleetscope_pool_sigill_last_crash_timestamp_seconds"), by=POOL)
 
 
 def enrich(ctx, finding) -> None:
@@ -179,8 +183,8 @@ def scenario(k):
 RULE = Rule(
     id="isa-mismatch",
     severity="critical",
-    # a binary crashing now on the node: which pool ran it, the dead process cannot say
-    explains=EXPLAINS_NODE,
+    # the pool whose processes run the crashing binary; a binary no pool runs explains none
+    explains=EXPLAINS_POOL,
     symptom="some nodes crash as soon as a task starts",
     cause="a binary built for a newer instruction set than this node's CPU (e.g. "
           "-march=native on a newer stepping) dies with SIGILL",
@@ -193,7 +197,8 @@ RULE = Rule(
     # per node naming every crashing binary (enrichment; from Prometheus, the series'
     # `binary` labels). Crashes that stopped are said as ended; older ones are only
     # information: a node that once ran a bad build is not sick now.
-    condition=Recent(_SIGILL_AGE, EVENT_ONGOING_SECONDS),
+    condition=(Recent(_SIGILL_AGE, EVENT_ONGOING_SECONDS)
+               | Recent(_POOL_SIGILL_AGE, EVENT_ONGOING_SECONDS)),
     tiers=(Tier("warning", Recent(_SIGILL_AGE, SIGILL_LOOKBACK),
                 "SIGILL crashes ended: the last {value:duration} before the window's end, "
                 "none since", ENDED),
