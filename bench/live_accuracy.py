@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Live diagnosis accuracy, repeated: runs the live scenario modules (tests/test_live_accuracy.py
-and every tests/test_live_fault_*.py beside it) N times (default 5)
+and every tests/test_live_fault_*.py and tests/test_live_harm_*.py beside it) N times (default 5)
 and prints, per scenario, how often the primary finding was right, how many false alarms
 (warning-or-worse findings the scenario does not explain) were raised, and the diagnosis
 wall time (median and max).
@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def live_modules() -> list[str]:
     """The scenario modules: the catalog's faults and each later family of faults, one module
     each, all logging through FLEETSCOPE_ACCURACY_LOG."""
-    extra = sorted(str(path.relative_to(ROOT))
-                   for path in (ROOT / "tests").glob("test_live_fault_*.py"))
+    extra = sorted(str(path.relative_to(ROOT)) for pattern in ("test_live_fault_*.py",
+                                                                "test_live_harm_*.py")
+                   for path in (ROOT / "tests").glob(pattern))
     return ["tests/test_live_accuracy.py", *extra]
 
 

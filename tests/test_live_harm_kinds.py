@@ -151,7 +151,7 @@ def test_another_pools_warning_leaves_the_online_pools_harm_unexplained(tmp_path
         try:
             _unexplained_beside_another_pool(lab)
             settle()
-            document, code, _wall = _diagnose(lab)
+            document, code, wall = _diagnose(lab)
         finally:
             lab.stop()
     busy = machine_truth(foreign_load)  # other programs saturating the node explain it
@@ -164,6 +164,7 @@ def test_another_pools_warning_leaves_the_online_pools_harm_unexplained(tmp_path
     _record({"scenario": "harm:beside-another-pool", "expected": "unexplained-harm",
              "primary": rules[0] if rules else None, "explained_by": harm["explained_by"],
              "correct": "fd-exhaustion" not in harm["explained_by"],
+             "wall_seconds": round(wall, 2),
              "findings": [(f["rule"], f["severity"]) for f in document["findings"]]})
     if not harm["explained_by"]:
         assert rules[:1] == ["unexplained-harm"] and "fd-exhaustion" in rules, summary
@@ -327,7 +328,7 @@ def test_an_offline_pool_held_at_its_quota_is_no_harm_live_and_from_a_bundle(tmp
         try:
             _offline_at_quota(lab, cgroups)
             settle()
-            document, code, _wall = _diagnose(lab)
+            document, code, wall = _diagnose(lab)
             config = tmp_path / "node.yaml"
             recorded = subprocess.run(
                 [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "20",
@@ -339,7 +340,9 @@ def test_an_offline_pool_held_at_its_quota_is_no_harm_live_and_from_a_bundle(tmp
             for cgroup in cgroups:
                 cgroup.remove()
     busy = machine_truth(foreign_load)
-    _record({"scenario": "harm:offline-at-quota", "expected": None,
+    alarms = sorted({f["rule"] for f in _ours(document) if f["rule"] not in busy})
+    _record({"scenario": "harm:offline-at-quota", "expected": None, "primary": None,
+             "correct": not alarms, "false_alarms": alarms, "wall_seconds": round(wall, 2),
              "findings": [(f["rule"], f["severity"]) for f in document["findings"]]})
     _healthy(document, code, busy)
     result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
