@@ -17,7 +17,8 @@ The same samples go to Prometheus (`promtool tsdb create-blocks-from openmetrics
 Prometheus over the blocks) and to VictoriaMetrics (its /api/v1/import/prometheus), both on
 127.0.0.1. For each engine it prints the diagnosis's wall time, peak RSS, queries made and
 bytes received, and checks every node's findings against what the in-process engine finds
-on that node's profile (the injected fault on its node, nothing on healthy nodes).
+on that node's profile (the injected fault on its node, nothing on healthy nodes, a rule's
+further case what it plants).
 `--before` also times the old in-process path once (every series fetched, rules in Python).
 
 Targets at 4,096 nodes: diagnosis < 10 s and < 300 MB RSS; at 16,384 nodes < 30 s.
@@ -60,7 +61,7 @@ def _scenario_dirs() -> list[Path]:
                         "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
     return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
-GENERATOR = 5  # bump when the samples written change: a kept fleet is rebuilt
+GENERATOR = 6  # bump when the samples written change: a kept fleet is rebuilt
 SETTLE_SECONDS = 30  # diagnose/remote.py SETTLE_SECONDS: the window ends this far back
 HEALTHY = ("healthy-idle", "healthy-busy")
 NODES_PER_RACK = 32
@@ -546,10 +547,14 @@ print(json.dumps({"findings": [f.to_json() for f in findings], "nodes": nodes,
 
 def injected(profile: str) -> set[str]:
     """The ground truth of a node: the rule whose fault its profile injects (a fault profile
-    is named by its rule id) and what that fault shows besides (its rule's `proof`);
-    nothing on a healthy node."""
-    from fleetscope.rules.catalog import by_id
+    is named by its rule id) and what that fault shows besides (its rule's `proof`); a
+    rule's further case (Proof.cases), the rules it plants; nothing on a healthy node."""
+    from fleetscope.rules.catalog import CATALOG, by_id
 
+    for rule in CATALOG:
+        for case in rule.proof.cases if rule.proof is not None else ():
+            if case.name == profile:
+                return case.rules()
     healthy = profile in HEALTHY or profile.startswith("healthy-")
     return set() if healthy else {profile, *by_id(profile).proof.also_shown}
 

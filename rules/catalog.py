@@ -19,6 +19,7 @@ from .model import (  # noqa: F401  (re-exported: the catalog is where rules are
     NODE,
     NODE_LABELS,
     WINDOW,
+    Case,
     Evidence,
     FleetFault,
     Panel,

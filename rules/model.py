@@ -121,13 +121,35 @@ class Proof:
     rules the fault's symptoms raise besides this one (never a second fault), which a fleet
     of such nodes may also show. `lookalikes`: scenarios of healthy nodes that show part of
     the picture (the harm without the cause, or the cause's signal at a normal level), named
-    `healthy-*`, built the same way: the rule, and every other, stays silent on them."""
+    `healthy-*`, built the same way: the rule, and every other, stays silent on them.
+    `cases`: further scenarios with the exact verdict each must give (Case)."""
 
     scenario: Callable
     summary: str
     subjects: tuple[str, list | None] | None = None
     also_shown: tuple[str, ...] = ()
     lookalikes: tuple[Callable, ...] = ()
+    cases: tuple[Case, ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    """A further scenario bundle of a rule (Proof.cases), for what its own scenario cannot
+    show: the rule in company (a pool's harm beside a cause about another pool), in another
+    phase (an event that ended beside a live cause), or a healthy node on which it says only
+    information (named `healthy-*`: status ok). Built like the rule's scenario, named
+    `name`; its diagnosis holds exactly `findings`, most important first, each (rule id,
+    severity, phase, pool: "" for a finding about the whole node), and `harm`: each hurting
+    pool with the rules that explain it."""
+
+    name: str
+    scenario: Callable
+    findings: tuple[tuple[str, str, str, str], ...]
+    harm: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def rules(self) -> set[str]:
+        """The rules its diagnosis shows."""
+        return {rule for rule, *_ in self.findings}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,14 @@ def scenario_names(path: Path = MANIFEST) -> list[str]:
                    and name.endswith("/meta.json")})
 
 
+def scenario_cases() -> dict:
+    """The rules' further scenarios (Proof.cases) by bundle name: the verdict each must give."""
+    from fleetscope.rules.catalog import CATALOG
+
+    return {case.name: case for rule in CATALOG if rule.proof is not None
+            for case in rule.proof.cases}
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import tempfile

@@ -11,7 +11,9 @@ in this test's copy: `for:` is Prometheus's flap guard over time (a bundle is a 
 and annotations only render text. The conditions - what the engine evaluates - are untouched,
 and compared at every step of the bundle that has the rules' windows behind it, for every
 severity tier. The engine's persistence (a condition holding at most steps of the window) is
-a function of those per-step results, tested in tests/test_engine.py.
+a function of those per-step results, tested in tests/test_engine.py. Event times (kills,
+crashes, refused forks) are moved onto promtool's clock, so an event's age, and with it its
+phase (ongoing, ended, older), is compared too.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ from fleetscope.rules.catalog import CATALOG, WINDOW
 from fleetscope.rules.export import rule_file
 from fleetscope.rules.promql import Series, strip_name
 from tests.conftest import SCENARIOS, require_tool
-from tests.fixture_trees import scenario_names
+from tests.fixture_trees import scenario_cases, scenario_names
 
 SCENARIO_NAMES = scenario_names()  # from the manifest: known at collection, before generation
+CASES = scenario_cases()
+# promtool's clock starts at 0 (its eval_time), the bundle's at its first sample: event times
+# go onto promtool's clock, so `time() - <event time>` is the same age on both sides.
+EVENT_TIME = "_timestamp_seconds"
 
 
 def test_every_rule_has_a_scenario_and_there_are_healthy_ones():
@@ -53,9 +59,10 @@ def _promtool_case(bundle_path: Path):
         "scenario samples must be evenly spaced to replay in promtool"
     input_series = []
     for name, by_labels in sorted(series.by_name.items()):
+        shift = times[0] / 1000 if name.endswith(EVENT_TIME) else 0.0
         for labels, points in sorted(by_labels.items()):
             values = dict(points)
-            text = " ".join(repr(values[t]) if t in values else "_" for t in times)
+            text = " ".join(repr(values[t] - shift) if t in values else "_" for t in times)
             input_series.append({"series": name + _label_text(dict(labels)), "values": text})
     findings, _ = evaluate(series, hostname)  # the engine, with its persistence
     # Every step with the rules' full windows behind it: each tier's condition, evaluated
@@ -93,8 +100,12 @@ def test_promtool_fires_exactly_what_the_engine_finds(tmp_path, scenario):
     rules["groups"][0]["interval"] = "10s"
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
     case, findings = _promtool_case(SCENARIOS / scenario)
-    if not scenario.startswith("healthy"):
-        assert findings and findings[0].rule.id == scenario  # the test can fail both ways
+    # the test can fail both ways: the engine's answer is the scenario's ground truth
+    if scenario in CASES:
+        assert [(f.rule.id, f.severity, f.phase) for f in findings] == [
+            expected[:3] for expected in CASES[scenario].findings]
+    elif not scenario.startswith("healthy"):
+        assert findings and findings[0].rule.id == scenario
     test_file = tmp_path / "test.yml"
     test_file.write_text(yaml.safe_dump({
         "rule_files": ["rules.yml"], "evaluation_interval": case["interval"], "tests": [case],

@@ -1,7 +1,8 @@
 """The rule scenario bundles (written by tests/fixtures/make_scenarios.py into the session's
 generated directory, see tests/conftest.py, each built by its rule's module): each rule's
 bundle gives that rule as the primary finding of `fleetscope diagnose`, as its proof says,
-and the healthy bundles give status ok. That the generator is
+the healthy bundles give status ok, and each further case of a rule (Proof.cases) gives
+exactly the findings and harm it plants. That the generator is
 deterministic is checked against the committed manifest (tests/test_fixture_trees.py).
 
 Every bundle is diagnosed once, through the CLI in a subprocess, as a user would run it.
@@ -20,12 +21,15 @@ import pytest
 from fleetscope.rules.catalog import CATALOG, by_id
 from tests.conftest import SCENARIOS
 from tests.diagnosis_schema import diagnosis_schema
-from tests.fixture_trees import scenario_names
+from tests.fixture_trees import scenario_cases, scenario_names
 
-# healthy-idle and healthy-busy, and the rules' healthy look-alikes (Proof.lookalikes)
+# healthy-idle and healthy-busy, and the rules' healthy look-alikes (Proof.lookalikes, and
+# the cases of a healthy node a rule says only information of)
 HEALTHY = tuple(name for name in scenario_names() if name.startswith("healthy-"))
+CASES = scenario_cases()
 RULE_IDS = sorted(rule.id for rule in CATALOG)
 EXIT = {"critical": 2, "warning": 1}
+SEVERITIES = ("critical", "warning", "info")
 
 # Signals the bundles lack on purpose: none (a kernel log without SIGILL gives no
 # fleetscope_sigill_crashes_total series, but the collector's always-present
@@ -63,9 +67,10 @@ def diagnose(name: str) -> tuple[int, dict, str]:
 
 def test_one_bundle_per_rule_and_the_healthy_ones():
     names = sorted(p.name for p in SCENARIOS.iterdir() if (p / "meta.json").is_file())
-    assert names == sorted(RULE_IDS + list(HEALTHY))
+    assert names == sorted(set(RULE_IDS) | set(HEALTHY) | set(CASES))
     assert all(rule.proof is not None for rule in CATALOG)
     assert {"healthy-idle", "healthy-busy"} < set(HEALTHY)
+    assert not set(CASES) & set(RULE_IDS)
 
 
 @pytest.mark.parametrize("rule_id", RULE_IDS)
@@ -128,6 +133,51 @@ def test_healthy_scenario_is_ok(name):
     assert document["status"] == "ok", document["findings"]
     assert code == 0, stderr
     assert not [f for f in document["findings"] if f["severity"] in ("warning", "critical")]
+    assert unevaluated_for_want_of_modules(document), document["not_evaluated"]
+
+
+def _pools_of(name: str) -> list[tuple[str, str, str, list[str]]]:
+    """(rule, severity, phase, pools of its label sets) of each finding, ranked, from the
+    engine in-process on the bundle: the labels the CLI's document does not carry."""
+    from fleetscope.bundle.read import open_bundle
+    from fleetscope.diagnose.engine import assess
+    from fleetscope.diagnose.evidence import bundle_series
+
+    with open_bundle(str(SCENARIOS / name)) as bundle:
+        verdict = assess(bundle_series(bundle, bundle.config()), bundle.hostname)
+    return [(f.rule.id, f.severity, f.phase,
+             sorted({labels.get("pool", "") for labels in f.label_sets}))
+            for f in verdict.findings]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_scenario_gives_exactly_the_findings_and_harm_it_plants(name):
+    case = CASES[name]
+    code, document, stderr = diagnose(name)
+    jsonschema.validate(document, diagnosis_schema())
+    findings = document["findings"]
+    # the findings, most important first, each in the severity and phase planted
+    assert [(f["rule"], f["severity"], f["phase"]) for f in findings] == [
+        expected[:3] for expected in case.findings]
+    worst = min((f["severity"] for f in findings), key=SEVERITIES.index, default="info")
+    assert document["status"] == ("ok" if worst == "info" else worst)
+    assert code == EXIT.get(worst, 0), (code, stderr)
+    # each about the pool planted (one label set each: a pool's finding names no other)
+    assert _pools_of(name) == [(rule, severity, phase, [pool])
+                               for rule, severity, phase, pool in case.findings]
+    # the harm: each hurting pool, on every signal, explained by exactly the rules planted
+    harm: dict[str, set[str]] = {}
+    for item in document["harm"]:
+        harm.setdefault(item["pool"], set()).update(item["explained_by"])
+        assert item["value"] > item["target"], item
+    assert harm == {pool: set(rules) for pool, rules in case.harm}
+    for item in document["harm"]:
+        assert sorted(item["explained_by"]) == sorted(dict(case.harm)[item["pool"]])
+    # ...and each finding names the pools whose harm it explains
+    for finding in findings:
+        assert finding["explains"] == [pool for pool, rules in case.harm
+                                       if finding["rule"] in rules], finding
+        assert "?" not in finding["summary"] and "{" not in finding["summary"]
     assert unevaluated_for_want_of_modules(document), document["not_evaluated"]
 
 

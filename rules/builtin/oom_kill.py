@@ -13,11 +13,12 @@ the pool it belonged to.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
-from ..model import ENDED, EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule, Tier
+from ..model import ENDED, EXPLAINS_POOL, NODE, ONGOING, Case, Evidence, Panel, Proof, Rule, Tier
 from ..promql import (
     EVENT_LOOKBACK_SECONDS,
     EVENT_ONGOING_SECONDS,
@@ -194,6 +195,26 @@ def scenario(k):
         memory=k.MemoryPlan(oom_kills=3, limit_bytes=2 << 30))
 
 
+# A one-off job's pod cgroup, deleted with the job after its kill: in no pool, no sample has it
+REMOVED_JOB_CG = "/kubepods.slice/kubepods-burstable.slice/offline/reindex-job-28411"
+
+
+def ended_beside_preemption(k):
+    """A kill in a cgroup since removed, 3 minutes before the window (inside the 5 minutes a
+    kill still acts in: only the removal ends it), beside offline-preemption's live fault."""
+    from .offline_preemption import scenario as preemption
+
+    scn = preemption(k)
+    return replace(
+        scn, name="oom-kill-ended-beside-preemption", hostname="agent-kp-07",
+        injects=scn.injects + "; before the window a one-off reindex job reached its pod's "
+                              "4 GiB memory limit, was OOM-killed, and was deleted with its pod",
+        shows=scn.shows + "; one `Memory cgroup out of memory: Killed process ... (reindex)` "
+                          "report 3 min before the window in a memory cgroup no sample holds",
+        memory=k.MemoryPlan(oom_kills=1, limit_bytes=4 << 30, killed="reindex",
+                            kill_cgroup=REMOVED_JOB_CG, first_kill=-190.0))
+
+
 RULE = Rule(
     id="oom-kill",
     severity="critical",
@@ -256,5 +277,11 @@ RULE = Rule(
                 summary=r"processes killed by the OOM killer within the look-back; 3 kills, "
                         r"latest agent-tool \(pid \d+, pool chat-online\) in memory cgroup "
                         r"\S+ at its limit: usage 2(\.0)? GiB of 2(\.0)? GiB",
-                subjects=("binaries", ["agent-tool"])),
+                subjects=("binaries", ["agent-tool"]),
+                # a kill in a cgroup since removed ended: it explains no harm of now and
+                # ranks after the live cause that does
+                cases=(Case("oom-kill-ended-beside-preemption", ended_beside_preemption,
+                            findings=(("offline-preemption", "warning", ONGOING, "chat-online"),
+                                      ("oom-kill", "warning", ENDED, "")),
+                            harm=(("chat-online", ("offline-preemption",)),)),)),
 )

@@ -16,6 +16,7 @@ by stage, and time no stage accounts for).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from fleetscope.core import units
 
@@ -29,7 +30,7 @@ from ..harm import (
     target,
     unexplained,
 )
-from ..model import EXPLAINS_NOTHING, NODE, WINDOW, Evidence, Panel, Proof, Rule
+from ..model import EXPLAINS_NOTHING, NODE, ONGOING, WINDOW, Case, Evidence, Panel, Proof, Rule
 from ..promql import AvgOverTime, Max, Selector
 from ..signals import PSI_CPU, busy_ratio
 
@@ -133,6 +134,19 @@ def scenario(k):
         agent=k.AgentPlan(sessions=9.0, session_median=1.5, session_sigma=0.35))
 
 
+def beside_another_pool(k):
+    """The same slow sessions, and the batch pool at its open-file limit: a cause about
+    another pool, which explains nothing of chat-online's harm."""
+    scn = scenario(k)
+    fds = [996, 998, 1001, 1003, 1006, 1008, 1011, 1014]  # an fd leaked per partition read
+    return replace(
+        scn, name="unexplained-harm-beside-another-pool", hostname="agent-x86-13",
+        injects=scn.injects + "; unrelated, the offline ETL job leaks a file descriptor per "
+                              "partition it reads and holds 1,014 of its 1,024",
+        shows=scn.shows + "; the batch pool's ETL process at 99 % of its RLIMIT_NOFILE",
+        procs=scn.procs + [k.etl(k.X86, range(16), 2.2, fds=fds, nofile=(1024, 4096))])
+
+
 RULE = Rule(
     id="unexplained-harm",
     severity="warning",
@@ -169,5 +183,11 @@ RULE = Rule(
         Add("unexplained_session_seconds", 1.5),
     )),
     proof=Proof(scenario, summary=r"pool chat-online: users hurting and no rule explains it; "
-                                  r"harm: online sessions' P99 \d"),
+                                  r"harm: online sessions' P99 \d",
+                # per pool: a cause about another pool leaves this one's harm unexplained,
+                # and the harm leads the risk however severe
+                cases=(Case("unexplained-harm-beside-another-pool", beside_another_pool,
+                            findings=(("unexplained-harm", "warning", ONGOING, "chat-online"),
+                                      ("fd-exhaustion", "critical", ONGOING, "batch")),
+                            harm=(("chat-online", ()),)),)),
 )
