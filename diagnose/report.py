@@ -178,11 +178,26 @@ MAX_HARM_LINES = 12  # pools named in the report's harm block; the rest are coun
 
 
 def print_harm(document: dict, console: Console) -> None:
-    """What hurts now, pool by pool, and what explains it: the verdict leads with it."""
+    """What hurts now, pool by pool, and what explains it: the verdict leads with it. Over
+    several nodes a count comes first (how many pools, how many explained, by what)."""
     entries = pool_harms(document)
     if not entries:
         return
     with_node = len({entry.node for entry in entries}) > 1 or len(document["nodes"]) > 1
+    if with_node:
+        causes: dict[str, int] = {}
+        for entry in entries:
+            if entry.explained_by:
+                rule = entry.explained_by[0]["rule"]
+                causes[rule] = causes.get(rule, 0) + 1
+        unexplained = sum(not entry.explained_by for entry in entries)
+        said = ", ".join(f"{rule} {count}" for rule, count in
+                         sorted(causes.items(), key=lambda item: -item[1]))
+        console.print(Text.assemble(
+            ("harm: ", "bold"), f"{units.count(len(entries), 'pool')} on "
+            f"{units.count(len({e.node for e in entries}), 'node')} over their targets; "
+            + (f"explained: {said}" if said else "none explained")
+            + (f"; {unexplained} unexplained" if unexplained else "")))
     console.print(Text("Harm now (pools over their targets):", style="bold"))
     body = Table.grid(padding=(0, 1))
     body.add_column(width=2, no_wrap=True)

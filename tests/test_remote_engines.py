@@ -142,7 +142,10 @@ def test_fleet_finding_names_the_older_stepping(fleet):
     first = text.index("fleet: isa-mismatch on")
     assert first < text.index("Primary diagnosis")
     header_end = text.index("\n", text.index("CRITICAL"))
-    assert text[header_end:].lstrip().startswith("fleet: ")  # right under the status line
+    # under the status line: the harm (how many pools hurt, and why), then what the sick
+    # nodes share, before any node's findings
+    assert text[header_end:].lstrip().startswith("harm: ")
+    assert text.index("Harm now") < first < text.index("  1  ")
 
 
 def test_one_node_and_an_unknown_node(fleet):

@@ -63,7 +63,7 @@ def test_prometheus_renders_the_link_with_the_node_url_encoded(tmp_path):
         "interval": "1m",
         "input_series": [{"series": series, "values": "0.95x5"}],
         "alert_rule_test": [{"eval_time": "3m", "alertname": rule.alert_name, "exp_alerts": [{
-            "exp_labels": {**labels, "severity": rule.severity, "fleetscope_rule": rule.id},
+            "exp_labels": {**labels, **rule.alert_labels(rule.levels()[0])},
             "exp_annotations": annotations}]}]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path,
