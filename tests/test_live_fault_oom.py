@@ -278,8 +278,12 @@ def test_oom_kill_from_a_bundle_recorded_beside_it(tmp_path):
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
     subprocess.run(["tar", "-xzf", str(bundle), "-C", str(unpacked)], check=True, timeout=60)
-    recorded = sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("memory.oom_control"))
-    assert recorded and all(f"sys/fs/cgroup/memory/{cgroup.name}/" in p for p in recorded)
+    # The worker's cgroup in every sample (beside it the cgroups of other kills in the kernel
+    # log, whether each still exists)
+    samples = sorted(p.name for p in next(unpacked.rglob("samples")).iterdir())
+    ours = sorted(p.relative_to(unpacked).parts[-7] for p in unpacked.rglob(
+        f"sys/fs/cgroup/memory/{cgroup.name}/memory.oom_control"))
+    assert samples and ours == samples, (ours, samples)
     dmesg = next(unpacked.rglob("dmesg.txt")).read_text()
     assert f"task_memcg=/{cgroup.name}," in dmesg and "Killed process" in dmesg
     result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",

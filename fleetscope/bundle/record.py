@@ -322,7 +322,9 @@ def capture_event_cgroups(reader: Reader, dmesg: str, sample_dirs: list[str]) ->
     """Whether the cgroups the kernel log's events name still exist, as the replay asks it:
     the file that marks each (a memory cgroup's memory.oom_control or memory.events, a pids
     cgroup's pids.max) copied into every sample where it exists when the recording ends. A
-    cgroup removed before then reads as gone throughout: its events no longer act."""
+    cgroup removed before then reads as gone wherever no sample read it: its events no
+    longer act. A copy a sample made at its own time stays (a pool's cgroup: its kill
+    counter as it rose), never overwritten by the last one."""
     from fleetscope.collectors.fork_limits import pids_cgroup_files, rejected_cgroups
     from fleetscope.collectors.memory import (
         V1_MOUNTS,
@@ -337,7 +339,8 @@ def capture_event_cgroups(reader: Reader, dmesg: str, sample_dirs: list[str]) ->
                 for marker in pids_cgroup_files(path)]
     for sample_dir in sample_dirs:
         for marker in markers:
-            copy_file(reader, marker, sample_dir)
+            if not os.path.exists(os.path.join(sample_dir, marker)):
+                copy_file(reader, marker, sample_dir)
 
 
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
