@@ -71,6 +71,24 @@ def group_findings(findings: list[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
+def _shown(value):
+    """The document as a terminal may show it: every string's control characters written as
+    escapes (names from a node are data: units.printable)."""
+    if isinstance(value, str):
+        return units.printable(value)
+    if isinstance(value, dict):
+        return {key: _shown(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shown(item) for item in value]
+    return value
+
+
+def _plain(text: str) -> Text:
+    """A cell as written: rich reads a str cell as markup, where a process named `[/]`
+    raised an error and `[link=x]` hid the name."""
+    return Text(text)
+
+
 def _names(values: list[str], limit: int = 8) -> str:
     shown = ", ".join(values[:limit])
     return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
@@ -94,12 +112,12 @@ def _evidence_table(evidence: list[dict], width: int, picks: dict[str, str]) -> 
         table.add_column(no_wrap=True, justify="right")
         table.add_column(no_wrap=True, style="dim")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(_plain, row))
         return table
     table = Table.grid()
     table.add_column(ratio=1)
     for signal, value, threshold in rows:
-        table.add_row(signal)
+        table.add_row(_plain(signal))
         table.add_row(Padding(Text.assemble(value, "  ", (threshold, "dim")), (0, 0, 0, 2)))
     return table
 
@@ -124,18 +142,18 @@ def _block(number: int, group: list[dict], width: int) -> Group:
     body.add_column(ratio=1, overflow="fold")
     summary = first["summary"] if len(group) == 1 else \
         f"{first['summary']} (and {len(group) - 1} alike)"
-    body.add_row("", summary)
+    body.add_row("", _plain(summary))
     if len(nodes) > 1:
-        body.add_row("nodes", _names(nodes, 12))
+        body.add_row("nodes", _plain(_names(nodes, 12)))
     subjects = [f"{kind} {_names([str(v) for v in values])}"
                 for kind, values in first.get("subjects", {}).items() if values]
     if subjects:
-        body.add_row("subjects", "; ".join(subjects))
+        body.add_row("subjects", _plain("; ".join(subjects)))
     if first["evidence"]:
         body.add_row("evidence", _evidence_table(first["evidence"], width - BODY_COLUMN,
                                                  evidence_picks(first["rule"])))
-    body.add_row("cause", first["cause"])
-    body.add_row("action", first["action"])
+    body.add_row("cause", _plain(first["cause"]))
+    body.add_row("action", _plain(first["action"]))
     # The command reads it on any node; the path is the installed file on this one.
     body.add_row("runbook", Text(f"fleetscope runbook {first['rule']}", no_wrap=True,
                                  overflow="ignore"))
@@ -166,7 +184,7 @@ def _not_evaluated(items: list[dict], verbose: bool = False) -> Table:
     table.add_column(no_wrap=True, justify="right")
     table.add_column(ratio=1, style="dim")
     for cause, (rules, signals) in _by_cause(items).items():
-        table.add_row(units.count(len(rules), "rule"), cause)
+        table.add_row(units.count(len(rules), "rule"), _plain(cause))
         if verbose:
             table.add_row("", Text.assemble(("rules ", "bold"), ", ".join(rules)))
             if signals:
@@ -204,7 +222,7 @@ def print_harm(document: dict, console: Console) -> None:
     body.add_column(ratio=1, overflow="fold")
     for entry in entries[:MAX_HARM_LINES]:
         style = "yellow" if entry.explained_by else "bold yellow"
-        body.add_row(Text("*", style=style), entry.head(with_node))
+        body.add_row(Text("*", style=style), _plain(entry.head(with_node)))
         body.add_row("", Text.assemble(("<- ", "dim"), entry.cause()))
     console.print(Padding(body, (0, 0, 0, 2), expand=False))
     if len(entries) > MAX_HARM_LINES:
@@ -218,7 +236,8 @@ def print_harm(document: dict, console: Console) -> None:
 def print_fleet_findings(document: dict, console: Console) -> None:
     """What the sick nodes share (`diagnose --fleet`), ahead of the per-node findings."""
     for entry in document.get("fleet_findings") or []:
-        console.print(f"[{_STYLE[entry['severity']]}]fleet:[/] {entry['summary']}")
+        console.print(Text.assemble(("fleet:", _STYLE[entry["severity"]]), " ",
+                                    entry["summary"]))
 
 
 def print_accelerator_groups(document: dict, console: Console) -> None:
@@ -233,6 +252,7 @@ def print_report(document: dict, console: Console | None = None, verbose: bool =
                  ) -> None:
     """The report; `verbose` names each rule not evaluated and the signals it lacks."""
     console = _width(console)
+    document = _shown(document)
     if console.is_terminal:
         _print_report(document, console, verbose)
         return

@@ -39,6 +39,20 @@ TIME_UNIT = "unix seconds"  # a moment (a crash's time), read as a local time wi
 TIME_ZONE_ENV = "FLEETSCOPE_CONSOLE_TZ"  # e.g. Asia/Shanghai; default: the machine's zone
 
 
+# Characters a terminal acts on rather than shows (C0, DEL, C1: ESC starts clear-screen and
+# clipboard writes) and the bidirectional overrides that reorder what is shown: a name from a
+# node (a process's, a label's) carries any of them, so they are written as escapes.
+_UNPRINTABLE = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa0))}
+_UNPRINTABLE.update({code: f"\\u{code:04x}" for code in (*range(0x202a, 0x202f),
+                                                         *range(0x2066, 0x206a))})
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on written as its escape:
+    printable('x\x1b[2Jy') -> 'x\\x1b[2Jy'. Names from a node are data, shown, never run."""
+    return text.translate(_UNPRINTABLE)
+
+
 def _significant(value: float, digits: int = 3) -> str:
     """3 significant digits without exponent or trailing zeros: 375, 37.5, 3.75, 0.0375."""
     if value == 0 or not math.isfinite(value):
