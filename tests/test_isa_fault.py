@@ -32,7 +32,7 @@ from fleetscope.tools.isa_fault import (
     in_binary,
 )
 from tests.conftest import FIXTURES, SCENARIOS, require_tool
-from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, make_elf
+from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, X86_CPUINFO, make_elf
 
 KMSG = FIXTURES / "kmsg"  # real public kernel logs; origins in its README.md
 ARM64_414 = (KMSG / "arm64-4.14-undefinstr.txt").read_text()
@@ -250,6 +250,80 @@ def test_a_binary_that_needs_fp16_fails_and_a_guarded_one_passes(tmp_path, capsy
         assert "AVX-512FP16" in report["dispatched_missing"]
         fp16 = next(e for e in report["extensions"] if e["name"] == "AVX-512FP16")
         assert fp16["first_dispatched_use"]["dispatch"] == reason
+
+
+# OpenSSL's way (crypto/bn/rsaz_exp_x2.c, crypto/bn/bn_exp.c): a constructor fills a global
+# from CPUID, a function returns whether its AVX-512 IFMA bits are all set, and the code that
+# picks the RSA path calls it first (`if (ossl_rsaz_avx512ifma_eligible() && ...)`).
+FEATURE_TEST_C = """\
+#include <cpuid.h>
+#include <immintrin.h>
+
+unsigned int cpu_caps[4];
+
+__attribute__((constructor)) static void caps_init(void)
+{
+    unsigned int a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) { cpu_caps[2] = b; cpu_caps[3] = c; }
+}
+
+/* avx512f, avx512dq, avx512ifma, avx512vl */
+#define IFMA_BITS ((1u << 16) | (1u << 17) | (1u << 21) | (1u << 31))
+__attribute__((noinline)) int avx512ifma_eligible(void)
+{
+    return (cpu_caps[2] & IFMA_BITS) == IFMA_BITS;
+}
+/* A wrapper that tail-calls the test is a test too. */
+__attribute__((noinline)) int fast_path_ok(void) { return avx512ifma_eligible(); }
+
+__attribute__((noinline, target("avx512f,avx512ifma")))
+void madd52(long long *r, const long long *a, const long long *b)
+{
+    __m512i x = _mm512_loadu_si512(a), y = _mm512_loadu_si512(b), z = _mm512_loadu_si512(r);
+    _mm512_storeu_si512(r, _mm512_madd52lo_epu64(z, x, y));
+}
+
+__attribute__((noinline)) void madd52_generic(long long *r, const long long *a,
+                                              const long long *b)
+{
+    for (int i = 0; i < 8; i++) r[i] += (a[i] * b[i]) & ((1LL << 52) - 1);
+}
+
+long long r[8], a[8], b[8];
+int main(void) { %s return (int)r[0]; }
+"""
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("test_call", ["avx512ifma_eligible()", "fast_path_ok()"])
+def test_a_feature_test_function_guards_what_its_caller_runs_after_it(tmp_path, capsys,
+                                                                       test_call):
+    if os.uname().machine != "x86_64":
+        pytest.skip("builds x86-64 code")
+    guarded = _gcc(tmp_path, "fs_ifma_guard", FEATURE_TEST_C % (
+        f"if ({test_call}) madd52(r, a, b); else madd52_generic(r, a, b);"))
+    always = _gcc(tmp_path, "fs_ifma_always", FEATURE_TEST_C % "madd52(r, a, b);")
+    no_avx512 = str(X86_CPUINFO)  # AMD EPYC 7763: AVX2, no AVX-512 of any kind
+
+    def check(binary: Path) -> tuple[int, dict]:
+        capsys.readouterr()
+        code = run_isa_check([str(binary), "--features-from", no_avx512, "--json"])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, report = check(guarded)
+    assert code == 0, report["missing"]
+    assert {"AVX-512F", "AVX-512IFMA"} <= set(report["dispatched_missing"])
+    ifma = next(e for e in report["extensions"] if e["name"] == "AVX-512IFMA")
+    assert ifma["use"] == "dispatched" and ifma["needed_instructions"] == 0
+    assert ifma["first_dispatched_use"]["instruction"].startswith("vpmadd52luq")
+    assert ifma["first_dispatched_use"]["where"] == ".text madd52"
+    assert ifma["first_dispatched_use"]["dispatch"] == "after a CPU feature test in main"
+    # The same code run without asking first is needed, and missing on that CPU.
+    code, report = check(always)
+    assert code == 1
+    assert {"AVX-512F", "AVX-512IFMA"} <= set(report["missing"])
+    ifma = next(e for e in report["extensions"] if e["name"] == "AVX-512IFMA")
+    assert ifma["use"] == "needed" and ifma["first_use"]["where"] == ".text madd52"
 
 
 def _kernel_log() -> str:
