@@ -15,7 +15,7 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from fleetscope.tools.isa_fault import (
     in_binary,
 )
 from tests.conftest import FIXTURES, SCENARIOS, require_tool
-from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, make_elf
+from tests.test_isa import EM_AARCH64, KUNPENG_CPUINFO, TEXT_ADDRESS, X86_CPUINFO, make_elf
 
 KMSG = FIXTURES / "kmsg"  # real public kernel logs; origins in its README.md
 ARM64_414 = (KMSG / "arm64-4.14-undefinstr.txt").read_text()
@@ -194,6 +194,64 @@ def fp16_binary(tmp_path):
     return _gcc(tmp_path, name, FP16_C % ("", "c = a + b;"), "-mavx512fp16")
 
 
+@dataclass(frozen=True)
+class Lacking:
+    """An instruction of an extension the CPU lacks, alone in a binary's main: the real
+    SIGILL, on exactly that instruction."""
+
+    extension: str  # as isa check names it
+    mnemonic: str
+    asm: str  # GNU as syntax (as assembles every extension whatever gcc's -m flags)
+    absent: str  # the /proc/cpuinfo flag the CPU must not have
+    present: tuple[str, ...] = ()  # flags it must have, so that nothing else is missing
+
+
+# In order of preference; AVX-512FP16 only where AVX-512F is there, else the load of its
+# operands (vmovdqa64, AVX-512F) would fault first.
+LACKING = (
+    Lacking("AVX-512FP16", "vaddph", "vaddph %zmm1, %zmm2, %zmm0", "avx512_fp16", ("avx512f",)),
+    Lacking("AVX-512F", "vpaddd", "vpaddd %zmm1, %zmm2, %zmm0", "avx512f"),
+    Lacking("XOP", "vprotd", "vprotd $1, %xmm1, %xmm0", "xop"),  # AMD family 15h only
+    Lacking("FMA4", "vfmaddps", "vfmaddps %xmm3, %xmm2, %xmm1, %xmm0", "fma4", ("avx",)),
+)
+
+
+def lacking_on(flags: set[str]) -> Lacking | None:
+    return next((one for one in LACKING
+                 if one.absent not in flags and set(one.present) <= flags), None)
+
+
+def test_the_sigill_instruction_is_one_the_cpu_lacks():
+    zen3 = {"avx", "avx2", "fma", "sha_ni"}
+    assert lacking_on(zen3).extension == "AVX-512F"
+    assert lacking_on(zen3 | {"avx512f", "avx512bw"}).extension == "AVX-512FP16"
+    sapphire_rapids = zen3 | {"avx512f", "avx512_fp16"}
+    assert lacking_on(sapphire_rapids).extension == "XOP"
+    assert lacking_on(sapphire_rapids | {"xop"}).extension == "FMA4"
+    assert lacking_on(sapphire_rapids | {"xop", "fma4"}) is None
+    # Each instruction decodes to its extension alone: the diagnosis can name exactly it.
+    from fleetscope.tools.isa_x86 import decode_one
+
+    gas = {"vaddph": "62f56c4858c1", "vpaddd": "62f16d48fec1", "vprotd": "8fe878c2c101",
+           "vfmaddps": "c4e3f168c320"}  # GNU as 2.40 of each LACKING asm
+    for one in LACKING:
+        text, extensions, _ = decode_one(bytes.fromhex(gas[one.mnemonic]), 0)
+        assert text.split()[0] == one.mnemonic and extensions == (one.extension,)
+
+
+@pytest.fixture
+def sigill_binary(tmp_path) -> tuple[Path, Lacking]:
+    if os.uname().machine != "x86_64":
+        pytest.skip("builds x86-64 code")
+    lacking = lacking_on(_cpu_flags())
+    if lacking is None:
+        pytest.skip("this CPU has every extension the test could fault on")
+    # At most 15 characters (the task name the kernel prints) and unique per run.
+    name = f"fs_ill_{os.getpid() % 10**6}"
+    source = f'int main(void) {{ __asm__ volatile("{lacking.asm}"); return 0; }}\n'
+    return _gcc(tmp_path, name, source), lacking
+
+
 def _check(capsys, path) -> tuple[int, dict]:
     capsys.readouterr()
     code = run_isa_check([str(path), "--json"])
@@ -252,6 +310,80 @@ def test_a_binary_that_needs_fp16_fails_and_a_guarded_one_passes(tmp_path, capsy
         assert fp16["first_dispatched_use"]["dispatch"] == reason
 
 
+# OpenSSL's way (crypto/bn/rsaz_exp_x2.c, crypto/bn/bn_exp.c): a constructor fills a global
+# from CPUID, a function returns whether its AVX-512 IFMA bits are all set, and the code that
+# picks the RSA path calls it first (`if (ossl_rsaz_avx512ifma_eligible() && ...)`).
+FEATURE_TEST_C = """\
+#include <cpuid.h>
+#include <immintrin.h>
+
+unsigned int cpu_caps[4];
+
+__attribute__((constructor)) static void caps_init(void)
+{
+    unsigned int a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) { cpu_caps[2] = b; cpu_caps[3] = c; }
+}
+
+/* avx512f, avx512dq, avx512ifma, avx512vl */
+#define IFMA_BITS ((1u << 16) | (1u << 17) | (1u << 21) | (1u << 31))
+__attribute__((noinline)) int avx512ifma_eligible(void)
+{
+    return (cpu_caps[2] & IFMA_BITS) == IFMA_BITS;
+}
+/* A wrapper that tail-calls the test is a test too. */
+__attribute__((noinline)) int fast_path_ok(void) { return avx512ifma_eligible(); }
+
+__attribute__((noinline, target("avx512f,avx512ifma")))
+void madd52(long long *r, const long long *a, const long long *b)
+{
+    __m512i x = _mm512_loadu_si512(a), y = _mm512_loadu_si512(b), z = _mm512_loadu_si512(r);
+    _mm512_storeu_si512(r, _mm512_madd52lo_epu64(z, x, y));
+}
+
+__attribute__((noinline)) void madd52_generic(long long *r, const long long *a,
+                                              const long long *b)
+{
+    for (int i = 0; i < 8; i++) r[i] += (a[i] * b[i]) & ((1LL << 52) - 1);
+}
+
+long long r[8], a[8], b[8];
+int main(void) { %s return (int)r[0]; }
+"""
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("test_call", ["avx512ifma_eligible()", "fast_path_ok()"])
+def test_a_feature_test_function_guards_what_its_caller_runs_after_it(tmp_path, capsys,
+                                                                       test_call):
+    if os.uname().machine != "x86_64":
+        pytest.skip("builds x86-64 code")
+    guarded = _gcc(tmp_path, "fs_ifma_guard", FEATURE_TEST_C % (
+        f"if ({test_call}) madd52(r, a, b); else madd52_generic(r, a, b);"))
+    always = _gcc(tmp_path, "fs_ifma_always", FEATURE_TEST_C % "madd52(r, a, b);")
+    no_avx512 = str(X86_CPUINFO)  # AMD EPYC 7763: AVX2, no AVX-512 of any kind
+
+    def check(binary: Path) -> tuple[int, dict]:
+        capsys.readouterr()
+        code = run_isa_check([str(binary), "--features-from", no_avx512, "--json"])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, report = check(guarded)
+    assert code == 0, report["missing"]
+    assert {"AVX-512F", "AVX-512IFMA"} <= set(report["dispatched_missing"])
+    ifma = next(e for e in report["extensions"] if e["name"] == "AVX-512IFMA")
+    assert ifma["use"] == "dispatched" and ifma["needed_instructions"] == 0
+    assert ifma["first_dispatched_use"]["instruction"].startswith("vpmadd52luq")
+    assert ifma["first_dispatched_use"]["where"] == ".text madd52"
+    assert ifma["first_dispatched_use"]["dispatch"] == "after a CPU feature test in main"
+    # The same code run without asking first is needed, and missing on that CPU.
+    code, report = check(always)
+    assert code == 1
+    assert {"AVX-512F", "AVX-512IFMA"} <= set(report["missing"])
+    ifma = next(e for e in report["extensions"] if e["name"] == "AVX-512IFMA")
+    assert ifma["use"] == "needed" and ifma["first_use"]["where"] == ".text madd52"
+
+
 def _kernel_log() -> str:
     dmesg = shutil.which("dmesg")
     result = subprocess.run([dmesg], capture_output=True, text=True, timeout=30) \
@@ -288,26 +420,28 @@ def _diagnose(*args: str, env=None) -> dict:
 
 @pytest.mark.live
 def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_path,
-                                                                           fp16_binary):
+                                                                           sigill_binary):
+    binary, lacking = sigill_binary
     log_before = _kernel_log()
-    pid, before, after = _crash(fp16_binary)
+    pid, before, after = _crash(binary)
     text = _kernel_log()
     ours = [c for c in scan_kernel_log(text).crashes
-            if c.binary == fp16_binary.name and c.pid == pid]
+            if c.binary == binary.name and c.pid == pid]
     assert len(ours) == 1
     crash = ours[0]
     assert crash.offset is not None or crash.mapping_delta is not None
-    fault = in_binary(str(fp16_binary), crash)
-    assert fault.mnemonic == "vaddph" and fault.extensions == ["AVX-512FP16"]
+    fault = in_binary(str(binary), crash)
+    assert fault.mnemonic == lacking.mnemonic and fault.extensions == [lacking.extension]
     assert fault.source == ("kernel offset" if crash.offset is not None
                             else "ip minus mapping base")
     # `isa check --at` the offset of the line says the same.
     at = crash.offset if crash.offset is not None else fault.file_offset
     check = subprocess.run([sys.executable, "-m", "fleetscope", "isa", "check",
-                            str(fp16_binary), "--at", f"{at:x}"],
+                            str(binary), "--at", f"{at:x}"],
                            capture_output=True, text=True, timeout=120)
-    assert check.returncode == 1 and "vaddph" in check.stdout
-    assert "AVX-512FP16 (ABSENT on this CPU)" in check.stdout
+    assert check.returncode == 1
+    assert check.stdout.rstrip().endswith(
+        f": {fault.text}: {lacking.extension} (ABSENT on this CPU)")
     # Its time: boot time + the log's seconds lands between the launch and the exit
     # (btime has whole seconds; the kernel clock and wall clock drift apart a little).
     boot = boot_time(Path("/proc/stat").read_text())
@@ -318,12 +452,12 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
         assert when is None or when <= before + 2
 
     # Live diagnose finds the binary on PATH (the kernel prints base names only).
-    env = {**os.environ, "PATH": f"{fp16_binary.parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
     live = _diagnose("--seconds", "2", env=env)
     finding = next(f for f in live["findings"] if f["rule"] == "isa-mismatch")
-    assert fp16_binary.name in finding["subjects"]["binaries"]
+    assert binary.name in finding["subjects"]["binaries"]
     assert pid in finding["subjects"]["pids"]
-    assert "vaddph" in finding["summary"] and "AVX-512FP16 absent on this CPU" in \
+    assert f"faulted on {fault.text}: {lacking.extension} absent on this CPU [" in \
         finding["summary"]
     signals = " ".join(e["signal"] for e in finding["evidence"])
     assert "verdict from the kernel offset" in signals or \
@@ -335,28 +469,29 @@ def test_real_sigill_names_the_faulting_instruction_live_and_from_a_bundle(tmp_p
                              "--seconds", "1", "--interval", "1", "-o", str(bundle)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert record.returncode == 0, record.stderr
-    fp16_binary.unlink()
+    binary.unlink()
     moved = tmp_path / "elsewhere" / "node.tar.gz"
     moved.parent.mkdir()
     bundle.rename(moved)
     replayed = _diagnose("--bundle", str(moved))
     finding = next(f for f in replayed["findings"] if f["rule"] == "isa-mismatch")
-    assert fp16_binary.name in finding["subjects"]["binaries"]
+    assert binary.name in finding["subjects"]["binaries"]
     assert pid in finding["subjects"]["pids"]
-    assert "vaddph" in finding["summary"] and "AVX-512FP16" in finding["summary"]
-    assert "recorded bytes" in finding["summary"]
+    assert f"faulted on {fault.text}: {lacking.extension} absent on this CPU [recorded " \
+        "bytes" in finding["summary"]
 
 
 @pytest.mark.live
-def test_a_sigill_binary_off_path_is_found_where_the_node_runs_it(tmp_path, fp16_binary):
+def test_a_sigill_binary_off_path_is_found_where_the_node_runs_it(tmp_path, sigill_binary):
     """Agent binaries run from their own directory (/opt/<app>/bin), not from PATH. Run by its
     full path, the binary's SIGILL is still decoded live: found on its supervisor's command
     line, beside another executable of the app, or in the config's binary_dirs; with none of
     them the instruction stays unknown (the answer this once gave in every case)."""
     app = tmp_path / "opt" / "agent" / "bin"
     app.mkdir(parents=True)
-    binary = app / fp16_binary.name
-    shutil.move(fp16_binary, binary)
+    built, lacking = sigill_binary
+    binary = app / built.name
+    shutil.move(built, binary)
     _crash(binary)
     env = {**os.environ, "PATH": os.pathsep.join(
         d for d in os.environ["PATH"].split(os.pathsep) if d and Path(d) != app)}
@@ -365,8 +500,8 @@ def test_a_sigill_binary_off_path_is_found_where_the_node_runs_it(tmp_path, fp16
         document = _diagnose("--seconds", "2", *args, env=env)
         finding = next(f for f in document["findings"] if f["rule"] == "isa-mismatch")
         assert binary.name in finding["subjects"]["binaries"]
-        return "faulted on vaddph" in finding["summary"] and \
-            "AVX-512FP16 absent on this CPU" in finding["summary"]
+        return f"faulted on {lacking.mnemonic} " in finding["summary"] and \
+            f": {lacking.extension} absent on this CPU [" in finding["summary"]
 
     def decoded_while_running(argv: list[str]) -> bool:
         process = subprocess.Popen(argv)

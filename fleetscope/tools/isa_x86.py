@@ -7,7 +7,10 @@ runtime CPU dispatch, as far as a static look can tell:
     blocks reached only on one side of a branch on a CPU capability: the output of `cpuid`
       or `xgetbv`, glibc's `_rtld_global_ro` / `_dl_x86_cpu_features`, libgcc's `__cpu_model`,
       OpenSSL's `OPENSSL_ia32cap_P`, `getauxval`, or a global written from one of them
-      (`__pthread_force_elision`, found because its value came from a capability);
+      (`__pthread_force_elision`, found because its value came from a capability),
+      or the return value of a function that computes one (OpenSSL's
+      `ossl_rsaz_avx512ifma_eligible`: `return (OPENSSL_ia32cap_P[2] & mask) == mask`,
+      its callers branch on the bool it returns);
     functions referenced only from such code.
 
 Everything else is "needed": a CPU without the extension faults there. Code is decoded per
@@ -299,6 +302,7 @@ class _Function:
     stores: list[tuple[int, bool]] = field(default_factory=list)  # (address, capability value)
     calls: set[str] = field(default_factory=set)  # named callees (PLT or symbols)
     has_cpuid: bool = False
+    returns_capability: bool = False  # rax holds a capability value at a `ret` (a feature test)
     branches: set[int] = field(default_factory=set)  # call / jmp / jcc targets elsewhere
     conditional: bool = False  # has a conditional branch
     pointers: set[int] = field(default_factory=set)  # code addresses stored to memory
@@ -372,6 +376,8 @@ class _Analyser:
                           if name in CAPABILITY_OBJECTS}
         self.cap_starts: list[int] = sorted(image.object_symbols)
         self.cap_exact: set[int] = set()
+        self.cpuid_functions: set[int] = set()
+        self.feature_tests: set[int] = set()  # functions that return a capability value
 
     def reg(self, register: int) -> int:
         full = self.full.get(register)
@@ -464,7 +470,8 @@ class _Analyser:
     def needs_flow(self, function: _Function) -> bool:
         if function.refs_only:
             return False
-        if function.has_cpuid or function.calls & CAPABILITY_FUNCTIONS:
+        if function.has_cpuid or function.calls & CAPABILITY_FUNCTIONS or \
+                function.branches & self.feature_tests:
             return True
         return any(self.capability_address(a) for a in function.reads | function.leas) or any(
             self.capability_address(a) for a, _ in function.stores)
@@ -506,6 +513,7 @@ class _Analyser:
         flags_tainted = False
         pending: dict[int, set[int]] = {}
         store_taint: list[tuple[int, bool]] = []
+        function.returns_capability = False
         for b, block in enumerate(blocks):
             if not block:
                 continue
@@ -541,6 +549,8 @@ class _Analyser:
                         ins.op0_kind == self.OPK_REG and ins.op1_kind == self.OPK_REG and \
                         ins.op0_register == ins.op1_register:
                     reads_cap = False  # xor eax, eax
+                if ins.rflags_read and flags_tainted and dest is not None:
+                    reads_cap = True  # setcc / cmovcc / sbb after a capability test
                 if ins.op_count and ins.op0_kind == self.OPK_MEM and \
                         mnemonic not in self.no_write and ins.memory_base == self.RIP:
                     store_taint.append((ins.ip_rel_memory_address, reads_cap, b))
@@ -561,12 +571,18 @@ class _Analyser:
                     name = self.callee_name(target) if target else (
                         self.image.slot_names.get(ins.ip_rel_memory_address, "")
                         if ins.is_ip_rel_memory_operand else "")
-                    if name in CAPABILITY_FUNCTIONS or self._cpuid_function(target):
+                    if name in CAPABILITY_FUNCTIONS or self._cpuid_function(target) or \
+                            target in self.feature_tests:
                         tainted.add(self.RAX)
                 elif flow == self.FC_COND or flow == self.FC_JMP:
                     target = ins.near_branch_target
                     if start <= target < end and target > ins.ip:
                         pending.setdefault(target, set()).update(tainted)
+                    elif flow == self.FC_JMP and target in self.feature_tests:
+                        function.returns_capability = True  # a tail call to a feature test
+                elif flow == self.FC_RET and self.RAX in tainted:
+                    # Its caller's `test eax, eax; je` is then a capability branch.
+                    function.returns_capability = True
             last = block[-1]
             flow = last.flow_control
             following = b + 1 if b + 1 < len(blocks) else None
@@ -660,6 +676,11 @@ class _Analyser:
         return guarded - unconditional
 
 
+# Rounds of the capability flow: globals filled from a capability and feature tests found
+# in one round are sources in the next (a wrapper around a feature test is one itself).
+FLOW_ROUNDS = 6
+
+
 def analyse(image: Image, hwcaps_level: int = 0) -> X86Scan:
     """Decode every function of an x86-64 image and sort extension uses into needed and
     dispatched."""
@@ -693,19 +714,24 @@ def analyse(image: Image, hwcaps_level: int = 0) -> X86Scan:
             for address in function.leas | {a for a, _ in function.stores}:
                 if not image.code_at(address):
                     bisect.insort(analyser.cap_starts, address)
-    analysed: set[int] = set()
-    for _round in range(4):  # capability globals found in one round widen the next
-        todo = [f for f in functions if f.start not in analysed and analyser.needs_flow(f)]
+    # start -> the feature tests it calls, as known when it was analysed
+    analysed: dict[int, set[int]] = {}
+    for _round in range(FLOW_ROUNDS):  # capability sources found in one round widen the next
+        todo = [f for f in functions if analyser.needs_flow(f) and (
+            f.start not in analysed
+            or f.branches & analyser.feature_tests != analysed[f.start])]
         if not todo:
             break
         for function in todo:
             base, data = code_of[function.section]
             analyser.flow(function, data, base)
-            analysed.add(function.start)
+            analysed[function.start] = function.branches & analyser.feature_tests
         for function in todo:
             for address, capability in function.stores:
                 if capability and not analyser.capability_address(address):
                     analyser.cap_exact.add(address)
+            if function.returns_capability:
+                analyser.feature_tests.add(function.start)
     dispatched = _dispatched_functions(image, functions, by_start)
     for function in functions:
         reason = dispatched.get(function.start)
