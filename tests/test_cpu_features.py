@@ -804,7 +804,7 @@ def test_live_sigill_is_counted_and_explained(tmp_path, capsys):
     collector = CpuFeaturesCollector(parse_config({}))
     key = f'fleetscope_sigill_crashes_total{{binary="{binary.name}"}}'
     try:
-        before, scrape = _collect(collector, "/")  # reads the whole ring first
+        before, scrape = _collect(collector, "/", live=True)  # reads the whole ring first
         live = scrape.sources.get(("cpu_features", "dev/kmsg"), (False, ""))[0]
         counted = False
         for _attempt in range(3):
@@ -814,7 +814,7 @@ def test_live_sigill_is_counted_and_explained(tmp_path, capsys):
             if not (trace_on and kmsg_readable and live):
                 break
             time.sleep(0.2)
-            after, _ = _collect(collector, "/")
+            after, _ = _collect(collector, "/", live=True)
             if after.get(key, 0) == before.get(key, 0) + 1:
                 counted = True
                 break
