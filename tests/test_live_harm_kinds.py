@@ -37,6 +37,7 @@ from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-serve
 from tests.test_live_accuracy import (
     EVENT_RULES,
     FD_HOLDER,
+    FOREIGN_CPU_LIMIT,
     LIFETIME_S,
     NOISE,
     ForeignLoad,
@@ -341,10 +342,20 @@ def test_an_offline_pool_held_at_its_quota_is_no_harm_live_and_from_a_bundle(tmp
                 cgroup.remove()
     busy = machine_truth(foreign_load)
     alarms = sorted({f["rule"] for f in _ours(document) if f["rule"] not in busy})
+    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                             str(bundle), "--json"], capture_output=True, text=True, timeout=300)
+    replayed = json.loads(result.stdout)
+    alarms += sorted({f"{f['rule']} (bundle)" for f in _ours(replayed) if f["rule"] not in busy})
+    if alarms and foreign_load.cpus > FOREIGN_CPU_LIMIT:
+        # The online pool waited for CPUs other programs took: its harm is then real, and
+        # "fine beside a throttled batch job" is not the node judged, so no verdict is owed.
+        _record({"scenario": "harm:offline-at-quota", "expected": None,
+                 "skipped": f"{foreign_load.cpus:.1f} CPUs busy with other work in the window"})
+        pytest.skip(f"{foreign_load.cpus:.1f} CPUs busy with other programs during the window: "
+                    f"an online pool fine beside a throttled batch job needs them free "
+                    f"(found {alarms})")
     _record({"scenario": "harm:offline-at-quota", "expected": None, "primary": None,
              "correct": not alarms, "false_alarms": alarms, "wall_seconds": round(wall, 2),
              "findings": [(f["rule"], f["severity"]) for f in document["findings"]]})
     _healthy(document, code, busy)
-    result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
-                             str(bundle), "--json"], capture_output=True, text=True, timeout=300)
-    _healthy(json.loads(result.stdout), result.returncode, busy)
+    _healthy(replayed, result.returncode, busy)
