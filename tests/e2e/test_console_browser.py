@@ -493,7 +493,7 @@ def test_evidence_cells_show_their_whole_text(demo, tmp_path):
         shoot(driver, tmp_path, "findings-evidence")
     texts = [text for text, _, _ in cells]
     assert signal in texts, texts  # all of it, as text (a data grid paints a cut canvas)
-    assert "> 50 ms/s" in texts, texts  # as written (Markdown would make "> " a quote)
+    assert "needs over 50 ms/s" in texts, texts  # as units.reading words it, whole
     assert all(scroll <= client + 1 for _, scroll, client in cells), cells
     assert not titles_cut, titles_cut
 
