@@ -793,3 +793,25 @@ def test_a_link_to_what_does_not_exist_says_so_and_opens_nothing_else(
     all_hold({"the URL names what was asked": query == {param: unknown},
               "says there is none": all(line in text for line in said),
               "shows nothing in its place": not shown(text) and box is None}, text, query)
+
+
+@pytest.mark.live
+def test_a_node_with_harm_leads_with_it_above_its_findings(shared_demo, demo_snapshot,
+                                                          tmp_path):
+    """/node?node=N, N a demo node whose pool is over its targets: the harm block (the pool,
+    what hurts against its target, since when, the rule explaining it) comes first, above
+    the node's findings."""
+    harm = next(item for item in demo_snapshot.harm if item["explained_by"])
+    node, pool, rule = harm["node"], harm["pool"], harm["explained_by"][0]
+    with chromium() as driver:
+        text, query = open_link(driver, shared_demo, "node", {"node": node}, tmp_path,
+                                "node-harm-first")
+    top = text.find("Harm now: ")
+    findings = text.find("Findings on this node")
+    block = text[top:findings]
+    all_hold({"the URL names N": query == {"node": node},
+              "the harm block comes above the findings": 0 <= top < findings,
+              "it names the pool, its target and since when":
+              f"pool {pool}: {harm['title']} " in block and "(target " in block
+              and " since " in block,
+              "it names the rule explaining it": f"← {rule} (" in block}, text, query)
