@@ -185,12 +185,14 @@ def shoot(driver, tmp_path: Path, name: str) -> Path:
     return shot
 
 
-def click_first_row(driver, table_index: int = 0) -> None:
-    """Select the first row of a st.dataframe (a canvas grid): its row-marker cell."""
+def click_first_row(driver, key: str) -> None:
+    """Select the first row of the st.dataframe whose key is `key` (a canvas grid; Streamlit
+    marks a keyed element st-key-<key>): its row-marker cell."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    frame = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')[table_index]
+    frame = driver.find_element(By.CSS_SELECTOR, f'.st-key-{key} [data-testid="stDataFrame"], '
+                                                 f'[data-testid="stDataFrame"].st-key-{key}')
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", frame)
     time.sleep(0.5)
     canvas = frame.find_element(By.TAG_NAME, "canvas")
@@ -268,7 +270,7 @@ def test_click_through_from_a_critical_finding_to_its_runbooks_and_back(demo, tm
                         "the Fleet page at /fleet")
         assert "Page not found" not in text
         shoot(driver, tmp_path, "1-fleet")
-        click_first_row(driver)
+        click_first_row(driver, "findings_table")  # the Harm expander's table is above it
         wait_for(driver, lambda t: driver.current_url.split("?")[0].endswith("/node"),
                  "the Node page after the click", 90)
         path, query = path_and_query(driver.current_url)
