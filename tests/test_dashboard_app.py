@@ -323,7 +323,7 @@ def test_a_node_page_leads_with_its_pools_harm_and_what_explains_it(monkeypatch)
     node = fleet.instances[fleet.faults["crash-loop"][0]]
     app = run_app(monkeypatch, DEMO, "node", {"node": node})
     subheaders = [h.value for h in app.subheader]
-    assert subheaders[0] == "Harm now: 1 pool over their targets", subheaders
+    assert subheaders[0] == "Harm now: 1 pool over its targets", subheaders
     assert subheaders[1].startswith("Findings on this node")
     (said,) = [w.value for w in app.warning if "since" in w.value]
     plain = said.replace("\\", "")

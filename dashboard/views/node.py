@@ -71,7 +71,8 @@ if snap.harm is None:
     st.caption("Harm not judged on this source (its findings are the query engine's firing "
                "alerts): which pool hurts is not known here.")
 elif hurting:
-    st.subheader(f"Harm now: {units.count(len(hurting), 'pool')} over their targets")
+    st.subheader(f"Harm now: {units.count(len(hurting), 'pool')} over "
+                 f"{'its' if len(hurting) == 1 else 'their'} targets")
     for harm in hurting:
         explained = bool(harm.causes)
         box = st.warning if explained else st.error
