@@ -5,7 +5,7 @@ streamlit here.
 
     {"pool": "chat-online", "node": "r000n00:9105", "signal": "online_process_starts_per_minute",
      "title": "online pool processes started per minute", "unit": "1/min", "value": 3.0,
-     "target": 2.0, "since": 1764615600.0, "explained_by": ["crash-loop"]}
+     "target": 2.0, "since": 1764615600.0, "explained_by": ["<rule id>"]}
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def ended(finding: dict) -> bool:
 def fleet_count(findings: list[dict], harm: list[dict] | None,
                 nodes: set[str] | None = None) -> HarmCount | None:
     """The hurting pools counted as `diagnose --fleet` leads with them (its text: '3 pools on
-    3 nodes over their targets; explained: crash-loop 1, offline-preemption 1; 1
-    unexplained'); None when no pool hurts."""
+    3 nodes over their targets; explained: <rule> 2; 1 unexplained'); None when no pool
+    hurts."""
     entries = _entries(findings, harm, nodes)
     return harm_count(entries) if entries else None
 
