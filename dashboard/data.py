@@ -82,6 +82,9 @@ class Snapshot:
     # A query engine's pending alerts (diagnose/remote.py pending_alerts): conditions that
     # hold, not yet for their rule's `for:`; a node with one is not "nothing fires".
     pending: list[dict] = field(default_factory=list)
+    # The pools over their targets with the rules explaining them (docs/diagnosis-json.md
+    # `harm`); None where the source does not judge harm (a query engine's firing alerts).
+    harm: list[dict] | None = None
 
     @property
     def history_ranged(self) -> bool:
@@ -166,7 +169,8 @@ def load_demo(nodes: int = 4096, cores: int = 128, processes: int | None = None)
                     answer.tables, answer.findings, answer.not_evaluated,
                     (first / 1000, last / 1000),
                     lambda instance, seconds: fleet.node_series(instance, round(seconds / 60)),
-                    notes=[how, *answer.notes], aggregates=answer.aggregates)
+                    notes=[how, *answer.notes], aggregates=answer.aggregates,
+                    harm=answer.harm)
 
 
 def with_instance(series: Series, instance: str) -> Series:
@@ -200,6 +204,7 @@ def load_bundle(path: str) -> Snapshot:
         diagnosed = diagnose_bundle(bundle, config)
         series, found, not_evaluated = (diagnosed.series, diagnosed.findings,
                                         diagnosed.not_evaluated)
+        harm = [item.to_json() for item in diagnosed.harm]
         first, last = _span(series)
         # The node view also wants every core: the rules read the per-core summary, so the
         # samples are replayed once more with `per_core: full`.
@@ -215,7 +220,7 @@ def load_bundle(path: str) -> Snapshot:
                      "(fleetscope bundle record --seconds 60) for trends")
     return Snapshot("bundle", f"bundle: {hostname}", fleet, _to_json(found),
                     not_evaluated, (first / 1000, last / 1000), lambda _node, _seconds: node,
-                    notes)
+                    notes, harm=harm)
 
 
 # What the node table reads of every node, as instant queries: the metadata series (one a
@@ -299,7 +304,9 @@ def load_prometheus(url: str, seconds: float = 300.0, step: float = 60.0,
     return Snapshot("prometheus", f"Prometheus {url}: {nodes:,} nodes", series,
                     _to_json(answered.findings), answered.not_evaluated, answered.window,
                     node_loader, notes=[how], aggregates=aggregates, newest_sample=newest,
-                    pending=answered.pending)
+                    pending=answered.pending,
+                    harm=None if answered.from_alerts else [
+                        item.to_json() for item in answered.harm])
 
 
 def source_from_env() -> str:

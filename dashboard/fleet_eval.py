@@ -62,7 +62,7 @@ def evaluate_sharded(shards: list[Series], hostname: str = "?") -> tuple[list, l
     exactly what one evaluation of the whole fleet finds; the evidence of each finding is then
     looked up among 32 nodes instead of 4,096. A rule is not evaluated only where no shard
     had its signals."""
-    found, missing = _evaluate_shards(shards, hostname)
+    found, missing, _harm = _evaluate_shards(shards, hostname)
     # the engine's own ranking (tier severity, causes before symptoms), so a sharded fleet
     # lists its findings exactly as one evaluation of the whole fleet would
     found.sort(key=engine.rank_key())
@@ -85,20 +85,25 @@ def _not_evaluated(missing: dict[str, dict] | None) -> list[dict]:
 
 def _evaluate_shards(shards: list[Series], hostname: str = "?",
                      then: Callable[[Series], None] | None = None
-                     ) -> tuple[list, dict[str, dict] | None]:
-    """(findings unranked, the rules no shard could evaluate by id; None: no shard had data).
-    `then(shard)` runs after the rules in the same pass (recordings share their signals)."""
+                     ) -> tuple[list, dict[str, dict] | None, list]:
+    """(findings unranked, the rules no shard could evaluate by id (None: no shard had
+    data), the pools that hurt with the findings explaining them). `then(shard)` runs after
+    the rules in the same pass (recordings share their signals). Harm and what explains it
+    are a node's own, so a shard of whole nodes judges them as the whole fleet would."""
     findings: list = []
+    harm: list = []
     missing: dict[str, dict] | None = None
     for shard in shards:
         with shard.memoized():
             if shard.by_name:
-                found, not_evaluated = engine.evaluate(shard, hostname)
-                findings += found
-                missing = _still_missing(missing, {item["rule"]: item for item in not_evaluated})
+                verdict = engine.assess(shard, hostname)
+                findings += verdict.findings
+                harm += verdict.harm
+                missing = _still_missing(missing, {item["rule"]: item
+                                                   for item in verdict.not_evaluated})
             if then is not None:
                 then(shard)
-    return findings, missing
+    return findings, missing, harm
 
 
 @contextmanager
@@ -139,13 +144,14 @@ def _evaluate_part(fleet: Fleet, racks: range) -> dict:
                              for labels, points in shard.by_name.get(name, {}).items()]
 
     shards = fleet.shards(metrics(), racks=racks)
-    found, missing = _evaluate_shards(shards, then=record)
+    found, missing, harm = _evaluate_shards(shards, then=record)
     rank = engine.rank_key()
     return {
         "rules": [rule.id for rule in CATALOG],
         "series": sum(len(family) for shard in shards for family in shard.by_name.values()),
         "findings": [[list(rank(f)), {**f.to_json(), "labels": dict(f.labels)}]
                      for f in found],
+        "harm": [item.to_json() for item in harm],
         "missing": missing,
         "aggregates": aggregates,
         "tables": tables,
@@ -163,6 +169,7 @@ class FleetAnswer:
     series_evaluated: int = 0
     processes: int = 1
     notes: list[str] = field(default_factory=list)
+    harm: list[dict] = field(default_factory=list)  # docs/diagnosis-json.md harm items
 
 
 def _parts(racks: int, processes: int) -> list[range]:
@@ -257,7 +264,8 @@ def _merge(answers: list[dict], processes: int, notes: list[str]) -> FleetAnswer
                                       for labels, value in rows)
     return FleetAnswer([finding for _, finding in ranked], _not_evaluated(missing), tables,
                        aggregates,
-                       sum(answer["series"] for answer in answers), processes, notes)
+                       sum(answer["series"] for answer in answers), processes, notes,
+                       [item for answer in answers for item in answer["harm"]])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -291,6 +291,9 @@ def _index_effects(fault_list) -> tuple[dict[str, list], list]:
     for number, (rule_id, fault) in enumerate(fault_list):
         for effect in fault.effects:
             if isinstance(effect, Events):
+                if effect.pools is not None and effect.pools not in POOL_CHOICES:
+                    raise ValueError(f"{rule_id}: events of pools={effect.pools!r}: a pool's "
+                                     f"events take one of {POOL_CHOICES}, a node's None")
                 events.append((number, effect))
                 continue
             if not isinstance(effect, Set) or effect.signal not in SIGNALS:
@@ -715,18 +718,38 @@ class Fleet:
             hit = np.flatnonzero(fx.active[number][:, -1])
             if not len(hit):
                 continue
-            since = fx.since(number)[hit]
-            labels = [{"instance": inst[r], **events.labels} for r in hit]
-            if events.counter and want(events.counter):
-                values = np.where(since >= 0, np.floor(since / events.every_s) + 1, np.nan)
-                yield events.counter, labels, values, hit
-            if events.last_seen and want(events.last_seen):
-                ago = fx.value(events.ago, number, hit)
-                last = np.where(since >= 0, t[None, :] - np.minimum(ago, since), np.nan)
-                yield events.last_seen, labels, last, hit
+            for rows, labels in self._event_rows(idx, hit, events):
+                since = fx.since(number)[rows]
+                if events.counter and want(events.counter):
+                    values = np.where(since >= 0, np.floor(since / events.every_s) + 1,
+                                      np.nan)
+                    yield events.counter, labels, values, rows
+                if events.last_seen and want(events.last_seen):
+                    ago = fx.value(events.ago, number, rows)
+                    last = np.where(since >= 0, t[None, :] - np.minimum(ago, since), np.nan)
+                    yield events.last_seen, labels, last, rows
         yield from self._memory_families(idx, t, s, want, counter, node_labels)
         yield from self._module_families(idx, t, s, want, counter)
         yield from self._pool_families(idx, t, s, want, counter, node_labels)
+
+    def _event_rows(self, idx: np.ndarray, hit: np.ndarray, events: Events):
+        """(rows, labels per row) of a fault's events on the rows `hit`: the node's, or
+        (Events.pools) each pool's it hits, labelled as the exporter labels a pool."""
+        if events.pools is None:
+            yield hit, [{"instance": self.instances[idx[r]], **events.labels} for r in hit]
+            return
+        for slot in (0, 1):
+            pool_of = np.asarray([POOL_SLOTS[NODE_POOLS[self.pool[idx[r]]]][slot]
+                                  for r in hit], dtype=int)
+            online = np.asarray([WORKLOAD_POOLS[p].workload_class == "online" if p >= 0
+                                 else False for p in pool_of])
+            keep = (pool_of >= 0) & _pools_hit(events.pools, online, slot)
+            if np.any(keep):
+                rows = hit[keep]
+                yield rows, [{"instance": self.instances[idx[r]], "pool": pool.name,
+                              "class": pool.workload_class, **events.labels}
+                             for r, pool in zip(rows, (WORKLOAD_POOLS[p] for p in
+                                                       pool_of[keep]), strict=True)]
 
     def _memory_families(self, idx, t, s, want, counter, node_labels):
         """OOM kills, memory pressure and allocation stalls."""

@@ -138,11 +138,17 @@ def filtered_nodes(snap: data.Snapshot):
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")  # ASCII punctuation: Markdown escapes it
 
 
+def plain(text: str) -> str:
+    """Text shown as written inside Markdown: "> 25 %" no quote, "$" no formula, "*" no
+    emphasis."""
+    return _PUNCTUATION.sub(r"\\\g<0>", text)
+
+
 def static_table(frame, where=st) -> None:
     """A table whose cells wrap (st.table, where a data grid cuts long text off), its text
     shown as written: st.table reads cells as Markdown, where "> 25 %" would be a quote."""
     def escaped(value):
-        return _PUNCTUATION.sub(r"\\\g<0>", value) if isinstance(value, str) else value
+        return plain(value) if isinstance(value, str) else value
 
     where.table(frame.apply(lambda column: column.map(escaped)), hide_index=True)
 

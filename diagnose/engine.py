@@ -535,17 +535,25 @@ def rank_key(rules: tuple[Rule, ...] = CATALOG):
 def _merge(same_node: list[Finding]) -> Finding:
     """One finding per rule and node: the strongest label set, the others in its summary and
     subjects."""
-    same_node.sort(key=lambda f: (-f.confidence, -abs(f.value)))
+    # A label set inside another (the node-wide view of a pool's crashes) names nothing new:
+    # never the primary, never named beside it.
+    sets = [finding.labels for finding in same_node]
+    covered = {id(finding) for finding in same_node if any(
+        finding.labels != labels and finding.labels.items() <= labels.items()
+        for labels in sets)}
+    same_node.sort(key=lambda f: (id(f) in covered, -f.confidence, -abs(f.value)))
     primary, others = same_node[0], same_node[1:]
     primary.label_sets = [primary.labels] + [other.labels for other in others]
-    if others:
+    others_named = [other for other in others if id(other) not in covered]
+    if others_named:
         described = [", ".join(f"{k} {v}" for k, v in sorted(o.labels.items())
-                               if k not in NODE_LABELS) or "another series" for o in others]
+                               if k not in NODE_LABELS) or "another series"
+                     for o in others_named]
         primary.extra_summary = "also " + "; ".join(described[:MAX_ALSO]) + (
             f" and {len(described) - MAX_ALSO} more" if len(described) > MAX_ALSO else "")
-        for other in others:
-            for kind, values in other.subjects.items():
-                primary.subjects[kind] += [v for v in values if v not in primary.subjects[kind]]
+    for other in others:
+        for kind, values in other.subjects.items():
+            primary.subjects[kind] += [v for v in values if v not in primary.subjects[kind]]
     return primary
 
 

@@ -41,6 +41,37 @@ class PoolHarmText:
                 + (f" (and {units.count(more, 'other finding')})" if more else ""))
 
 
+@dataclass
+class HarmCount:
+    """Several nodes' harm counted, as `--fleet` and the console's Fleet page lead with it:
+    'harm: 5 pools on 4 nodes over their targets; explained: crash-loop 2,
+    offline-preemption 2; 1 unexplained'."""
+
+    pools: int
+    nodes: int
+    causes: list[tuple[str, int]]  # the rule explaining each pool's harm first, most first
+    unexplained: int
+
+    def text(self) -> str:
+        said = ", ".join(f"{rule} {count}" for rule, count in self.causes)
+        return (f"{units.count(self.pools, 'pool')} on {units.count(self.nodes, 'node')} "
+                "over their targets; " + (f"explained: {said}" if said else "none explained")
+                + (f"; {self.unexplained} unexplained" if self.unexplained else ""))
+
+
+def harm_count(entries: list[PoolHarmText]) -> HarmCount:
+    """How many pools hurt on how many nodes, by the first rule explaining each (most pools
+    first), and how many no rule explains."""
+    causes: dict[str, int] = {}
+    for entry in entries:
+        if entry.explained_by:
+            rule = entry.explained_by[0]["rule"]
+            causes[rule] = causes.get(rule, 0) + 1
+    return HarmCount(len(entries), len({entry.node for entry in entries}),
+                     sorted(causes.items(), key=lambda item: -item[1]),
+                     sum(not entry.explained_by for entry in entries))
+
+
 def clock(epoch_s: float) -> str:
     """A time of day with its zone, as the report's header reads its window."""
     zone = units.console_zone()

@@ -32,7 +32,7 @@ from rich.text import Text
 from fleetscope.core import units
 from fleetscope.rules.catalog import CATALOG, evidence_picks
 
-from .harm_lines import pool_harms
+from .harm_lines import harm_count, pool_harms
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan", "ok": "green",
           "unknown": "magenta"}
@@ -203,19 +203,7 @@ def print_harm(document: dict, console: Console) -> None:
         return
     with_node = len({entry.node for entry in entries}) > 1 or len(document["nodes"]) > 1
     if with_node:
-        causes: dict[str, int] = {}
-        for entry in entries:
-            if entry.explained_by:
-                rule = entry.explained_by[0]["rule"]
-                causes[rule] = causes.get(rule, 0) + 1
-        unexplained = sum(not entry.explained_by for entry in entries)
-        said = ", ".join(f"{rule} {count}" for rule, count in
-                         sorted(causes.items(), key=lambda item: -item[1]))
-        console.print(Text.assemble(
-            ("harm: ", "bold"), f"{units.count(len(entries), 'pool')} on "
-            f"{units.count(len({e.node for e in entries}), 'node')} over their targets; "
-            + (f"explained: {said}" if said else "none explained")
-            + (f"; {unexplained} unexplained" if unexplained else "")))
+        console.print(Text.assemble(("harm: ", "bold"), harm_count(entries).text()))
     console.print(Text("Harm now (pools over their targets):", style="bold"))
     body = Table.grid(padding=(0, 1))
     body.add_column(width=2, no_wrap=True)

@@ -64,13 +64,19 @@ class Events:
     """Events that began at the fault's onset and recur every `every_s` seconds, on the nodes
     where the fault is active at the last scrape, as series with `labels`: `counter` counts
     them (one at the onset), `last_seen` is the time of the latest, `ago` seconds before the
-    scrape (never before the onset). Either metric may be None."""
+    scrape (never before the onset). Either metric may be None.
+
+    `pools`: the events are a workload pool's (its processes run the crashing binary, its
+    cgroup counted the kill), so the series are the node's pools' as the exporter writes
+    them, labelled `pool` and `class`: "first", "online" or "offline" as in `Set.pools`;
+    None, the node's."""
 
     counter: str | None
     last_seen: str | None
     labels: dict[str, str] = field(default_factory=dict)
     every_s: float = 60.0
     ago: Value = 0.0
+    pools: str | None = None
 
 
 @dataclass(frozen=True)

@@ -315,6 +315,38 @@ def test_a_node_deep_link_opens_that_node_with_the_finding_and_its_charts(monkey
     assert any(t.startswith("Antagonist:") for t in titles)  # not only the victim
 
 
+def test_a_node_page_leads_with_its_pools_harm_and_what_explains_it(monkeypatch):
+    """The crash-loop node's chat-online restarts its workers: the harm (signal, value against
+    the target, since when) and the rule explaining it, above the findings; the node where
+    no rule explains its harm says so."""
+    fleet = Fleet(nodes=256)
+    node = fleet.instances[fleet.faults["crash-loop"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": node})
+    subheaders = [h.value for h in app.subheader]
+    assert subheaders[0] == "Harm now: 1 pool over its targets", subheaders
+    assert subheaders[1].startswith("Findings on this node")
+    (said,) = [w.value for w in app.warning if "since" in w.value]
+    plain = said.replace("\\", "")
+    assert plain.startswith("**pool chat-online: online pool processes started per minute ")
+    assert "(target 2/min) since " in plain
+    assert "← **crash-loop** (critical): fatal traps" in plain
+    unexplained = fleet.instances[fleet.faults["unexplained-harm"][0]]
+    app = run_app(monkeypatch, DEMO, "node", {"node": unexplained})
+    assert any("← no rule explains it" in e.value.replace("\\", "") for e in app.error)
+
+
+def test_the_fleet_page_counts_the_harm_as_diagnose_fleet_does(monkeypatch):
+    from fleetscope.dashboard import harm_frames
+
+    snap = data.load(DEMO)
+    count = harm_frames.fleet_count(snap.findings, snap.harm)
+    app = run_app(monkeypatch, DEMO)
+    said = [e.value.replace("\\", "") for e in (*app.error, *app.warning)
+            if "Harm:" in e.value]
+    assert said == [f"**Harm:** {count.text()}"]
+    assert "crash-loop 1" in said[0] and "1 unexplained" in said[0]
+
+
 def test_a_node_link_with_the_host_name_alone_opens_that_node(monkeypatch):
     """Tickets and pages carry the host name without the exporter's port."""
     fleet = Fleet(nodes=256)

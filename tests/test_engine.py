@@ -107,6 +107,19 @@ def test_several_label_sets_on_one_node_merge_into_one_finding():
     assert summary.startswith("pool chat at 80") and "also pool code" in summary
 
 
+def test_the_node_wide_view_of_a_pools_events_is_not_named_beside_it():
+    # crash-loop's condition: the node's latest crash or a pool's (the same crash, when the
+    # pool runs the binary): one finding about the pool, no "also another series"
+    node = Max(Selector("demo_gauge"), by=("instance",))
+    pool = Max(Selector("demo_gauge", {"pool": "chat"}), by=("instance", "pool"))
+    rule = _rule(summary="crashes", condition=(node > 10) | (pool > 10))
+    series = _series({(("instance", "n"), ("pool", "chat")): [50.0] * 21})
+    findings, _ = engine.evaluate(series, "n", rules=(rule,))
+    assert len(findings) == 1
+    assert findings[0].to_json()["summary"] == "crashes"
+    assert {"instance": "n", "pool": "chat"} in findings[0].label_sets
+
+
 def test_causes_rank_before_symptoms_of_the_same_severity():
     expr = Max(Selector("demo_gauge"), by=("instance", "pool"))
     symptom = _rule(id="a-symptom", kind="symptom", confidence=0.95, condition=expr > 10)

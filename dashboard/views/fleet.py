@@ -1,4 +1,6 @@
-"""Fleet: what is red and where. Counts; the incidents first (each rule firing at warning or
+"""Fleet: what is red and where. Counts; what hurts (the pools over their targets on how many
+nodes, explained by which rules, how many unexplained, as `diagnose --fleet` leads with it,
+each pool a row that opens its node); the incidents (each rule firing at warning or
 worse, worst then widest: how many nodes and where they concentrate, a link to its findings);
 then the findings worst first (a search drops the rows it does not match; a click on a row
 opens its node with that finding), where each rule concentrates (CPU stepping, rack, pool,
@@ -8,7 +10,7 @@ worst racks and a heatmap of every node (a click on a cell or a rack row opens i
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, evidence_frames, fleet_frames, state
+from fleetscope.dashboard import charts, evidence_frames, fleet_frames, harm_frames, state
 from fleetscope.rules.catalog import CATALOG
 
 MAX_INCIDENTS = 12
@@ -32,6 +34,25 @@ cols[4].metric("rules firing", f"{serious['rule'].nunique()}",
 cols[5].metric("rules not evaluated", f"{len(snap.not_evaluated)} of {len(CATALOG)}")
 st.caption(f"{snap.description} · evaluated "
            f"{units.time_window(snap.window[0], snap.window[1])}")
+shown_nodes = set(nodes["instance"])
+hurt = harm_frames.fleet_count(snap.findings, snap.harm, shown_nodes)
+if snap.harm is None:
+    st.caption("Harm not judged on this source (its findings are the query engine's firing "
+               "alerts).")
+elif hurt is None:
+    st.success("**Harm:** no pool over its targets on these nodes.")
+else:
+    (st.error if hurt.unexplained else st.warning)(f"**Harm:** {state.plain(hurt.text())}")
+    harm_rows = harm_frames.harm_table(snap.findings, snap.harm, shown_nodes)
+    with st.expander(f"Pools over their targets ({len(harm_rows)}): click a row to open its "
+                     "node"):
+        event = st.dataframe(harm_rows.head(500), hide_index=True, key="harm_table",
+                             on_select="rerun", selection_mode="single-row",
+                             column_config={"harm": st.column_config.TextColumn(
+                                 "harm", width="large")})
+        row = state.selected_row(event)
+        if row is not None:
+            state.open_node(harm_rows.iloc[row]["node"])
 if len(nodes) == 1:
     # One node (a bundle, a one-node Prometheus): its verdict, not an empty fleet's charts.
     node = nodes["instance"].iloc[0]

@@ -1,12 +1,14 @@
-"""Node: `/node?node=NAME[&rule=ID]`. The node's findings first, each with the charts that
-prove it (the one named by `rule` open), then its inference modules (or the line saying it
-reports none), per-core busy, NUMA, steal and run delay, memory bandwidth against the peak
-and the NIC counters."""
+"""Node: `/node?node=NAME[&rule=ID]`. What hurts first: each pool over its targets, since
+when, and the findings that explain it (or that no rule does), as `diagnose` leads with it;
+then the node's findings, those still acting before the events that ended, each with the
+charts that prove it (the one named by `rule` open), then its inference modules (or the line
+saying it reports none), per-core busy, NUMA, steal and run delay, memory bandwidth against
+the peak and the NIC counters."""
 
 import streamlit as st
 
 from fleetscope.core import units
-from fleetscope.dashboard import charts, evidence_frames, frames, node_frames, state
+from fleetscope.dashboard import charts, evidence_frames, frames, harm_frames, node_frames, state
 from fleetscope.rules.builtin import memory_bandwidth_saturation as bandwidth_rule
 from fleetscope.rules.builtin import numa_remote_access as numa_rule
 from fleetscope.rules.builtin import offline_preemption as steal_rule
@@ -52,7 +54,7 @@ st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** �
            + (f" · history: the last {state.history_range()} (sidebar){starts}"
               if snap.history_ranged else ""))
 
-mine = [f for f in snap.findings if f["node"] == instance]
+mine = harm_frames.ongoing_first([f for f in snap.findings if f["node"] == instance])
 asked_rule = st.query_params.get("rule")
 open_rule = asked_rule if asked_rule in {f["rule"] for f in mine} else None
 if asked_rule and open_rule is None:
@@ -64,6 +66,28 @@ if asked_rule and open_rule is None:
 # The URL keeps the rule asked even where it does not fire: a reload or a shared link says so
 # again rather than opening the node's first finding as if it had been asked for.
 state.keep_in_url(node=instance, rule=asked_rule)
+hurting = harm_frames.node_harm(snap.findings, snap.harm, instance)
+if snap.harm is None:
+    st.caption("Harm not judged on this source (its findings are the query engine's firing "
+               "alerts): which pool hurts is not known here.")
+elif hurting:
+    st.subheader(f"Harm now: {units.count(len(hurting), 'pool')} over "
+                 f"{'its' if len(hurting) == 1 else 'their'} targets")
+    for harm in hurting:
+        explained = bool(harm.causes)
+        box = st.warning if explained else st.error
+        lines = [f"**{state.plain(harm.head)}**"]
+        lines += [f"← **{state.plain(cause['rule'])}** ({cause['severity']}): "
+                  f"{state.plain(cause['summary'])}" for cause in harm.causes]
+        if not explained:
+            lines.append(f"← {state.plain(harm.cause)}")
+        box("  \n".join(lines))
+else:
+    st.success("Harm now: no pool over its targets on this node.")
+gone = [f for f in mine if harm_frames.ended(f) and f["severity"] != "info"]
+if gone:
+    st.caption("Ended (no longer acting, explains no harm of now): " + "; ".join(
+        f"{f['rule']}: {state.plain(f['summary'])}" for f in gone))
 st.subheader(f"Findings on this node ({len(mine)})")
 # A fault younger than its rule's `for:` is pending in the engine: not a finding yet, and not
 # "nothing fires" either.
@@ -76,7 +100,8 @@ elif not mine:
     st.success("No rule fires on this node.")
 for number, finding in enumerate(mine):
     is_open = finding["rule"] == open_rule or (open_rule is None and number == 0)
-    with st.expander(f"{finding['severity'].upper()} · {finding['rule']} · "
+    phase = " · ended" if harm_frames.ended(finding) else ""
+    with st.expander(f"{finding['severity'].upper()} · {finding['rule']}{phase} · "
                      f"{finding['summary']}", expanded=is_open):
         st.markdown(f"**Likely cause:** {finding['cause']}  \n**Action:** {finding['action']}")
         subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}

@@ -215,6 +215,10 @@ RULE = Rule(
                "fleetscope_fatal_trap_last_crash_timestamp_seconds",
                {"binary": "tool-runner"}, every_s=20, ago=Noisy(1, 18, stream=91,
                                                                  per_minute=False)),
+        # the pool restarting it runs tool-runner: the exporter writes its latest crash as
+        # that pool's too (collectors/fatal_traps.py), the same moment
+        Events(None, "fleetscope_pool_fatal_trap_last_crash_timestamp_seconds", pools="first",
+               ago=Noisy(1, 18, stream=91, per_minute=False)),
     )),
     proof=Proof(scenario,
                 summary=r"fatal traps \(segfault and the like\) in the kernel log, the last "

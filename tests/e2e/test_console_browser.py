@@ -185,12 +185,14 @@ def shoot(driver, tmp_path: Path, name: str) -> Path:
     return shot
 
 
-def click_first_row(driver, table_index: int = 0) -> None:
-    """Select the first row of a st.dataframe (a canvas grid): its row-marker cell."""
+def click_first_row(driver, key: str) -> None:
+    """Select the first row of the st.dataframe whose key is `key` (a canvas grid; Streamlit
+    marks a keyed element st-key-<key>): its row-marker cell."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    frame = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')[table_index]
+    frame = driver.find_element(By.CSS_SELECTOR, f'.st-key-{key} [data-testid="stDataFrame"], '
+                                                 f'[data-testid="stDataFrame"].st-key-{key}')
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", frame)
     time.sleep(0.5)
     canvas = frame.find_element(By.TAG_NAME, "canvas")
@@ -268,7 +270,7 @@ def test_click_through_from_a_critical_finding_to_its_runbooks_and_back(demo, tm
                         "the Fleet page at /fleet")
         assert "Page not found" not in text
         shoot(driver, tmp_path, "1-fleet")
-        click_first_row(driver)
+        click_first_row(driver, "findings_table")  # the Harm expander's table is above it
         wait_for(driver, lambda t: driver.current_url.split("?")[0].endswith("/node"),
                  "the Node page after the click", 90)
         path, query = path_and_query(driver.current_url)
@@ -493,7 +495,7 @@ def test_evidence_cells_show_their_whole_text(demo, tmp_path):
         shoot(driver, tmp_path, "findings-evidence")
     texts = [text for text, _, _ in cells]
     assert signal in texts, texts  # all of it, as text (a data grid paints a cut canvas)
-    assert "> 50 ms/s" in texts, texts  # as written (Markdown would make "> " a quote)
+    assert "needs over 50 ms/s" in texts, texts  # as units.reading words it, whole
     assert all(scroll <= client + 1 for _, scroll, client in cells), cells
     assert not titles_cut, titles_cut
 
@@ -793,3 +795,25 @@ def test_a_link_to_what_does_not_exist_says_so_and_opens_nothing_else(
     all_hold({"the URL names what was asked": query == {param: unknown},
               "says there is none": all(line in text for line in said),
               "shows nothing in its place": not shown(text) and box is None}, text, query)
+
+
+@pytest.mark.live
+def test_a_node_with_harm_leads_with_it_above_its_findings(shared_demo, demo_snapshot,
+                                                          tmp_path):
+    """/node?node=N, N a demo node whose pool is over its targets: the harm block (the pool,
+    what hurts against its target, since when, the rule explaining it) comes first, above
+    the node's findings."""
+    harm = next(item for item in demo_snapshot.harm if item["explained_by"])
+    node, pool, rule = harm["node"], harm["pool"], harm["explained_by"][0]
+    with chromium() as driver:
+        text, query = open_link(driver, shared_demo, "node", {"node": node}, tmp_path,
+                                "node-harm-first")
+    top = text.find("Harm now: ")
+    findings = text.find("Findings on this node")
+    block = text[top:findings]
+    all_hold({"the URL names N": query == {"node": node},
+              "the harm block comes above the findings": 0 <= top < findings,
+              "it names the pool, its target and since when":
+              f"pool {pool}: {harm['title']} " in block and "(target " in block
+              and " since " in block,
+              "it names the rule explaining it": f"← {rule} (" in block}, text, query)
