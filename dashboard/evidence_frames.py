@@ -11,6 +11,7 @@ import pandas as pd
 from fleetscope.core import units
 from fleetscope.dashboard import evidence_views
 from fleetscope.dashboard.frames import local_times
+from fleetscope.dashboard.rulebook import code_span
 from fleetscope.rules.catalog import evidence_picks
 from fleetscope.rules.promql import Series
 
@@ -37,7 +38,7 @@ def subjects_line(subjects: dict[str, list]) -> str:
     """A finding's subjects as Markdown, each value as code: 'devices: `0`' is the device
     named 0 ('devices: 0' read as no device at all)."""
     return "**Subjects:** " + "; ".join(
-        f"{kind}: {', '.join(f'`{value}`' for value in values)}"
+        f"{kind}: {', '.join(code_span(str(value)) for value in values)}"
         for kind, values in subjects.items() if values)
 
 

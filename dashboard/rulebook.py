@@ -5,6 +5,7 @@ commands of a runbook or an action filled with a finding's own subjects. No stre
 from __future__ import annotations
 
 import re
+import shlex
 
 import pandas as pd
 
@@ -44,33 +45,61 @@ _RUNBOOK_LINK = re.compile(r"\]\((?:\.?/?runbooks/)?([a-z0-9-]+)\.md(#[^)]*)?\)"
 PLACEHOLDERS = {"PID": "pids", "ONLINE_PID": "pids", "BINARY": "binaries",
                 "IFACE": "interfaces", "POD": "pods"}
 _CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+_PLAIN_WORD = re.compile(r"[\w.:-]+")  # a pid, a pod or interface name: as is in prose
+
+
+def shell_word(value: str) -> str:
+    """`value` as one shell word an SRE can copy: quoted where it has anything the shell
+    reads (`x;reboot #` -> `'x;reboot #'`); a backtick or a control character in ANSI-C
+    quoting ($'...\\x60...') so no code span or terminal reads it either."""
+    if not any(c == "`" or not c.isprintable() for c in value):
+        return shlex.quote(value)
+    def escaped(c: str) -> str:
+        if c in "\\'":
+            return "\\" + c
+        return c if c.isprintable() and c != "`" else f"\\x{ord(c):02x}" if ord(c) < 256 \
+            else f"\\u{ord(c):04x}"
+    return "$'" + "".join(map(escaped, value)) + "'"
+
+
+def code_span(text: str) -> str:
+    """`text` as a Markdown code span, whatever backticks it holds (CommonMark: a fence
+    longer than any run inside it)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def placeholder_values(subjects: dict) -> dict[str, str]:
-    """What a finding's subjects say each command placeholder is: PID -> its first pid."""
+    """What a finding's subjects say each command placeholder is: PID -> its first pid, as
+    a shell word (a name from the node is data: quoted, never run)."""
     out = {}
     for word, kind in PLACEHOLDERS.items():
         values = subjects.get(kind) or []
         if values:
             value = str(values[0])
-            out[word] = value.rsplit("/", 1)[-1] if kind == "pods" else value
+            out[word] = shell_word(value.rsplit("/", 1)[-1] if kind == "pods" else value)
     return out
 
 
 def fill_commands(markdown: str, values: dict[str, str], code_only: bool = True) -> str:
     """The commands of a text with their placeholders replaced by the finding's own values:
     `fleetscope stacks PID` -> `fleetscope stacks 6387`. A runbook's prose keeps its words
-    (code spans and blocks only); a rule's one-line action is all commands and names."""
+    (code spans and blocks only); a rule's one-line action is all commands and names, each
+    value a code span there (shown as written, not read as Markdown)."""
     if not values:
         return markdown
     word = re.compile(r"\b(" + "|".join(sorted(values, key=len, reverse=True)) + r")\b")
 
-    def fill(text: str) -> str:
-        return word.sub(lambda w: values[w.group(1)], text)
+    def fill(text: str, spans: bool) -> str:
+        return word.sub(lambda w: code_span(values[w.group(1)])
+                        if spans and not _PLAIN_WORD.fullmatch(values[w.group(1)])
+                        else values[w.group(1)], text)
 
     if not code_only:
-        return fill(markdown)
-    return _CODE.sub(lambda match: fill(match.group(0)), markdown)
+        return fill(markdown, True)
+    return _CODE.sub(lambda match: fill(match.group(0), False), markdown)
 
 
 def _known_runbooks() -> set[str]:

@@ -72,18 +72,20 @@ choice = st.selectbox(f"Finding ({len(of_rule)} for {rule}, worst first)", ids,
 finding = by_id[choice]
 state.keep_in_url(rule=rule, node=finding["node"])  # the deep link names this finding
 
-st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {finding['node']}")
-st.markdown(f"**{finding['summary']}** (confidence {finding['confidence']:.0%})")
-st.markdown(f"**Likely cause:** {finding['cause']}")
+# names from the node are data: shown as written, never read as Markdown
+st.subheader(f"{finding['severity'].upper()}: {finding['rule']} on {state.plain(finding['node'])}")
+st.markdown(f"**{state.plain(finding['summary'])}** (confidence {finding['confidence']:.0%})")
+st.markdown(f"**Likely cause:** {state.plain(finding['cause'])}")
 subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
 filled = rulebook.placeholder_values(subjects)  # the commands name this finding's own subjects
 st.markdown(f"**Action:** {rulebook.fill_commands(finding['action'], filled, code_only=False)}")
 if subjects.get("pods"):  # on Kubernetes the SRE acts on pods: named first, by namespace
-    st.markdown("**Pods:** " + ", ".join(f"`{pod}`" for pod in subjects.pop("pods")))
+    st.markdown("**Pods:** " + ", ".join(rulebook.code_span(str(pod))
+                                         for pod in subjects.pop("pods")))
 if subjects:
     st.markdown(evidence_frames.subjects_line(subjects))
 links = st.columns(3)
-links[0].page_link(state.page("node"), label=f"Open node {finding['node']}",
+links[0].page_link(state.page("node"), label=f"Open node {state.plain(finding['node'])}",
                    icon=":material/memory:",
                    query_params={"node": finding["node"], "rule": finding["rule"]})
 links[1].page_link(state.page("runbook"), label=f"Runbook: {finding['rule']}",

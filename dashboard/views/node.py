@@ -47,7 +47,8 @@ stamps = history.timestamps()
 # reads as if the range were drawn).
 starts = (f", its data from {units.local_time(stamps[0] / 1000)}" if len(stamps) > 1
           and stamps[-1] - stamps[0] < 0.95 * state.history_seconds(snap) * 1000 else "")
-st.caption(f"**{instance}** · pool **{row.node_pool}** · rack **{row.rack}** · {row.cpu_model} "
+st.caption(f"**{state.plain(instance)}** · pool **{state.plain(str(row.node_pool))}** · rack "
+           f"**{state.plain(str(row.rack))}** · {state.plain(str(row.cpu_model))} "
            f"(stepping {row.stepping}, {row.arch}) · kernel "
            f"{row.kernel if row.kernel not in ('', '?') else 'not recorded'} · data up to "
            f"{units.local_time(snap.window[1])}"
@@ -102,8 +103,9 @@ for number, finding in enumerate(mine):
     is_open = finding["rule"] == open_rule or (open_rule is None and number == 0)
     phase = " · ended" if harm_frames.ended(finding) else ""
     with st.expander(f"{finding['severity'].upper()} · {finding['rule']}{phase} · "
-                     f"{finding['summary']}", expanded=is_open):
-        st.markdown(f"**Likely cause:** {finding['cause']}  \n**Action:** {finding['action']}")
+                     f"{state.plain(finding['summary'])}", expanded=is_open):
+        st.markdown(f"**Likely cause:** {state.plain(finding['cause'])}  \n"
+                    f"**Action:** {state.plain(finding['action'])}")
         subjects = {k: v for k, v in finding.get("subjects", {}).items() if v}
         if subjects:
             st.markdown(evidence_frames.subjects_line(subjects))

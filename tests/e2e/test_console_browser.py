@@ -62,21 +62,26 @@ DEMO_NODES = 512
 
 
 @contextlib.contextmanager
-def running_demo(log_dir: Path):
-    """`fleetscope demo` of DEMO_NODES nodes on a free 127.0.0.1 port: its URL, stopped
-    however the caller ends."""
+def running(log: Path, *arguments: str):
+    """`fleetscope ARGUMENTS --port P` on a free 127.0.0.1 port, its output in `log`: its
+    URL once healthy, stopped however the caller ends."""
     port = free_port()
-    log = open(log_dir / "demo.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "demo", "--nodes",
-                             str(DEMO_NODES), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    out = open(log, "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", *arguments, "--port",
+                             str(port)], stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_healthy(url, proc)
         yield url
     finally:
         stop(proc)
-        log.close()
+        out.close()
+
+
+def running_demo(log_dir: Path):
+    """`fleetscope demo` of DEMO_NODES nodes: its URL, stopped however the caller ends."""
+    return running(log_dir / "demo.log", "demo", "--nodes", str(DEMO_NODES))
 
 
 @pytest.fixture
@@ -552,25 +557,15 @@ def test_a_bundle_source_gets_the_nodes_verdict(tmp_path):
     the node's verdict and the rules not evaluated, not an empty fleet."""
     from tests.conftest import BUNDLES
 
-    port = free_port()
-    log = open(tmp_path / "console.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "console", "--source",
-                             f"bundle:{BUNDLES / 'kunpeng-128'}", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_healthy(url, proc)
-        with chromium() as driver:
-            driver.get(url)
-            text = wait_for(driver, lambda t: "kunpeng-920-128: critical" in t,
-                            "the bundle's verdict")
-            assert "evaluated and passed" in text and "Not evaluated on this source" in text
-            assert "Worst racks" not in text and "Heatmap signal" not in text
-            assert "(recorded)" in text  # the data's age, for a recording
-            shoot(driver, tmp_path, "bundle-verdict")
-    finally:
-        stop(proc)
-        log.close()
+    with running(tmp_path / "console.log", "console", "--source",
+                 f"bundle:{BUNDLES / 'kunpeng-128'}") as url, chromium() as driver:
+        driver.get(url)
+        text = wait_for(driver, lambda t: "kunpeng-920-128: critical" in t,
+                        "the bundle's verdict")
+        assert "evaluated and passed" in text and "Not evaluated on this source" in text
+        assert "Worst racks" not in text and "Heatmap signal" not in text
+        assert "(recorded)" in text  # the data's age, for a recording
+        shoot(driver, tmp_path, "bundle-verdict")
 
 
 # -- deep links that name what is not there (issue 29) ---------------------------------------
@@ -817,3 +812,26 @@ def test_a_node_with_harm_leads_with_it_above_its_findings(shared_demo, demo_sna
               f"pool {pool}: {harm['title']} " in block and "(target " in block
               and " since " in block,
               "it names the rule explaining it": f"← {rule} (" in block}, text, query)
+
+
+@pytest.mark.live
+def test_a_crashing_binary_named_like_a_command_is_quoted_in_the_console(tmp_path):
+    """The isa-mismatch scenario with its crashing library renamed `x;reboot #` in the
+    kernel log: the Findings page's Action reads `fleetscope isa check 'x;reboot #'`, never
+    the bare name an SRE would copy into a shell and run."""
+    from tests.conftest import SCENARIOS
+
+    bundle = tmp_path / "hostile-isa"
+    shutil.copytree(SCENARIOS / "isa-mismatch", bundle)
+    for relative in ("static/dmesg.txt", "static/cmd/sigill-faults.json"):
+        path = bundle / relative
+        path.write_text(path.read_text().replace("libagentcore.so", "x;reboot #"))
+    with running(tmp_path / "console.log", "console", "--source", f"bundle:{bundle}") as url, \
+            chromium() as driver:
+        driver.get(f"{url}findings?rule=isa-mismatch")
+        text = wait_for(driver, lambda t: "Action:" in t and "Confirm by hand" in t,
+                        "the isa-mismatch finding")
+        shoot(driver, tmp_path, "hostile-action")
+    action = next(line for line in text.splitlines() if line.startswith("Action:"))
+    assert "fleetscope isa check 'x;reboot #'" in action, action
+    assert "check x;reboot" not in text, text
