@@ -34,6 +34,8 @@ import yaml
 from .config_error import ConfigError
 from .harm_targets import HarmTargetError, HarmTargets, parse_harm_targets
 from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
+from .patterns import compile_checked
+from .patterns import error as pattern_error
 
 
 @dataclass(frozen=True)
@@ -277,8 +279,8 @@ def _pool(index: int, raw: Any) -> Pool:
             raise ConfigError(f"{where}.match.{key} must be a string")
     if "cmdline" in match:
         try:
-            re.compile(match["cmdline"])
-        except re.error as err:
+            compile_checked(match["cmdline"])
+        except pattern_error as err:
             raise ConfigError(f"{where}.match.cmdline is not a valid regex: {err}") from None
     return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"),
                 **pod_terms(where, match))
@@ -326,8 +328,8 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         raise ConfigError("redact must be a list of regexes")
     for pattern in redact:
         try:
-            re.compile(pattern)
-        except re.error as err:
+            compile_checked(pattern)
+        except pattern_error as err:
             raise ConfigError(f"redact: {pattern[:60]!r} is not a valid regex: {err}") from None
     for key in ("agent_metrics_url", "redis_url"):
         if key in raw and not isinstance(raw[key], str):
