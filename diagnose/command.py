@@ -120,7 +120,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                 bundle_config = bundle.config(config)
             except BundleError as err:
                 return _fail(str(err))
-            diagnosed = diagnose_bundle(bundle, bundle_config, progress)
+            try:
+                diagnosed = diagnose_bundle(bundle, bundle_config, progress)
+            except BundleError as err:  # over a limit of the whole (bundle.read)
+                return _fail(f"{args.bundle}: {err}")
             series = diagnosed.series
             nodes = [bundle.hostname]
             window = (bundle.samples[0].time, bundle.samples[-1].time)
