@@ -25,6 +25,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field, replace
 
 from fleetscope.collectors.source import RecordedSample
@@ -145,10 +146,10 @@ def _copy_member(source, destination: str, size: int) -> int:
     return written
 
 
-def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
+def _extract(archive: tarfile.TarFile, target: str, path: str) -> int:
     """Regular files and directories only: links, devices and paths leaving the target are
     refused (what tarfile's `data` filter refuses, at a fraction of its per-member cost on
-    bundles of thousands of small files). Sizes are the unpacked ones."""
+    bundles of thousands of small files). Sizes are the unpacked ones; returns their sum."""
     members = 0
     total = 0
     made: set[str] = set()
@@ -182,6 +183,28 @@ def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
         _copy_member(archive.extractfile(member), destination, member.size)
+    return total
+
+
+def _read_to_end(archive: tarfile.TarFile, path: str, total: int) -> None:
+    """Past the last member: only the end-of-archive zeros, read to the stream's end.
+
+    tarfile takes the first block that is not a valid header for the end of the archive
+    and stops before the gzip trailer, whose CRC-32 it never checks: an archive damaged in
+    a later gzip member (pigz, `cat a.gz b.gz`) read as the part before the damage. Read to
+    the end, the decompressor checks every member's CRC and length (an error here)."""
+    left = MAX_UNPACKED_BYTES - total
+    while True:
+        chunk = archive.fileobj.read(1024 * 1024)
+        if not chunk:
+            return
+        if chunk.strip(b"\0"):
+            raise BundleError(f"{path}: refused: a damaged archive (data that is not a member "
+                              "after the last readable one)")
+        left -= len(chunk)
+        if left < 0:
+            raise BundleError(f"{path}: refused: over {MAX_UNPACKED_BYTES // 1024**2} MiB "
+                              "unpacked (the size limit of a bundle)")
 
 
 def _scratch_dir() -> str | None:
@@ -207,7 +230,7 @@ def _unpack(path: str) -> tuple[str, str]:
                           f"{err.strerror or err}") from None
     try:
         with tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo) as archive:
-            _extract(archive, tempdir, path)
+            _read_to_end(archive, path, _extract(archive, tempdir, path))
         # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
         if os.path.isfile(os.path.join(tempdir, META)):
             return tempdir, tempdir
@@ -218,10 +241,12 @@ def _unpack(path: str) -> tuple[str, str]:
     except BundleError:
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
-    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError) as err:
+    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError,
+            zlib.error) as err:
         shutil.rmtree(tempdir, ignore_errors=True)
         detail = str(err).splitlines()[0].rstrip(":") if str(err) else type(err).__name__
-        raise BundleError(f"{path}: not a readable .tar.gz bundle ({detail[:200]})") from None
+        raise BundleError(f"{path}: not a readable .tar.gz bundle, damaged or cut short "
+                          f"({detail[:200]})") from None
     except BaseException:  # Ctrl-C, SIGTERM (SystemExit), a bug: the scratch copy goes too
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
