@@ -34,6 +34,7 @@ import yaml
 from .config_error import ConfigError
 from .harm_targets import HarmTargetError, HarmTargets, parse_harm_targets
 from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
+from .named_file import read_named_file
 from .patterns import compile_checked
 from .patterns import error as pattern_error
 
@@ -129,6 +130,7 @@ _KNOWN_KEYS = {
     "harm_targets",
     "binary_dirs",
 }
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
 
@@ -416,8 +418,7 @@ def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Con
     if path is None:
         return parse_config({}, known_collectors)
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
+        raw = yaml.safe_load(read_named_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
     except yaml.YAMLError as err:
