@@ -131,3 +131,14 @@ def test_total_series_of_a_bundle_are_capped(tmp_path):
             for i in range(19_000)))
     result = run(["diagnose", "--bundle", str(bundle)], timeout=120)
     _refused(result, "series", "limit")
+
+
+def test_record_refuses_to_make_a_bundle_over_the_samples_limit(tmp_path):
+    """What `bundle record` writes, `diagnose --bundle` reads: a day at 1 s is refused."""
+    output = tmp_path / "day.tar.gz"
+    result = run(["bundle", "record", "--seconds", "86400", "--interval", "1", "-o",
+                  str(output)], timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (result.returncode, lines)
+    assert "86401 samples" in lines[0] and "10000" in lines[0]
+    assert not output.exists()
