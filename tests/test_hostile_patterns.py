@@ -113,3 +113,33 @@ _URLISH = st.text(alphabet=st.sampled_from(list("ab:/@.+-_ \t\u017f\u212aé1Z"))
 def test_userinfo_scan_agrees_with_the_regex(value):
     expected = _REGEX_USERINFO.subn(lambda m: f"{m.group(1)}{MARK}@", value)
     assert redact.redact_userinfo(value) == expected
+
+
+def test_a_match_preempted_past_its_timeout_is_tried_again():
+    """The timeout is on the wall clock; on a node whose CPUs are taken a quick match can
+    be preempted past it. Only a match that used the CPU that long counts as timed out."""
+    from fleetscope.core import patterns
+
+    calls = []
+
+    def starved(timeout):  # no CPU used: preempted, then it matches
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise TimeoutError
+        return "match"
+
+    assert patterns._bounded(starved) == "match"
+    assert calls[1] > calls[0]
+
+    def slow(timeout):  # the pattern itself burns its timeout
+        end = time.thread_time() + timeout
+        while time.thread_time() < end:
+            pass
+        raise TimeoutError
+
+    try:
+        patterns._bounded(slow)
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("a match that used its timeout on the CPU was retried to success")
