@@ -56,6 +56,7 @@ from fleetscope.core.bundle_format import (
     accelerator_exporter_file,
 )
 from fleetscope.core.exposition import Family, gauge, labels
+from fleetscope.core.named_file import read_named_file
 
 from .agent import _Background, fetch_exposition
 from .base import Collector, NotAvailable, Scrape, configured_but_unread
@@ -424,9 +425,11 @@ class AcceleratorCollector(Collector):
 
 
 def _read_file(path: str) -> str:
+    """The matrix file's text; a FIFO or device named there is refused, not waited on."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_MATRIX_CHARS + 1)
+        # Up to 4 bytes a character: the parser refuses a text over MAX_MATRIX_CHARS.
+        data = read_named_file(path, 4 * MAX_MATRIX_CHARS)
+        return data.decode("utf-8", "replace")[:MAX_MATRIX_CHARS + 1]
     except OSError as err:
         raise NotAvailable(f"accelerator_matrix {path}: {err.strerror or err}") from None
 

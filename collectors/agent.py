@@ -111,6 +111,19 @@ def _label_set(pairs: dict[str, str]) -> LabelSet:
     return label_set(tuple(ordered), tuple([pairs[key] for key in ordered]))
 
 
+# Series in one exposition: a runtime's pools x stages x histogram buckets and its tools x
+# models x outcomes are some thousands. The text parser costs ~0.1 ms a series, so a bigger
+# one is refused by a count before it is parsed.
+MAX_EXPOSITION_SERIES = 20_000
+
+
+def _series_count(text: str) -> int:
+    """Sample lines of a text exposition (comments and blank lines are not series)."""
+    if text.count("\n") <= MAX_EXPOSITION_SERIES:
+        return text.count("\n") + 1
+    return sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
 def parse_agent_exposition(text: str) -> list[AgentFamily]:
     """The agent_* and gen_ai_* families of a Prometheus text exposition, or ParseError.
 
@@ -123,6 +136,10 @@ def parse_agent_exposition(text: str) -> list[AgentFamily]:
     """
     from prometheus_client.parser import text_string_to_metric_families
 
+    count = _series_count(text)
+    if count > MAX_EXPOSITION_SERIES:
+        raise ParseError(f"{count} series, over the {MAX_EXPOSITION_SERIES} series an agent "
+                         "exposition may have: refused unparsed")
     try:
         parsed = list(text_string_to_metric_families(text))
     except (ValueError, IndexError, KeyError, TypeError) as err:
@@ -442,10 +459,10 @@ class AgentCollector(Collector):
                 or s.startswith("redis:")]
         if down:
             return configured_but_unread(down, "is the agent runtime up?")
-        if AGENT_PROM in unavailable:  # replay: set on the recorded node, nothing recorded
-            return ("agent_metrics_url / redis_url set on the recorded node, but the bundle "
-                    f"holds no {AGENT_PROM}: the agent runtime did not answer while it was "
-                    "recorded")
+        if AGENT_PROM in unavailable:  # replay: nothing recorded, or a file refused
+            return (f"the bundle holds no {AGENT_PROM} that could be read: the agent runtime "
+                    "did not answer while it was recorded, or the file was refused (over "
+                    f"{MAX_EXPOSITION_SERIES} series or 16 MiB, or not the text format)")
         if not any(name.startswith("agent_") for name in present):
             prefix = "agent_"  # no runtime at all, whatever the family
         return super().why_missing(prefix, present, unavailable)

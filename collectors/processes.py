@@ -2,7 +2,8 @@
 
 A process belongs to the first pool whose `match` it satisfies: `cgroup`, a glob on its
 cgroup path from /proc/<pid>/cgroup (`0::/kubepods.slice/online/agent-chat-7d9f`), or
-`cmdline`, a regex searched in its NUL-separated argv joined by spaces, or the Kubernetes
+`cmdline`, a regex searched in its NUL-separated argv joined by spaces (in a bounded time:
+fleetscope.core.patterns), or the Kubernetes
 terms `namespace`, `pod`, `container` (globs) and `qos` together, on the pod the kubelet's
 cgroup layout places it in (collectors/pods.py: read only when a pool names such a term).
 Kernel threads (empty cmdline) match no cmdline pattern, and no cgroup glob either. Shared by
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 from fleetscope.core.config import Pool
 from fleetscope.core.kubernetes_config import KubernetesPaths, glob_match
+from fleetscope.core.patterns import BoundedPattern
 
 from .base import NotAvailable, Scrape
 from .parsers import ParseError
@@ -83,10 +85,11 @@ class PoolMatcher:
             (
                 pool,
                 re.compile(fnmatch.translate(pool.cgroup_glob)) if pool.cgroup_glob else None,
-                re.compile(pool.cmdline_regex) if pool.cmdline_regex else None,
+                BoundedPattern(pool.cmdline_regex, f"pools[{index}].match.cmdline")
+                if pool.cmdline_regex else None,
                 pool.by_pod,
             )
-            for pool in pools
+            for index, pool in enumerate(pools)
         ]
 
     def match(self, cmdline: str, cgroup: str, pod: Pod | None = None) -> Pool | None:

@@ -16,7 +16,11 @@ import time
 from fleetscope.bundle.read import BundleError, open_bundle
 from fleetscope.collectors.source import LiveHost
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
-from fleetscope.core.diagnose_options import LIVE_SECONDS, PROMETHEUS_SECONDS
+from fleetscope.core.diagnose_options import (
+    LIVE_SECONDS,
+    MAX_ANSWERS_MIB,
+    PROMETHEUS_SECONDS,
+)
 from fleetscope.rules.catalog import CATALOG
 
 from . import engine
@@ -48,6 +52,10 @@ class _Progress:
             self.bar.stop()
 
 
+def _held_bytes(args: argparse.Namespace) -> int:
+    return int(args.max_answers_mib * 2**20)
+
+
 def _fail(message: str) -> int:
     print(f"fleetscope diagnose: error: {message}", file=sys.stderr)
     return EXIT_UNKNOWN
@@ -68,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.timeout <= 3600:
         print(f"fleetscope diagnose: error: --timeout must be more than 0 and at most 3600, "
               f"not {args.timeout:g}", file=sys.stderr)
+        return 2
+    args.max_answers_mib = getattr(args, "max_answers_mib", MAX_ANSWERS_MIB)
+    if not 1 <= args.max_answers_mib <= 1024 * 1024:
+        print(f"fleetscope diagnose: error: --max-answers-mib must be in [1, 1048576], "
+              f"not {args.max_answers_mib:g}", file=sys.stderr)
         return 2
     # The bundle's scratch copy is removed on every path out: errors, crashes, Ctrl-C and
     # SIGTERM (the CLI turns it into SystemExit).
@@ -107,7 +120,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                 bundle_config = bundle.config(config)
             except BundleError as err:
                 return _fail(str(err))
-            diagnosed = diagnose_bundle(bundle, bundle_config, progress)
+            try:
+                diagnosed = diagnose_bundle(bundle, bundle_config, progress)
+            except BundleError as err:  # over a limit of the whole (bundle.read)
+                return _fail(f"{args.bundle}: {err}")
             series = diagnosed.series
             nodes = [bundle.hostname]
             window = (bundle.samples[0].time, bundle.samples[-1].time)
@@ -125,7 +141,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             try:
                 series, nodes = prometheus_series(args.prometheus, metrics, args.seconds,
                                                   None if args.fleet else args.node,
-                                                  timeout=args.timeout, warnings=warned)
+                                                  timeout=args.timeout, warnings=warned,
+                                                  max_held_bytes=_held_bytes(args))
             except PrometheusError as err:
                 return _fail(str(err))
             end = time.time()
@@ -137,7 +154,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
                 try:
                     modules = accelerator_groups(
-                        remote.QueryClient(args.prometheus, args.timeout), end)
+                        remote.QueryClient(args.prometheus, args.timeout,
+                                           max_held_bytes=_held_bytes(args)), end)
                 except remote.RemoteError as err:
                     return _fail(str(err))
         elif args.prometheus:
@@ -148,7 +166,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             try:
                 answered = remote.diagnose_remote(
                     args.prometheus, args.seconds, None if args.fleet else args.node,
-                    deadline_seconds=args.timeout)
+                    deadline_seconds=args.timeout, max_held_bytes=_held_bytes(args))
             except remote.RemoteError as err:
                 return _fail(str(err))
             series, nodes, window = None, answered.nodes, answered.window

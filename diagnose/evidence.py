@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fleetscope.bundle.read import Bundle, replay_config
+from fleetscope.bundle.read import MAX_SERIES, Bundle, BundleError, replay_config
 from fleetscope.collectors.source import LiveHost
 from fleetscope.core.config import Config
 from fleetscope.core.exposition import Family
@@ -35,13 +35,19 @@ def bundle_series(bundle: Bundle, config: Config,
                   progress: Callable[[int, int], None] | None = None,
                   per_core: str = "summary") -> Series:
     """Replay every sample of a bundle through the collectors; `per_core` "summary" is the
-    shape the rules read, "full" has every core (the console's node view)."""
+    shape the rules read, "full" has every core (the console's node view). BundleError
+    once the samples replayed hold more than MAX_SERIES series together."""
     exporter = Exporter(bundle.source(bundle.samples[0]),
                         replace(replay_config(config), per_core=per_core))
     series = Series()
     for index, sample in enumerate(bundle.samples):
         families = exporter.collect(now=sample.time, source=bundle.source(sample))
         add_families(series, families, int(round(sample.time * 1000)))
+        count = sum(len(keys) for keys in series.by_name.values())
+        if count > MAX_SERIES:
+            raise BundleError(f"refused: the bundle's samples up to samples[{index}] hold "
+                              f"{count} series, over the {MAX_SERIES} of a bundle (the "
+                              "series limit of a bundle)")
         if progress:
             progress(index + 1, len(bundle.samples))
     return series

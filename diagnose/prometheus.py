@@ -10,7 +10,9 @@ the same rules evaluate per node (`--node`) or across the fleet (`--fleet`).
 
 Answers come over the network, so nothing in them is trusted: one deadline covers every
 query of a command (a server trickling a byte every few seconds cannot hold it), each answer
-is capped at MAX_ANSWER_BYTES, and an answer of the wrong shape is one clear error. Single
+is capped at MAX_ANSWER_BYTES, all the answers of one command together at MAX_HELD_BYTES
+(AnswerBudget: their parsed form is kept to the end, 9 to 14 times their size), and an answer of
+the wrong shape is one clear error. Single
 bad points (a non-numeric value, a row without `metric`) are skipped; "NaN" values, which
 Prometheus itself writes, are skipped too (the rules read numbers).
 """
@@ -26,9 +28,14 @@ import threading
 import time
 import urllib.parse
 
+from fleetscope.core.diagnose_options import MAX_ANSWERS_MIB
 from fleetscope.rules.promql import Series
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# All the answers of one command: what is parsed from them stays to the verdict, and the
+# queries run 8 at a time. Raised with `diagnose --max-answers-mib`.
+MAX_HELD_BYTES = int(MAX_ANSWERS_MIB * 1024 * 1024)
+HELD_OPTION = "--max-answers-mib"
 MAX_ERROR_CHARS = 200
 
 
@@ -53,6 +60,26 @@ class Deadline:
         return self.end - time.monotonic()
 
 
+class AnswerBudget:
+    """The bytes of answers one command may hold, every query's together (counted as they
+    arrive, across the threads that query at once)."""
+
+    def __init__(self, limit: int = MAX_HELD_BYTES):
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int, base: str) -> None:
+        with self._lock:
+            self.used += size
+            over = self.used > self.limit
+        if over:
+            raise PrometheusError(
+                f"Prometheus at {_one_line(base)} sent more than {self.limit // 1024**2} MiB "
+                f"of answers for this command, the limit it may hold ({HELD_OPTION} raises "
+                "it; --node or a shorter --seconds asks for less)")
+
+
 def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     parts = urllib.parse.urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -70,8 +97,10 @@ def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, 
     return connection, parts.path.rstrip("/")
 
 
-def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
-    """The body of one GET, within the deadline and MAX_ANSWER_BYTES."""
+def fetch(base: str, path: str, params, deadline: Deadline,
+          budget: AnswerBudget | None = None) -> bytes:
+    """The body of one GET, within the deadline, MAX_ANSWER_BYTES and the command's
+    `budget` of answers held."""
     left = deadline.left()
     if left <= 0:
         raise TimeoutError
@@ -115,6 +144,8 @@ def fetch(base: str, path: str, params, deadline: Deadline) -> bytes:
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
                 raise PrometheusError(_too_large(base))
+            if budget is not None:
+                budget.take(len(chunk), base)
             chunks.append(chunk)
         if deadline.left() <= 0:
             raise TimeoutError
@@ -194,12 +225,12 @@ def _too_large(base: str) -> str:
 
 
 def _get(base: str, path: str, params: dict, timeout: float | Deadline,
-         warnings: list[str] | None = None) -> dict:
+         warnings: list[str] | None = None, budget: AnswerBudget | None = None) -> dict:
     """The `data` object of a successful API answer; `timeout` is seconds or a Deadline
     shared with the command's other queries; the answer's warnings added to `warnings`."""
     deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
     try:
-        body = fetch(base, path, params, deadline)
+        body = fetch(base, path, params, deadline, budget)
     except TimeoutError:
         raise PrometheusError(f"Prometheus at {_one_line(base)} did not answer within "
                               f"{deadline.seconds:g} s (--timeout)") from None
@@ -297,11 +328,13 @@ def add_matrix(series: Series, name: str, data: dict, nodes: set[str]) -> int:
 def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | None,
                       step: float = 15.0, timeout: float = 30.0,
                       warnings: dict[str, list[str]] | None = None,
+                      max_held_bytes: int = MAX_HELD_BYTES,
                       ) -> tuple[Series, list[str]]:
-    """Range-query each metric over the last `seconds`, all within `timeout` seconds in
-    all; returns the series and the nodes. `warnings`: filled with the metrics whose
-    answers came with warnings (partial data) and what they said."""
+    """Range-query each metric over the last `seconds`, all within `timeout` seconds and
+    `max_held_bytes` of answers in all; returns the series and the nodes. `warnings`: filled
+    with the metrics whose answers came with warnings (partial data) and what they said."""
     deadline = Deadline(timeout)
+    budget = AnswerBudget(max_held_bytes)
     end = time.time()
     start = end - max(seconds, step * 2)
     series = Series()
@@ -313,7 +346,7 @@ def prometheus_series(base: str, metrics: set[str], seconds: float, node: str | 
         selector += "}"
         data = _get(base, "/api/v1/query_range",
                     {"query": selector, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                     "step": f"{step:g}s"}, deadline, warned := [])
+                     "step": f"{step:g}s"}, deadline, warned := [], budget)
         if warned and warnings is not None:
             warnings[name] = warned
         add_matrix(series, name, data, nodes)

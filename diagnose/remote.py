@@ -77,12 +77,15 @@ class QueryStats:
 
 
 class QueryClient:
-    """The query API of one engine, under one deadline and a cap on each answer's size."""
+    """The query API of one engine, under one deadline, a cap on each answer's size and
+    one on all the answers it holds (prometheus.AnswerBudget)."""
 
     def __init__(self, base: str, deadline_seconds: float = DEADLINE_SECONDS,
-                 max_answer_bytes: int = MAX_ANSWER_BYTES):
+                 max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 max_held_bytes: int = prometheus.MAX_HELD_BYTES):
         self.base = base.rstrip("/")
         self._deadline = prometheus.Deadline(deadline_seconds)
+        self._budget = prometheus.AnswerBudget(max_held_bytes)
         self.deadline_seconds = deadline_seconds
         self.max_answer_bytes = max_answer_bytes
         self.stats = QueryStats()
@@ -100,7 +103,7 @@ class QueryClient:
         hardened one of diagnose/prometheus.py: one deadline for the whole command (a
         watchdog closes a socket that trickles), answers capped, every shape checked."""
         try:
-            body = prometheus.fetch(self.base, path, params, self._deadline)
+            body = prometheus.fetch(self.base, path, params, self._deadline, self._budget)
         except TimeoutError:
             raise RemoteError(f"query engine at {self.base} did not answer within "
                               f"{self.deadline_seconds:g} s (--timeout), the deadline for all "
@@ -290,12 +293,13 @@ class RemoteDiagnosis:
 def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
                     step: float = STEP_SECONDS, deadline_seconds: float = DEADLINE_SECONDS,
                     max_answer_bytes: int = MAX_ANSWER_BYTES,
+                    max_held_bytes: int = prometheus.MAX_HELD_BYTES,
                     parallel: int = PARALLEL_QUERIES, now: float | None = None,
                     settle_seconds: float = SETTLE_SECONDS,
                     rules: tuple[Rule, ...] = CATALOG) -> RemoteDiagnosis:
     """Every rule evaluated by the engine at `base` over the `seconds` before `now` less
     `settle_seconds`, for one node (`node`, its instance label) or the whole fleet."""
-    client = QueryClient(base, deadline_seconds, max_answer_bytes)
+    client = QueryClient(base, deadline_seconds, max_answer_bytes, max_held_bytes)
     scope = {NODE_LABEL: node} if node else {}
     now = time.time() if now is None else now
     # Instants step apart ending now: the settled window ends `settle_seconds` earlier.

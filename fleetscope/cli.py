@@ -140,13 +140,20 @@ def _terminate(signum, frame) -> None:
 
 
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
-    from fleetscope.bundle.record import RecordError, record
+    from fleetscope.bundle.read import MAX_SAMPLES
+    from fleetscope.bundle.record import RecordError, record, sample_count
     from fleetscope.collectors.source import evidence_source
     from fleetscope.core.config import ConfigError, default_config_path, load_config
 
     if not (0 < args.interval <= 3600 and 0 <= args.seconds <= 86400):
         print("fleetscope bundle record: error: --interval must be in (0, 3600] and "
               "--seconds in [0, 86400]", file=sys.stderr)
+        return EXIT_USAGE
+    if sample_count(args.seconds, args.interval) > MAX_SAMPLES:  # a bundle nothing could read
+        print(f"fleetscope bundle record: error: --seconds {args.seconds:g} at --interval "
+              f"{args.interval:g} makes {sample_count(args.seconds, args.interval)} samples, "
+              f"over the {MAX_SAMPLES} a bundle may hold: lengthen --interval",
+              file=sys.stderr)
         return EXIT_USAGE
     if not os.path.isdir(args.root):  # a typo'd root would record an empty bundle
         return _fail(f"--root {args.root} is not a directory")

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from fleetscope.core.config import ConfigError
+from fleetscope.core.config import MAX_CONFIG_BYTES, ConfigError
+from fleetscope.core.named_file import read_named_file
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -153,8 +154,7 @@ def _tls_context(raw: dict, base_dir: str) -> ssl.SSLContext:
 
 def load_web_config(path: str) -> WebConfig:
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
+        raw = yaml.safe_load(read_named_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read web config {path}: {err.strerror or err}") from None
     except (yaml.YAMLError, UnicodeDecodeError):

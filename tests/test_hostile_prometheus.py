@@ -20,6 +20,18 @@ from fleetscope.diagnose.prometheus import MAX_ANSWER_BYTES
 from tests.hostile_corpus import run
 
 STOP = threading.Event()
+_BIG: list[bytes] = []  # the ~30 MB answer of the "big-valid" mode, built once
+
+
+def _big_matrix() -> bytes:
+    """A valid range answer of ~30 MB: 2,000 series of 800 points."""
+    if not _BIG:
+        points = ",".join(f'[{1764660000 + 15 * i},"0.5"]' for i in range(800))
+        series = ",".join(f'{{"metric":{{"__name__":"m","instance":"n1","cpu":"{c}"}},'
+                          f'"values":[{points}]}}' for c in range(2000))
+        _BIG.append(('{"status":"success","data":{"resultType":"matrix","result":['
+                     + series + "]}}").encode())
+    return _BIG[0]
 
 
 # The in-process path (every series fetched): its answers are parsed point by point.
@@ -83,7 +95,16 @@ class FakePrometheus(BaseHTTPRequestHandler):
             "answer-list": (200, [1, 2]),
             "empty": (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}),
         }
-        if mode in answers:
+        if mode == "big-valid":  # every query a valid ~30 MB answer; every metric present
+            if "/label/" in parts.path:
+                from fleetscope.rules.catalog import CATALOG
+
+                names = sorted(set().union(*(rule.requires() for rule in CATALOG)))
+                values = names if "__name__" in parts.path else ["n1"]
+                self._send(200, json.dumps({"status": "success", "data": values}).encode())
+            else:
+                self._send(200, _big_matrix())
+        elif mode in answers:
             status, document = answers[mode]
             self._send(status, json.dumps(document).encode())
         elif mode == "incomplete":
@@ -159,8 +180,10 @@ REFUSED = {
 
 @pytest.mark.parametrize("mode", sorted(REFUSED))
 def test_bad_answers_are_one_line(prometheus, mode):
-    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1"],
-                 timeout=120)
+    # huge-body: the cap on one answer, under a limit on all of them raised past it
+    held = ["--max-answers-mib", "256"] if mode == "huge-body" else []
+    result = run(["diagnose", "--prometheus", f"{prometheus}/{mode}", *LOCAL, "--node", "n1",
+                  *held], timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 3, result.stderr[-2000:]
     assert len(lines) == 1, lines
@@ -206,3 +229,17 @@ def test_one_deadline_for_all_queries(prometheus, mode):
 def test_timeout_must_be_positive():
     result = run(["diagnose", "--prometheus", "http://127.0.0.1:9", "--timeout", "nan"])
     assert result.returncode == 2
+
+
+@pytest.mark.parametrize("evaluate", ["engine", "local"])
+def test_answers_held_for_one_command_are_bounded(prometheus, evaluate):
+    """Every answer valid and under the per-answer cap (~30 MB), dozens of them (8 at once):
+    the answers one command holds are capped together, with one line naming the limit and
+    the option that raises it, and the command's peak RSS stays under 1 GiB."""
+    result = run(["diagnose", "--prometheus", f"{prometheus}/big-valid", "--evaluate", evaluate,
+                  "--node", "n1", "--timeout", "600"], timeout=600)
+    lines = result.stderr.strip().splitlines()
+    assert result.max_rss_mib < 1024, result.max_rss_mib
+    assert result.returncode == 3, (result.returncode, result.stderr[-2000:])
+    assert len(lines) == 1, lines
+    assert "--max-answers-mib" in lines[0] and "32 MiB" in lines[0], lines[0]

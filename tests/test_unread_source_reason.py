@@ -60,7 +60,8 @@ def test_a_bundle_recorded_while_the_runtime_was_down_says_so(tmp_path):
                     "--interval", "1", "--config", dead_sources_config(tmp_path), "-o",
                     str(bundle)], check=True, capture_output=True, timeout=300)
     reason = _reasons("--bundle", str(bundle))["queue-backlog"]
-    assert "set on the recorded node, but the bundle holds no agent.prom" in reason
+    assert "the bundle holds no agent.prom that could be read" in reason
+    assert "did not answer while it was recorded" in reason
     assert "set agent_metrics_url" not in reason
 
 

@@ -7,8 +7,10 @@
 A bundle is a directory or the same tree in a .tar.gz. Archives are unpacked into a
 temporary directory as regular files and directories only: absolute paths, `..`, links and
 device files are refused, and so are archives over the limits below (counted in unpacked
-bytes, never in compressed ones: a 58 KB archive can hold a 2 GB sparse file). The scratch
-directory is removed on every exit path, including Ctrl-C and SIGTERM (the CLI turns SIGTERM
+bytes, never in compressed ones: a 58 KB archive can hold a 2 GB sparse file; a member's
+header is checked before tarfile reads it). A bundle holds at most MAX_SAMPLES samples, each
+in its own directory, and replays into at most MAX_SERIES series (diagnose/evidence.py). The
+scratch directory is removed on every exit path, including Ctrl-C and SIGTERM (the CLI turns SIGTERM
 into SystemExit so cleanups run). Inside a directory bundle only regular files resolving
 inside it are read (collectors.base.Scrape).
 Replaying runs the exporter's collectors over each sample directory through `--root`, so a
@@ -23,6 +25,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field, replace
 
 from fleetscope.collectors.source import RecordedSample
@@ -36,6 +39,15 @@ from fleetscope.core.bundle_format import (
 from fleetscope.core.config import Config, ConfigError, parse_config
 
 MAX_MEMBERS = 500_000
+# A member's extended header (GNU long name or link, pax records) is read whole by tarfile
+# before anything else looks at it: a name is at most PATH_MAX (4096) bytes.
+MAX_HEADER_BYTES = 1024 * 1024
+MAX_NAME_CHARS = 200  # of a member's name in an error line
+# A day at one sample every ~9 s; replaying costs per sample, whatever its size.
+MAX_SAMPLES = 10_000
+# Distinct series of a whole replay: a recorded node gives a few hundred (the rules read
+# per-core and per-pool summaries), an agent runtime some thousands more.
+MAX_SERIES = 100_000
 # A 128-core node recorded for 10 minutes is ~100 MB unpacked; numa_maps, the largest file,
 # is capped at 16 MiB by `bundle record`.
 MAX_UNPACKED_BYTES = 1024**3
@@ -90,6 +102,27 @@ class Bundle:
         self.close()
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member header, refusing an extended header over MAX_HEADER_BYTES before
+    tarfile reads it whole (`_proc_member` is tarfile's hook for subclasses)."""
+
+    def _proc_member(self, archive):
+        if self.type in _EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise BundleError(f"{archive.name}: refused: an archive member header declares "
+                              f"{self.size} bytes of name or attributes, over the "
+                              f"{MAX_HEADER_BYTES // 1024**2} MiB limit of a header")
+        return super()._proc_member(archive)
+
+
+_EXTENDED_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                     tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
+
+def _name(member: tarfile.TarInfo) -> str:
+    return repr(member.name[:MAX_NAME_CHARS]) + ("..." if len(member.name) > MAX_NAME_CHARS
+                                                 else "")
+
+
 def _member_path(name: str) -> str | None:
     """The member's path inside the target, or None when it would land outside it."""
     if name.startswith(("/", "\\")) or "\0" in name:
@@ -113,10 +146,10 @@ def _copy_member(source, destination: str, size: int) -> int:
     return written
 
 
-def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
+def _extract(archive: tarfile.TarFile, target: str, path: str) -> int:
     """Regular files and directories only: links, devices and paths leaving the target are
     refused (what tarfile's `data` filter refuses, at a fraction of its per-member cost on
-    bundles of thousands of small files). Sizes are the unpacked ones."""
+    bundles of thousands of small files). Sizes are the unpacked ones; returns their sum."""
     members = 0
     total = 0
     made: set[str] = set()
@@ -127,17 +160,17 @@ def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
                               "(the member limit of a bundle)")
         relative = _member_path(member.name)
         if relative is None:
-            raise BundleError(f"{path}: refused archive member {member.name!r}: "
+            raise BundleError(f"{path}: refused archive member {_name(member)}: "
                               "it would be written outside the bundle")
         if member.isdir():
             if relative:
                 os.makedirs(os.path.join(target, relative), exist_ok=True)
             continue
         if not member.isfile():
-            raise BundleError(f"{path}: refused archive member {member.name!r}: "
+            raise BundleError(f"{path}: refused archive member {_name(member)}: "
                               "links and special files have no place in a bundle")
         if member.size > MAX_MEMBER_BYTES:
-            raise BundleError(f"{path}: refused archive member {member.name[:80]!r}: "
+            raise BundleError(f"{path}: refused archive member {_name(member)}: "
                               f"{member.size} bytes unpacked, over the "
                               f"{MAX_MEMBER_BYTES // 1024**2} MiB limit for one bundle file")
         total += max(member.size, 0)
@@ -150,6 +183,28 @@ def _extract(archive: tarfile.TarFile, target: str, path: str) -> None:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
         _copy_member(archive.extractfile(member), destination, member.size)
+    return total
+
+
+def _read_to_end(archive: tarfile.TarFile, path: str, total: int) -> None:
+    """Past the last member: only the end-of-archive zeros, read to the stream's end.
+
+    tarfile takes the first block that is not a valid header for the end of the archive
+    and stops before the gzip trailer, whose CRC-32 it never checks: an archive damaged in
+    a later gzip member (pigz, `cat a.gz b.gz`) read as the part before the damage. Read to
+    the end, the decompressor checks every member's CRC and length (an error here)."""
+    left = MAX_UNPACKED_BYTES - total
+    while True:
+        chunk = archive.fileobj.read(1024 * 1024)
+        if not chunk:
+            return
+        if chunk.strip(b"\0"):
+            raise BundleError(f"{path}: refused: a damaged archive (data that is not a member "
+                              "after the last readable one)")
+        left -= len(chunk)
+        if left < 0:
+            raise BundleError(f"{path}: refused: over {MAX_UNPACKED_BYTES // 1024**2} MiB "
+                              "unpacked (the size limit of a bundle)")
 
 
 def _scratch_dir() -> str | None:
@@ -174,8 +229,8 @@ def _unpack(path: str) -> tuple[str, str]:
         raise BundleError(f"cannot create a scratch directory to unpack {path}: "
                           f"{err.strerror or err}") from None
     try:
-        with tarfile.open(path, "r:*") as archive:
-            _extract(archive, tempdir, path)
+        with tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo) as archive:
+            _read_to_end(archive, path, _extract(archive, tempdir, path))
         # The tree may sit at the top or inside one folder (tar -C parent bundle-dir).
         if os.path.isfile(os.path.join(tempdir, META)):
             return tempdir, tempdir
@@ -186,10 +241,12 @@ def _unpack(path: str) -> tuple[str, str]:
     except BundleError:
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
-    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError) as err:
+    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError,
+            zlib.error) as err:
         shutil.rmtree(tempdir, ignore_errors=True)
         detail = str(err).splitlines()[0].rstrip(":") if str(err) else type(err).__name__
-        raise BundleError(f"{path}: not a readable .tar.gz bundle ({detail[:200]})") from None
+        raise BundleError(f"{path}: not a readable .tar.gz bundle, damaged or cut short "
+                          f"({detail[:200]})") from None
     except BaseException:  # Ctrl-C, SIGTERM (SystemExit), a bug: the scratch copy goes too
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
@@ -254,7 +311,11 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     raw_samples = meta.get("samples")
     if not isinstance(raw_samples, list) or not raw_samples:
         raise BundleError(f"{meta_path}: no samples")
+    if len(raw_samples) > MAX_SAMPLES:
+        raise BundleError(f"{meta_path}: refused: {len(raw_samples)} samples, over the "
+                          f"{MAX_SAMPLES} a bundle may hold (the samples limit of a bundle)")
     samples = []
+    first_of: dict[str, int] = {}  # sample directory -> the first sample naming it
     for index, raw in enumerate(raw_samples):
         if not isinstance(raw, dict) or not isinstance(raw.get("dir"), str) \
                 or "\0" in raw["dir"] or not _unix_time(raw.get("time")):
@@ -266,6 +327,9 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
         if not os.path.isdir(directory):
             raise BundleError(f"{meta_path}: sample directory {one_line(raw['dir'])} is "
                               "missing")
+        if first_of.setdefault(directory, index) != index:
+            raise BundleError(f"{meta_path}: samples[{index}] names the directory of "
+                              f"samples[{first_of[directory]}]: each sample has its own")
         samples.append(Sample(directory, float(raw["time"])))
     if any(b.time <= a.time for a, b in zip(samples, samples[1:], strict=False)):
         raise BundleError(f"{meta_path}: sample times are not ascending")

@@ -440,6 +440,11 @@ def _prepare_directory(output: str) -> None:
         raise RecordError(f"cannot write {output}: {err.strerror or err}") from None
 
 
+def sample_count(seconds: float, interval: float) -> int:
+    """The samples a recording of `seconds` at `interval` takes (one at each end)."""
+    return max(1, int(seconds / interval) + 1)
+
+
 def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
                  redactor: Redactor) -> None:
     """The bundle's metadata (META): the config redacted and size-bounded, and what
@@ -471,7 +476,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
         static_reader = source.reader()
         copy_globs(static_reader, STATIC_GLOBS, static)
         capture_cgroup_mounts(static_reader, static)
-        count = max(1, int(seconds / interval) + 1)
+        count = sample_count(seconds, interval)
         samples = []
         start = time.monotonic()
         for index in range(count):

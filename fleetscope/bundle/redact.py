@@ -8,12 +8,18 @@ Redacted by default: the value of a credential-looking argument (`--api-key=V`,
 (`AWS_SECRET_ACCESS_KEY=...`), URL userinfo (`scheme://user:pass@host`), `Bearer <token>`,
 and whatever the config's `redact:` regexes match. Over-redacting a harmless `--sort-key` is
 the accepted price of never shipping a live key in a ticket attachment.
+
+Every step costs time linear in the argument's length: one argument may be as long as the
+kernel lets a command line be (issue #37). A configured pattern that times out
+(fleetscope.core.patterns) replaces the whole value: failing closed, never shipping it.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+
+from fleetscope.core.patterns import BoundedPattern
 
 MARK = "<redacted>"
 # Option or variable names that carry credentials (matched against the name only).
@@ -23,8 +29,45 @@ SECRET_NAME = re.compile(
 _OPTION_VALUE = re.compile(r"^(-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*)=(.*)$", re.S)
 _OPTION = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PAIR = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.S)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+# URL userinfo is what `(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@` matches. That regex, searched,
+# rescans the rest of a run like `a.a.a.a...` from every word start (quadratic), so
+# redact_userinfo finds the same matches from each `://` outwards; these classes are its
+# pieces, applied one character or one run at a time.
+_SCHEME_FIRST = re.compile(r"(?i)[a-z]")
+_SCHEME_CHAR = re.compile(r"(?i)[a-z0-9+.-]")
+_WORD = re.compile(r"\w")
+_USERINFO_RUN = re.compile(r"[^/@\s]+")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+
+
+def redact_userinfo(value: str) -> tuple[str, int]:
+    """`value` with each URL's userinfo replaced by MARK, and how many: the substitutions
+    of the regex above, found in time linear in len(value)."""
+    pieces: list[str] = []
+    done = 0  # where the last match ended: matches never overlap
+    at = value.find("://")
+    while at != -1:
+        user = _USERINFO_RUN.match(value, at + 3)
+        end = user.end() if user else -1
+        if end != -1 and end < len(value) and value[end] == "@":
+            # The scheme runs back from `://` over scheme characters; the regex starts at
+            # the leftmost letter of that run that begins a word.
+            first = at
+            while first > done and _SCHEME_CHAR.match(value, first - 1):
+                first -= 1
+            start = next((i for i in range(first, at) if _SCHEME_FIRST.match(value, i)
+                          and (i == 0 or not _WORD.match(value, i - 1))), None)
+            if start is not None:
+                pieces += [value[done:at + 3], MARK, "@"]
+                done = end + 1
+                at = value.find("://", done)
+                continue
+        # No userinfo after this `://`, or no scheme before it: the next `://` starts
+        # at least 3 characters on, past every character looked at here.
+        at = value.find("://", at + 1)
+    if not pieces:
+        return value, 0
+    return "".join(pieces) + value[done:], len(pieces) // 3
 
 
 class Redactor:
@@ -32,17 +75,18 @@ class Redactor:
     metadata and `bundle show`)."""
 
     def __init__(self, patterns: tuple[str, ...] = ()):
-        self.patterns = [re.compile(p) for p in patterns]
+        self.patterns = [BoundedPattern(p, "redact") for p in patterns]
         self.counts: Counter[str] = Counter()
 
     def text(self, value: str, kind: str) -> str:
         """URL userinfo, bearer tokens and the configured patterns within free text."""
-        value, n = _USERINFO.subn(lambda m: f"{m.group(1)}{MARK}@", value)
+        value, n = redact_userinfo(value)
         self.counts[kind] += n
         value, n = _BEARER.subn(lambda m: f"{m.group(1)} {MARK}", value)
         self.counts[kind] += n
         for pattern in self.patterns:
-            value, n = pattern.subn(MARK, value)
+            replaced = pattern.subn(MARK, value)
+            value, n = replaced if replaced is not None else (MARK, 1)
             self.counts[kind] += n
         return value
 

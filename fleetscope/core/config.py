@@ -34,6 +34,9 @@ import yaml
 from .config_error import ConfigError
 from .harm_targets import HarmTargetError, HarmTargets, parse_harm_targets
 from .kubernetes_config import MATCH_KEYS, KubernetesPaths, kubernetes_paths, pod_terms
+from .named_file import read_named_file
+from .patterns import compile_checked
+from .patterns import error as pattern_error
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ _KNOWN_KEYS = {
     "harm_targets",
     "binary_dirs",
 }
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
 
@@ -277,8 +281,8 @@ def _pool(index: int, raw: Any) -> Pool:
             raise ConfigError(f"{where}.match.{key} must be a string")
     if "cmdline" in match:
         try:
-            re.compile(match["cmdline"])
-        except re.error as err:
+            compile_checked(match["cmdline"])
+        except pattern_error as err:
             raise ConfigError(f"{where}.match.cmdline is not a valid regex: {err}") from None
     return Pool(name, workload_class, match.get("cgroup"), match.get("cmdline"),
                 **pod_terms(where, match))
@@ -326,8 +330,8 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         raise ConfigError("redact must be a list of regexes")
     for pattern in redact:
         try:
-            re.compile(pattern)
-        except re.error as err:
+            compile_checked(pattern)
+        except pattern_error as err:
             raise ConfigError(f"redact: {pattern[:60]!r} is not a valid regex: {err}") from None
     for key in ("agent_metrics_url", "redis_url"):
         if key in raw and not isinstance(raw[key], str):
@@ -414,8 +418,7 @@ def load_config(path: str | None, known_collectors: tuple[str, ...] = ()) -> Con
     if path is None:
         return parse_config({}, known_collectors)
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
+        raw = yaml.safe_load(read_named_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
     except yaml.YAMLError as err:

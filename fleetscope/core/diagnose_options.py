@@ -13,6 +13,9 @@ import argparse
 
 LIVE_SECONDS = 20.0  # 16 steps with a 5 s rate window behind each (engine.rate_window_ms)
 PROMETHEUS_SECONDS = 300.0  # 20 scrapes at 15 s, the rules' 1-minute rates behind most
+# All the answers one `diagnose --prometheus` holds (diagnose/prometheus.py AnswerBudget):
+# what they parse into stays to the verdict, at about 9 to 14 times their size.
+MAX_ANSWERS_MIB = 32.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="with --prometheus: one deadline for all its queries together "
                         "(default 30)")
+    parser.add_argument("--max-answers-mib", type=float, default=MAX_ANSWERS_MIB,
+                        metavar="MIB",
+                        help="with --prometheus: the most answer bytes the command holds, "
+                        "all its queries together (default "
+                        f"{MAX_ANSWERS_MIB:g}; what they parse into takes about 9 to 14 times "
+                        "as much memory)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON")
     parser.add_argument("--verbose", action="store_true", help="the report names each rule "
                         "not evaluated and the signals it lacks (the JSON always holds them)")
