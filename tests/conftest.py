@@ -1,8 +1,14 @@
 """Shared test helpers: real exporter processes on 127.0.0.1, fixture bundles, tool checks.
 
 The generated fixture trees (BUNDLES, SCENARIOS) are not committed: the session fixture
-`generated_trees` writes them once per test session into GENERATED, a temporary directory
-(tests/fixture_trees.py; their hashes are in tests/fixtures/generated.sha256)."""
+`generated_trees` writes them once per run into GENERATED, a temporary directory that
+pytest-xdist's workers share (tests/fixture_trees.py; their hashes are in
+tests/fixtures/generated.sha256).
+
+Tests marked `live` run real processes (faults, servers, browsers); .ci/run runs them serially
+after the others, which run in parallel. Tests on the session's query engines (`engine_fleet`)
+and under tests/e2e are marked `live` here, so that each such server starts once, in the serial
+run."""
 
 from __future__ import annotations
 
@@ -25,20 +31,37 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # One directory per session, named in the environment so child processes of the tests (which
 # may import this module) agree on it instead of making their own.
 _OWN = "FLEETSCOPE_TEST_GENERATED" not in os.environ
-GENERATED = Path(os.environ.setdefault("FLEETSCOPE_TEST_GENERATED",
-                                       tempfile.mkdtemp(prefix="fleetscope-fixtures-")))
+if _OWN:  # made only here: the others (pytest-xdist's workers too) find it in the environment
+    os.environ["FLEETSCOPE_TEST_GENERATED"] = tempfile.mkdtemp(prefix="fleetscope-fixtures-")
+GENERATED = Path(os.environ["FLEETSCOPE_TEST_GENERATED"])
 BUNDLES = GENERATED / "bundles"
 SCENARIOS = GENERATED / "scenarios"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def generated_trees():
-    """Write the generated bundles and scenarios once for the whole session."""
-    if not (SCENARIOS / "README.md").is_file() or not (BUNDLES / "README.md").is_file():
-        fixture_trees.generate(GENERATED)
-    yield GENERATED
+    """Write the generated bundles and scenarios once for the whole run (the first worker to
+    get here builds them, the others wait for it)."""
+    return fixture_trees.generate_once(GENERATED)
+
+
+def pytest_unconfigure(config):
+    # In the process that made GENERATED: pytest-xdist's controller runs no fixture.
     if _OWN:
         shutil.rmtree(GENERATED, ignore_errors=True)
+        GENERATED.with_name(GENERATED.name + ".lock").unlink(missing_ok=True)
+
+
+E2E = Path(__file__).parent / "e2e"
+# Fixtures that start servers for the whole session: their tests join the serial `live` run.
+SESSION_SERVERS = {"engine_fleet"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E in item.path.parents or SESSION_SERVERS & set(item.fixturenames):
+            item.add_marker(pytest.mark.live)
 
 
 def require_tool(name: str) -> str:
