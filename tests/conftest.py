@@ -172,6 +172,43 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
+# -- a real redis-server ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """redis-server on 127.0.0.1 at a free port, no persistence; one for the session (each
+    test flushes it or uses keys of its own)."""
+    server = require_tool("redis-server")
+    import redis
+
+    from tests.test_agent_signals import free_port, stop_process
+
+    workdir = tmp_path_factory.mktemp("redis")
+    for _attempt in range(3):  # the port may be taken between probing and binding
+        port = free_port()
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                             socket_connect_timeout=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                time.sleep(0.05)
+        else:
+            client.close()
+            stop_process(proc)
+            continue
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+        stop_process(proc)
+        return
+    pytest.fail("redis-server did not start")
+
+
 # -- a small fleet on real query engines ---------------------------------------------------
 ENGINE_FLEET_NODES = 64
 # Eight minutes of history before the session, and data for the next 80 minutes: the

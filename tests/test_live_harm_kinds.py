@@ -33,7 +33,6 @@ import yaml
 from fleetscope.rules.export import rule_file
 from tests.conftest import require_tool
 from tests.live_agents import POOL, settle, start_tool, start_users, start_workers
-from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_live_accuracy import (
     EVENT_RULES,
     FD_HOLDER,
@@ -99,7 +98,7 @@ KINDS = {"state-writes-fail": (_state_writes_fail, "online_session_error_ratio")
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_sessions_that_fail_hang_or_wait_unseen_are_harm_of_their_pool(kind, tmp_path,
-                                                                       redis_url):  # noqa: F811
+                                                                       redis_url):
     start, signal = KINDS[kind]
     lab = Lab(tmp_path)
     lab.script("fs_acc_noise.py", NOISE, tmp_path, LIFETIME_S)
