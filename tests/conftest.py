@@ -133,6 +133,34 @@ def record_bundle(config: dict, tmp_path: Path, seconds: int, name: str = "bundl
     return output
 
 
+class Recording:
+    """`fleetscope bundle record ARGS` running while the test goes on to watch the same fault
+    another way (a live diagnose, Prometheus): `wait()` gives its CompletedProcess."""
+
+    def __init__(self, args: list[str], timeout: float = 300):
+        self.args = [sys.executable, "-m", "fleetscope", "bundle", "record", *args]
+        self.deadline = time.monotonic() + timeout
+        # files, not pipes: nobody reads its output until it ends
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=self._err, text=True)
+
+    def wait(self) -> subprocess.CompletedProcess:
+        try:
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        finally:
+            self.stop()
+        self._out.seek(0)
+        self._err.seek(0)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, self._out.read(),
+                                           self._err.read())
+
+    def stop(self) -> None:
+        """End it if it still runs (the test failed before waiting for it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @pytest.fixture
 def exporter_factory(tmp_path):
     started: list[ExporterProcess] = []

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from fleetscope.rules.export import rule_file
-from tests.conftest import require_tool
+from tests.conftest import Recording, require_tool
 from tests.live_agents import POOL, settle, start_tool, start_users, start_workers
 from tests.test_live_accuracy import (
     EVENT_RULES,
@@ -324,18 +324,23 @@ def test_an_offline_pool_held_at_its_quota_is_no_harm_live_and_from_a_bundle(tmp
     lab = Lab(tmp_path)
     cgroups: list = []
     bundle = tmp_path / "busy.tar.gz"
+    recording = None
     with ForeignLoad() as foreign_load:
         try:
             _offline_at_quota(lab, cgroups)
             settle()
+            # recorded while the live diagnose watches the same node, with the config
+            # _diagnose writes
+            config = lab.tmp / "node.yaml"
+            config.write_text(yaml.safe_dump({"pools": lab.pools, **lab.config}))
+            recording = Recording(["--seconds", "20", "--config", str(config), "-o",
+                                   str(bundle)])
             document, code, wall = _diagnose(lab)
-            config = tmp_path / "node.yaml"
-            recorded = subprocess.run(
-                [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "20",
-                 "--config", str(config), "-o", str(bundle)], capture_output=True, text=True,
-                timeout=300)
+            recorded = recording.wait()
             assert recorded.returncode == 0, recorded.stderr
         finally:
+            if recording is not None:
+                recording.stop()
             lab.stop()
             for cgroup in cgroups:
                 cgroup.remove()
