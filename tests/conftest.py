@@ -1,8 +1,14 @@
 """Shared test helpers: real exporter processes on 127.0.0.1, fixture bundles, tool checks.
 
 The generated fixture trees (BUNDLES, SCENARIOS) are not committed: the session fixture
-`generated_trees` writes them once per test session into GENERATED, a temporary directory
-(tests/fixture_trees.py; their hashes are in tests/fixtures/generated.sha256)."""
+`generated_trees` writes them once per run into GENERATED, a temporary directory that
+pytest-xdist's workers share (tests/fixture_trees.py; their hashes are in
+tests/fixtures/generated.sha256).
+
+Tests marked `live` run real processes (faults, servers, browsers); .ci/run runs them serially
+after the others, which run in parallel. Tests on the session's query engines (`engine_fleet`)
+and under tests/e2e are marked `live` here, so that each such server starts once, in the serial
+run."""
 
 from __future__ import annotations
 
@@ -25,20 +31,37 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # One directory per session, named in the environment so child processes of the tests (which
 # may import this module) agree on it instead of making their own.
 _OWN = "FLEETSCOPE_TEST_GENERATED" not in os.environ
-GENERATED = Path(os.environ.setdefault("FLEETSCOPE_TEST_GENERATED",
-                                       tempfile.mkdtemp(prefix="fleetscope-fixtures-")))
+if _OWN:  # made only here: the others (pytest-xdist's workers too) find it in the environment
+    os.environ["FLEETSCOPE_TEST_GENERATED"] = tempfile.mkdtemp(prefix="fleetscope-fixtures-")
+GENERATED = Path(os.environ["FLEETSCOPE_TEST_GENERATED"])
 BUNDLES = GENERATED / "bundles"
 SCENARIOS = GENERATED / "scenarios"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def generated_trees():
-    """Write the generated bundles and scenarios once for the whole session."""
-    if not (SCENARIOS / "README.md").is_file() or not (BUNDLES / "README.md").is_file():
-        fixture_trees.generate(GENERATED)
-    yield GENERATED
+    """Write the generated bundles and scenarios once for the whole run (the first worker to
+    get here builds them, the others wait for it)."""
+    return fixture_trees.generate_once(GENERATED)
+
+
+def pytest_unconfigure(config):
+    # In the process that made GENERATED: pytest-xdist's controller runs no fixture.
     if _OWN:
         shutil.rmtree(GENERATED, ignore_errors=True)
+        GENERATED.with_name(GENERATED.name + ".lock").unlink(missing_ok=True)
+
+
+E2E = Path(__file__).parent / "e2e"
+# Fixtures that start servers for the whole session: their tests join the serial `live` run.
+SESSION_SERVERS = {"engine_fleet"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E in item.path.parents or SESSION_SERVERS & set(item.fixturenames):
+            item.add_marker(pytest.mark.live)
 
 
 def require_tool(name: str) -> str:
@@ -110,6 +133,34 @@ def record_bundle(config: dict, tmp_path: Path, seconds: int, name: str = "bundl
     return output
 
 
+class Recording:
+    """`fleetscope bundle record ARGS` running while the test goes on to watch the same fault
+    another way (a live diagnose, Prometheus): `wait()` gives its CompletedProcess."""
+
+    def __init__(self, args: list[str], timeout: float = 300):
+        self.args = [sys.executable, "-m", "fleetscope", "bundle", "record", *args]
+        self.deadline = time.monotonic() + timeout
+        # files, not pipes: nobody reads its output until it ends
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=self._err, text=True)
+
+    def wait(self) -> subprocess.CompletedProcess:
+        try:
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        finally:
+            self.stop()
+        self._out.seek(0)
+        self._err.seek(0)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, self._out.read(),
+                                           self._err.read())
+
+    def stop(self) -> None:
+        """End it if it still runs (the test failed before waiting for it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @pytest.fixture
 def exporter_factory(tmp_path):
     started: list[ExporterProcess] = []
@@ -147,6 +198,43 @@ def samples(text: str) -> dict[str, float]:
             label_string = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             out[f"{sample.name}{{{label_string}}}" if label_string else sample.name] = sample.value
     return out
+
+
+# -- a real redis-server ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """redis-server on 127.0.0.1 at a free port, no persistence; one for the session (each
+    test flushes it or uses keys of its own)."""
+    server = require_tool("redis-server")
+    import redis
+
+    from tests.test_agent_signals import free_port, stop_process
+
+    workdir = tmp_path_factory.mktemp("redis")
+    for _attempt in range(3):  # the port may be taken between probing and binding
+        port = free_port()
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                             socket_connect_timeout=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                time.sleep(0.05)
+        else:
+            client.close()
+            stop_process(proc)
+            continue
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+        stop_process(proc)
+        return
+    pytest.fail("redis-server did not start")
 
 
 # -- a small fleet on real query engines ---------------------------------------------------

@@ -6,7 +6,8 @@
 `tests/fixtures/make_bundles.py` writes the two `fleetscope-bundle/1` fixtures (x86-256,
 kunpeng-128) and `tests/fixtures/make_scenarios.py` one scenario bundle per rule; neither tree is
 committed. The test session writes both into a temporary directory (the session fixture in
-tests/conftest.py); `tests/fixtures/generated.sha256` holds one line per generated file, in the
+tests/conftest.py, once for all of a run's processes: `generate_once`);
+`tests/fixtures/generated.sha256` holds one line per generated file, in the
 format of `sha256sum` (`<sha256>  <path>`, paths relative to that directory, sorted), and
 tests/test_fixture_trees.py checks that the generators reproduce it exactly.
 
@@ -17,9 +18,13 @@ trees (rdma/, perf/) and the golden outputs (e2e/).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -45,14 +50,37 @@ def load_generator(tree: str, name: str):
     return module
 
 
-def generate(out: Path) -> Path:
-    """Run both generators (each in its own interpreter, as a user runs it) into out/<tree>."""
+def generate(out: Path, trees=tuple(GENERATORS)) -> Path:
+    """Run the generators of `trees` (each in its own interpreter, as a user runs it) into
+    out/<tree>."""
     out.mkdir(parents=True, exist_ok=True)
-    for tree, script in GENERATORS.items():
+    for tree in trees:
+        script = GENERATORS[tree]
         result = subprocess.run([sys.executable, str(script), "--out", str(out / tree)],
                                 capture_output=True, text=True, timeout=1200)
         if result.returncode != 0:
             raise RuntimeError(f"{script.name} failed:\n{result.stderr[-4000:]}")
+    return out
+
+
+def generate_once(out: Path) -> Path:
+    """The trees in out/<tree>, generated unless already there. Safe for the processes of one
+    run at once (pytest-xdist's workers share `out`): the first takes an exclusive lock beside
+    `out`, generates into a scratch directory beside it and renames each finished tree into
+    place, so a tree under `out` is always whole; the others wait on the lock, then find them."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        missing = [tree for tree in GENERATORS if not (out / tree / "README.md").is_file()]
+        if missing:
+            scratch = Path(tempfile.mkdtemp(prefix=out.name + ".building-", dir=out.parent))
+            try:
+                generate(scratch, missing)
+                for tree in missing:
+                    shutil.rmtree(out / tree, ignore_errors=True)  # an interrupted older run's
+                    os.rename(scratch / tree, out / tree)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 

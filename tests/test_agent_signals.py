@@ -186,40 +186,7 @@ def local_server():
         server.stop()
 
 
-# -- a real redis-server ---------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    """redis-server on 127.0.0.1 at a free port, no persistence; stopped after the module."""
-    server = require_tool("redis-server")
-    import redis
-
-    workdir = tmp_path_factory.mktemp("redis")
-    for _attempt in range(3):  # the port may be taken between probing and binding
-        port = free_port()
-        proc = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
-                             socket_connect_timeout=1)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                client.ping()
-                break
-            except redis.RedisError:
-                time.sleep(0.05)
-        else:
-            client.close()
-            stop_process(proc)
-            continue
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-        stop_process(proc)
-        return
-    pytest.fail("redis-server did not start")
-
+# -- a real redis-server (tests/conftest.py's redis_url, one for the session) -------------
 
 @pytest.fixture
 def redis_client(redis_url):

@@ -7,6 +7,7 @@ from tests import fixture_trees
 from tests.conftest import GENERATED, SCENARIOS
 
 
+# Slow: reads and hashes every generated file, tens of thousands of them.
 def test_generators_reproduce_the_manifest_exactly():
     expected, written = fixture_trees.read_manifest(), fixture_trees.hashes(GENERATED)
     missing = sorted(expected.keys() - written.keys())

@@ -78,6 +78,8 @@ def _outside_untouched(directory: Path) -> list[str]:
     return problems
 
 
+# Slow: every case through every command, each a fresh interpreter, one at a time so that
+# the scratch directory's peak and leftovers are that command's alone.
 def test_corpus_through_diagnose_show_and_config_readers(corpus, tmp_path):
     directory, cases = corpus
     scratch = tmp_path / "scratch"

@@ -31,7 +31,6 @@ import yaml
 
 from fleetscope.rules.promql import EVENT_LOOKBACK_SECONDS
 from tests.conftest import require_tool
-from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_cpu_features import (
     CANDIDATES,  # noqa: F401 (others import it from here)
     _build,
@@ -491,7 +490,7 @@ def _record(entry: dict) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, earlier_sigill,
-                                                         redis_url):  # noqa: F811
+                                                         redis_url):
     if scenario.needs_spare_cpu:
         foreign = _foreign_busy_cpus()
         if foreign > FOREIGN_CPU_LIMIT:

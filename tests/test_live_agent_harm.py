@@ -37,7 +37,6 @@ from tests.conftest import samples
 from tests.test_agent_signals import (
     families_of,
     read_line,
-    redis_url,  # noqa: F401 (a real redis-server fixture)
     stop_process,
 )
 from tests.test_live_fault_harm import WORKER, WORKER_WITH_ALARM
@@ -115,7 +114,7 @@ def request_start() -> str:
 # -- a state store refusing every write ------------------------------------------------------
 
 def test_state_writes_refused_fail_every_session_and_the_worker_keeps_serving(
-        workers, redis_url):  # noqa: F811
+        workers, redis_url):
     import redis
 
     store = redis.Redis.from_url(redis_url, socket_timeout=5)

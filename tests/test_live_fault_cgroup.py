@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from tests.conftest import Recording, require_tool
 from tests.test_live_accuracy import (
     FOREIGN_CPU_LIMIT,
     NOISE,
@@ -258,19 +258,14 @@ def test_cgroup_fault_from_bundle_and_prometheus(name, rule, tmp_path, exporter_
     lab = Lab(tmp_path)
     cgroups = _produce(name, lab)
     processes: list[subprocess.Popen] = []
+    recording = None
     try:
         config = tmp_path / "node.yaml"
         config.write_text(yaml.safe_dump({"pools": lab.pools}))
         bundle = tmp_path / "bundle"
-        recorded = subprocess.run(
-            [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "12",
-             "--interval", "2", "-o", str(bundle), "--config", str(config)],
-            capture_output=True, text=True, timeout=300)
-        assert recorded.returncode == 0, recorded.stderr
-        cgroup_dir = next(iter(cgroups.dirs.values())).relative_to("/")
-        kept = {p.name for p in (bundle / "samples" / "s0000" / cgroup_dir).iterdir()}
-        assert kept >= ({"pids.current", "pids.max", "pids.events"} if rule == "pid-exhaustion"
-                        else {"cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"}), kept
+        # recorded while Prometheus below watches the same fault
+        recording = Recording(["--seconds", "12", "--interval", "2", "-o", str(bundle),
+                               "--config", str(config)])
 
         exporter = exporter_factory("/", {"pools": lab.pools})
         target = exporter.url.removeprefix("http://").removesuffix("/metrics")
@@ -298,7 +293,15 @@ def test_cgroup_fault_from_bundle_and_prometheus(name, rule, tmp_path, exporter_
         # no other pool of the node is named (a kernel-log tier names a cgroup, not a pool)
         healthy_pools = _query(base, f'ALERTS{{fleetscope_rule="{rule}",pool=~".+",'
                                      'pool!="chat-online"}')
+        recorded = recording.wait()
+        assert recorded.returncode == 0, recorded.stderr
+        cgroup_dir = next(iter(cgroups.dirs.values())).relative_to("/")
+        kept = {p.name for p in (bundle / "samples" / "s0000" / cgroup_dir).iterdir()}
+        assert kept >= ({"pids.current", "pids.max", "pids.events"} if rule == "pid-exhaustion"
+                        else {"cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"}), kept
     finally:
+        if recording is not None:
+            recording.stop()
         for process in processes:
             process.terminate()
             process.wait(timeout=20)

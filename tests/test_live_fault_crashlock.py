@@ -32,7 +32,7 @@ import pytest
 
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
 from fleetscope.collectors.parsers.locks import parse_proc_locks
-from tests.conftest import require_tool
+from tests.conftest import Recording, require_tool
 from tests.test_isa_fault import _kernel_log
 from tests.test_live_accuracy import (
     NOISE,
@@ -259,15 +259,6 @@ def _run_diagnose(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def _record_bundle(lab: Lab, config: Path) -> Path:
-    bundle = lab.tmp / "node.tar.gz"
-    record = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
-                             "--seconds", "12", "--interval", "1", "--config", str(config),
-                             "-o", str(bundle)], capture_output=True, text=True, timeout=300)
-    assert record.returncode == 0, record.stderr
-    return bundle
-
-
 def _config(lab: Lab) -> Path:
     import yaml
 
@@ -314,11 +305,19 @@ def _alerts_on_prometheus(lab: Lab, config: Path, rule: str, exporter_factory,
 
 
 def _recorded_and_alerted(lab: Lab, rule: str, exporter_factory) -> tuple[Path, dict, str]:
-    """With the fault running: a bundle recorded here, then the rule's alert on Prometheus."""
+    """With the fault running: a bundle recorded here and, meanwhile, the rule's alert on
+    Prometheus."""
     time.sleep(3)  # let the fault settle before the window opens
     config = _config(lab)
-    bundle = _record_bundle(lab, config)
-    alert, base = _alerts_on_prometheus(lab, config, rule, exporter_factory)
+    bundle = lab.tmp / "node.tar.gz"
+    recording = Recording(["--seconds", "12", "--interval", "1", "--config", str(config),
+                           "-o", str(bundle)])
+    try:
+        alert, base = _alerts_on_prometheus(lab, config, rule, exporter_factory)
+        record = recording.wait()
+    finally:
+        recording.stop()
+    assert record.returncode == 0, record.stderr
     return bundle, alert, base
 
 

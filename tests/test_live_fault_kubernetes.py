@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from fleetscope.rules.builtin.offline_preemption import OFFLINE_CPU
+from tests.conftest import Recording
 from tests.test_live_accuracy import (
     HOG,
     LIFETIME_S,
@@ -168,6 +169,7 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
     (tmp_path / "hog.py").write_text(HOG)
     cgroups = Cgroups()
     children: list[subprocess.Popen] = []
+    recording = None
     try:
         on_cgroup = _layout(driver, cgroups, "guaranteed", online["uid"], online["id"], 1)
         off_cgroup = _layout(driver, cgroups, "burstable", batch["uid"], batch["id"], 2)
@@ -179,6 +181,11 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
             children.append(_start_in(off_cgroup, tmp_path / "hog.py", LIFETIME_S))
         time.sleep(2)
         assert all(child.poll() is None for child in children)
+        # The same fault recorded while diagnose watches it: the bundle keeps the pods'
+        # names for its own diagnosis.
+        bundle = tmp_path / "bundle"
+        recording = Recording(["--seconds", "12", "--interval", "1", "-o", str(bundle),
+                               "--config", str(config)])
         began = time.monotonic()
         offline_ticks = _ticks(children[1:])
         result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--json",
@@ -186,14 +193,11 @@ def test_offline_preemption_names_the_pods_and_the_cpu_managers_decision(driver,
                                 timeout=300)
         wall = time.monotonic() - began
         offline_cpus = (_ticks(children[1:]) - offline_ticks) / os.sysconf("SC_CLK_TCK") / wall
-        # The same fault recorded: the bundle keeps the pods' names for its own diagnosis.
-        bundle = tmp_path / "bundle"
-        recorded = subprocess.run([sys.executable, "-m", "fleetscope", "bundle", "record",
-                                   "--seconds", "12", "--interval", "1", "-o", str(bundle),
-                                   "--config", str(config)], capture_output=True, text=True,
-                                  timeout=300)
+        recorded = recording.wait()
         assert recorded.returncode == 0, recorded.stderr
     finally:
+        if recording is not None:
+            recording.stop()
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.conftest import require_tool
+from tests.conftest import Recording, require_tool
 from tests.test_live_accuracy import (
     LIFETIME_S,
     NOISE,
@@ -190,17 +190,16 @@ def test_stuck_gateway_named_from_a_recorded_bundle_and_by_prometheus(tmp_path,
     prometheus = require_tool("prometheus")
     lab = Lab(tmp_path)
     processes: list[subprocess.Popen] = []
+    recording = None
     try:
         _produce("listen-overflow", lab)
         gateway = lab.children[0].pid
         config = tmp_path / "node.yaml"
         config.write_text(json.dumps({"pools": lab.pools}))
         bundle = tmp_path / "incident.tar.gz"
-        recorded = subprocess.run(
-            [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "12",
-             "--interval", "2", "--config", str(config), "-o", str(bundle)],
-            capture_output=True, text=True, timeout=300)
-        assert recorded.returncode == 0, recorded.stderr
+        # recorded while Prometheus below watches the same fault
+        recording = Recording(["--seconds", "12", "--interval", "2", "--config", str(config),
+                               "-o", str(bundle)])
 
         # the exported rules (for: 0s, so the test need not wait two minutes) on Prometheus
         rules = tmp_path / "fleetscope.rules.yml"
@@ -232,7 +231,11 @@ def test_stuck_gateway_named_from_a_recorded_bundle_and_by_prometheus(tmp_path,
             time.sleep(1)
         listener = _query(base, "fleetscope_tcp_listen_queue_connections"
                                 " / fleetscope_tcp_listen_backlog_connections >= 1")
+        recorded = recording.wait()
+        assert recorded.returncode == 0, recorded.stderr
     finally:
+        if recording is not None:
+            recording.stop()
         lab.stop()
         for process in processes:
             process.terminate()

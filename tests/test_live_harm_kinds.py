@@ -31,9 +31,8 @@ import pytest
 import yaml
 
 from fleetscope.rules.export import rule_file
-from tests.conftest import require_tool
+from tests.conftest import Recording, require_tool
 from tests.live_agents import POOL, settle, start_tool, start_users, start_workers
-from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_live_accuracy import (
     EVENT_RULES,
     FD_HOLDER,
@@ -99,7 +98,7 @@ KINDS = {"state-writes-fail": (_state_writes_fail, "online_session_error_ratio")
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_sessions_that_fail_hang_or_wait_unseen_are_harm_of_their_pool(kind, tmp_path,
-                                                                       redis_url):  # noqa: F811
+                                                                       redis_url):
     start, signal = KINDS[kind]
     lab = Lab(tmp_path)
     lab.script("fs_acc_noise.py", NOISE, tmp_path, LIFETIME_S)
@@ -325,18 +324,23 @@ def test_an_offline_pool_held_at_its_quota_is_no_harm_live_and_from_a_bundle(tmp
     lab = Lab(tmp_path)
     cgroups: list = []
     bundle = tmp_path / "busy.tar.gz"
+    recording = None
     with ForeignLoad() as foreign_load:
         try:
             _offline_at_quota(lab, cgroups)
             settle()
+            # recorded while the live diagnose watches the same node, with the config
+            # _diagnose writes
+            config = lab.tmp / "node.yaml"
+            config.write_text(yaml.safe_dump({"pools": lab.pools, **lab.config}))
+            recording = Recording(["--seconds", "20", "--config", str(config), "-o",
+                                   str(bundle)])
             document, code, wall = _diagnose(lab)
-            config = tmp_path / "node.yaml"
-            recorded = subprocess.run(
-                [sys.executable, "-m", "fleetscope", "bundle", "record", "--seconds", "20",
-                 "--config", str(config), "-o", str(bundle)], capture_output=True, text=True,
-                timeout=300)
+            recorded = recording.wait()
             assert recorded.returncode == 0, recorded.stderr
         finally:
+            if recording is not None:
+                recording.stop()
             lab.stop()
             for cgroup in cgroups:
                 cgroup.remove()

@@ -41,6 +41,8 @@ def test_a_node_evaluated_twice_in_a_pass_is_computed_once():
     assert calls == [60_000, 45_000, 60_000]
 
 
+# Slow: a full gc.collect() each round (so freed nodes' ids are reused), which walks the
+# whole heap of the process running the tests.
 def test_a_selector_built_for_one_call_never_answers_for_another():
     """Nodes made and dropped inside a pass (a selector built per call) may reuse a freed
     node's id: each must still get its own series."""

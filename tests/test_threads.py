@@ -42,7 +42,6 @@ from fleetscope.core.exposition import render
 from fleetscope.exporter import Exporter
 from tests.conftest import record_bundle, require_tool, samples
 from tests.fuzzing import parser_fuzz_tests
-from tests.test_agent_signals import redis_url  # noqa: F401 (a real redis-server fixture)
 from tests.test_pools import STATUS_REAL, write, write_process
 
 # ---- real samples -----------------------------------------------------------------------
@@ -586,7 +585,7 @@ time.sleep(60)
 @pytest.mark.live
 @pytest.mark.skipif(os.geteuid() != 0, reason="syscall files of a process need root here")
 def test_worker_waiting_on_its_work_queue_is_idle_not_blocked(tmp_path, exporter_factory,
-                                                               redis_url):  # noqa: F811
+                                                               redis_url):
     # Reproduces a false alarm: a consumer parked in BLPOP on a real Redis (the work queue the
     # config names) counted as a thread blocked in an external call. With the redis_url set,
     # only the thread waiting on the silent tool endpoint is; without it both are.
