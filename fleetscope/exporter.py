@@ -6,8 +6,10 @@ a machine lacks (no PSI, no schedstat) shows as `fleetscope_scrape_source_availa
 logged once with how to enable it. Serves the text format, or OpenMetrics when the scraper
 asks for it, gzip-compressed when accepted. HEAD /metrics answers like GET without the body
 (node_exporter does). A client gets HEADER_DEADLINE_SECONDS from its first byte to finish
-its request line and headers, and at most MAX_CONNECTIONS are served at once (more get 503):
-a slow or hostile client cannot hold threads without bound.
+its request line and headers, and at most MAX_CONNECTIONS are served at once: past that a
+new connection takes the slot of the connection idle longest (one waiting for a request,
+closed), and gets 503 only when every connection is busy with a request. A slow or hostile
+client cannot hold threads without bound, and idle ones cannot keep a scrape out.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from fleetscope.webconfig import WebConfig
 log = logging.getLogger("fleetscope.exporter")
 HEADER_DEADLINE_SECONDS = 10.0
 MAX_CONNECTIONS = 64
+EVICTION_WAIT_SECONDS = 2.0  # an evicted idle connection's thread ends well inside this
 
 
 class Exporter:
@@ -156,13 +159,16 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         # Wait for the request's first byte under the idle timeout (keep-alive connections
         # sit idle between scrapes); from then on the headers have a deadline.
+        self.server.idle(self, True)  # the slot a new connection may take while we wait
         try:
             if not self.rfile.peek(1):
                 self.close_connection = True
                 return
-        except OSError:  # idle timeout, reset
+        except (OSError, ValueError):  # idle timeout, reset, closed by an eviction
             self.close_connection = True
             return
+        finally:
+            self.server.idle(self, False)
         self._headers_read = False
         watchdog = threading.Timer(HEADER_DEADLINE_SECONDS, self._drop_slow_client)
         watchdog.daemon = True
@@ -250,10 +256,33 @@ class ExporterServer(ThreadingHTTPServer):
         self.exporter = exporter
         self.web = web
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._idle: dict[_Handler, float] = {}  # waiting for a request: since when
+        self._idle_lock = threading.Lock()
         super().__init__(address, _Handler)
 
+    def idle(self, handler: _Handler, waiting: bool) -> None:
+        with self._idle_lock:
+            if waiting:
+                self._idle[handler] = time.monotonic()
+            else:
+                self._idle.pop(handler, None)
+
+    def _evict_idle(self) -> bool:
+        """Close the connection idle longest (its handler ends and frees its slot)."""
+        with self._idle_lock:
+            if not self._idle:
+                return False
+            handler = min(self._idle, key=self._idle.__getitem__)
+            del self._idle[handler]
+        try:
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
+
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not (
+                self._evict_idle() and self._slots.acquire(timeout=EVICTION_WAIT_SECONDS)):
             log.warning("%d connections already open: refusing %s", MAX_CONNECTIONS,
                         client_address[0])
             if self.web.tls is None:

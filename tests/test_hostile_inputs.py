@@ -9,6 +9,7 @@ directory; nothing written outside it; no content of a file outside the bundle p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -300,10 +301,19 @@ def test_drip_fed_headers_are_dropped(tmp_path):
         exporter.stop()
 
 
-def test_connections_are_capped(tmp_path):
-    """Idle connections past MAX_CONNECTIONS get 503 instead of one more thread each."""
+IDLE_CONNECTIONS = 500
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line.split()[1] for line in status if line.startswith("Threads:")))
+
+
+def test_idle_connections_cannot_keep_a_scrape_out(tmp_path):
+    """Reproduced: 64 connections that send nothing held every slot for 30 s each, and
+    Prometheus's scrape got 503 until they closed. With 500 open the scrape is answered (the
+    connection idle longest gives up its slot), and threads stay bounded by the slots."""
     import socket
-    from urllib.error import HTTPError
     from urllib.parse import urlsplit
 
     from fleetscope.exporter import MAX_CONNECTIONS
@@ -312,23 +322,15 @@ def test_connections_are_capped(tmp_path):
     idle = []
     try:
         parts = urlsplit(exporter.url)
-        idle = [socket.create_connection((parts.hostname, parts.port), timeout=10)
-                for _ in range(MAX_CONNECTIONS)]
-        with pytest.raises(HTTPError) as refused:
-            for _ in range(50):  # until the server has accepted all idle ones (bounded)
-                exporter.scrape()
-                time.sleep(0.1)
-        assert refused.value.code == 503
-        for sock in idle:
-            sock.close()
-        for _ in range(100):  # the slots come back as the idle connections close
-            try:
-                assert exporter.scrape()[0] == 200
-                break
-            except HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("slots never came back")
+        for _ in range(IDLE_CONNECTIONS):
+            with contextlib.suppress(OSError):  # the accept backlog is the kernel's
+                idle.append(socket.create_connection((parts.hostname, parts.port), timeout=10))
+        assert len(idle) >= 4 * MAX_CONNECTIONS, len(idle)
+        time.sleep(1)  # the server accepted what it will (they all sit idle)
+        for _ in range(3):  # scrapes in a row, each past the idle crowd
+            status, _, body = exporter.scrape()
+            assert status == 200 and body.startswith(b"# HELP"), status
+        assert _threads(exporter.proc.pid) <= MAX_CONNECTIONS + 16  # slots, not connections
     finally:
         for sock in idle:
             sock.close()
