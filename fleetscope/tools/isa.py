@@ -31,6 +31,7 @@ import bisect
 import json
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 
@@ -650,6 +651,22 @@ LIBRARY_DIRS = ("/usr/local/lib", "/usr/local/lib64", "/usr/lib", "/usr/lib64", 
 
 MAX_PROCESSES_SEARCHED = 20_000  # a node's process table, bounded
 MAX_CMDLINE_BYTES = 65_536
+# Larger than any binary or library a node runs (a statically linked inference server is a few
+# hundred MiB): a bigger file named by a crash is not read, however it got there.
+MAX_BINARY_BYTES = 1 << 30
+
+
+def _usable(path: str, owners: set[int] | None) -> bool:
+    """A file worth reading for a crash: regular (never a FIFO or device, whose open can
+    block), at most MAX_BINARY_BYTES, and owned by one of `owners` (root or the user of the
+    process that led to it: any local user can name a file on a command line) unless the
+    operator's config named its directory (`owners` None)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_BINARY_BYTES and (
+        owners is None or info.st_uid in owners)
 
 
 def locate_binary(name: str, root: str = "/", directories: tuple[str, ...] = ()) -> str | None:
@@ -658,23 +675,25 @@ def locate_binary(name: str, root: str = "/", directories: tuple[str, ...] = ())
     the live node, where it runs things (most agent binaries run from their own directory,
     /opt/<app>/bin): a live process's executable of that name, a path of that name on a
     process's command line (the supervisor restarting it), a file of that name beside a
-    running executable."""
+    running executable. Only regular files of a bounded size, owned by root or by the
+    user whose process led to them (see _usable)."""
     import shutil
 
     if not name or "/" in name or "\0" in name:
         return None
     live = root in ("", "/")
+    ours = {0, os.geteuid()}
     for directory in directories:
         candidate = os.path.join(root, directory.lstrip("/"), name)
-        if os.path.isfile(candidate):
+        if _usable(candidate, None):
             return candidate
     if live:
         found = shutil.which(name)
-        if found:
+        if found and _usable(found, ours):
             return found
     for directory in LIBRARY_DIRS:
         candidate = os.path.join(root, directory.lstrip("/"), name)
-        if os.path.isfile(candidate):
+        if _usable(candidate, ours):
             return candidate
     return _where_it_runs(name) if live else None
 
@@ -685,16 +704,20 @@ def _where_it_runs(name: str) -> str | None:
         pids = [p for p in os.listdir("/proc") if p.isdigit()][:MAX_PROCESSES_SEARCHED]
     except OSError:
         return None
-    beside: list[str] = []
+    beside: dict[str, set[int]] = {}
     for pid in pids:
+        try:
+            owners = {0, os.stat(f"/proc/{pid}").st_uid}
+        except OSError:
+            continue
         try:
             exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
         except OSError:
             exe = ""
         if exe.startswith("/"):
-            if os.path.basename(exe) == name and os.path.isfile(exe):
+            if os.path.basename(exe) == name and _usable(exe, owners):
                 return exe
-            beside.append(os.path.join(os.path.dirname(exe), name))
+            beside.setdefault(os.path.join(os.path.dirname(exe), name), set()).update(owners)
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 argv = handle.read(MAX_CMDLINE_BYTES).split(b"\0")
@@ -702,10 +725,10 @@ def _where_it_runs(name: str) -> str | None:
             continue
         for raw in argv:
             arg = raw.decode("utf-8", "replace")
-            if arg.startswith("/") and os.path.basename(arg) == name and os.path.isfile(arg):
+            if arg.startswith("/") and os.path.basename(arg) == name and _usable(arg, owners):
                 return arg
-    for candidate in dict.fromkeys(beside):
-        if os.path.isfile(candidate):
+    for candidate, owners in beside.items():
+        if _usable(candidate, owners):
             return candidate
     return None
 
