@@ -192,12 +192,17 @@ def _message(line: str) -> tuple[str, float | None] | None:
         if int(match.group(1)) >> 3 != 0:  # facility 0 is the kernel; others are userspace
             return None
         return match.group(4), int(match.group(3)) / 1e6
+    if line.startswith(_SYSLOG_KERNEL.lstrip()):  # the identifier alone: "kernel: [..] ..."
+        line = line[len(_SYSLOG_KERNEL) - 1:]
+    else:
+        _, found, message = line.partition(_SYSLOG_KERNEL)
+        if found:  # a syslog or journal prefix, then perhaps the boot stamp dmesg prints
+            line = message
     match = _DMESG_PREFIX.match(line)
     if match:
         seconds = _SECONDS.match(match.group(1))
         return line[match.end():], float(seconds.group(1)) if seconds else None
-    _, found, message = line.partition(_SYSLOG_KERNEL)
-    return (message if found else line), None
+    return line, None
 
 
 def _crash(arch, comm, pid, where, ip, seconds, description) -> SigillCrash:
