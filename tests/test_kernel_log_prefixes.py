@@ -29,3 +29,19 @@ def test_a_prefixed_line_keeps_its_task_and_boot_time(prefix):
         ("python", 4242, "libagentcore.so", 1611.175045)]
     assert [(f.comm, f.pid, f.seconds) for f in scan.faults] == [
         ("agent_worker", 5151, 1612.25)]
+
+
+# Lines users pasted from RHEL 7.9 (microsoft/omi issue 733) and Oracle Linux 6
+# (apple/cups issue 5687): 3.x/4.x kernels print "general protection", no "fault".
+OLDER_GP = (
+    "messages-20230122:Jan 19 07:58:14 hostname kernel: [ 1037.095796] traps: omiengine[2417] "
+    "general protection ip:7fae689668c1 sp:7ffc5a4208b8 error:0 in libc-2.17.so"
+    "[7fae687f7000+1c4000]\n"
+    "kernel: cupsd[9073] general protection ip:7f3dd1338716 sp:7ffdadea62d8 error:0 in "
+    "libc-2.12.so[7f3dd1210000+18b000]\n")
+
+
+def test_the_older_general_protection_wording_is_a_fatal_trap():
+    faults = scan_kernel_log(OLDER_GP).faults
+    assert [(f.comm, f.pid, f.binary, f.seconds) for f in faults] == [
+        ("omiengine", 2417, "libc-2.17.so", 1037.095796), ("cupsd", 9073, "libc-2.12.so", None)]

@@ -131,7 +131,7 @@ _SEGFAULT = re.compile(
 )
 _X86_TRAP = re.compile(
     r"(?:traps: )?(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\] "
-    r"(?P<desc>trap [a-z0-9 ]{1,40}?|general protection fault) "
+    r"(?P<desc>trap [a-z0-9 ]{1,40}?|general protection(?: fault)?) "  # 3.x/4.x: no "fault"
     r"ip:(?P<ip>[0-9a-f]{1,16}) sp:[0-9a-f]{1,16} error:[0-9a-f]{1,16}" + _WHERE,
     re.ASCII,
 )
@@ -282,12 +282,14 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
                     match.group("ip"), seconds, f"segfault (error {match.group('error')})"),
                     address=match.group("address")))
             continue
-        if "trap " in message or "] general protection fault ip:" in message:
+        if "trap " in message or "] general protection " in message:
             match = _X86_TRAP.fullmatch(message)
             if match and match.group("desc") != "trap invalid opcode":
+                desc = match.group("desc").removeprefix("trap ")
                 faults.append(_crash("x86", match.group("comm"), int(match.group("pid")),
                                      match.group("where"), match.group("ip"), seconds,
-                                     match.group("desc").removeprefix("trap ")))
+                                     "general protection fault" if desc.startswith(
+                                         "general protection") else desc))
                 continue
         if "invalid opcode" in message:
             match = _X86.fullmatch(message)
