@@ -45,3 +45,19 @@ def test_the_older_general_protection_wording_is_a_fatal_trap():
     faults = scan_kernel_log(OLDER_GP).faults
     assert [(f.comm, f.pid, f.binary, f.seconds) for f in faults] == [
         ("omiengine", 2417, "libc-2.17.so", 1037.095796), ("cupsd", 9073, "libc-2.12.so", None)]
+
+
+# OOM kills as RHEL 7 (kubernetes/kubernetes issue 50632) and CentOS 6 (cPanelSSP/SSP issue
+# 76) kernels print them: the UID after the comm, or between the pid and the comm.
+OLDER_KILLS = (
+    "Nov 30 10:16:57 iZuf601dofntkxgp7lyfi9Z kernel: Killed process 799153 (node), UID 1000, "
+    "total-vm:606096kB, anon-rss:68308kB, file-rss:13648kB, shmem-rss:0kB\n"
+    "Mar  2 17:35:10 server1 kernel: [2858609.598568] Killed process 11726, UID 498, (mysqld) "
+    "total-vm:7823732kB, anon-rss:2539268kB, file-rss:768kB\n")
+
+
+def test_the_older_oom_kill_wordings_are_kills():
+    from fleetscope.collectors.parsers.oom import scan_oom_kills
+
+    assert [(k.pid, k.comm, k.seconds) for k in scan_oom_kills(OLDER_KILLS)] == [
+        (799153, "node", None), (11726, "mysqld", 2858609.598568)]

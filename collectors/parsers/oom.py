@@ -39,8 +39,10 @@ from .cgroup import parse_cpu_stat
 from .kmsg import _message
 
 _KILLED = re.compile(
-    r"(?:(?P<reason>[A-Za-z ()_]{1,64}): )?Killed process (?P<pid>[0-9]{1,10}) "
-    r"\((?P<comm>[^\n]{0,64})\) total-vm:(?P<vm>[0-9]{1,20})kB, anon-rss:(?P<anon>[0-9]{1,20})kB, "
+    r"(?:(?P<reason>[A-Za-z ()_]{1,64}): )?Killed process (?P<pid>[0-9]{1,10})"
+    # RHEL 6 "Killed process N, UID U, (comm) total-vm:", RHEL 7 "(comm), UID U, total-vm:"
+    r"(?:, UID [0-9]{1,10},)? \((?P<comm>[^\n]{0,64})\)(?:, UID [0-9]{1,10},)? "
+    r"total-vm:(?P<vm>[0-9]{1,20})kB, anon-rss:(?P<anon>[0-9]{1,20})kB, "
     r"file-rss:(?P<file>[0-9]{1,20})kB.*", re.ASCII)
 _OLD_KILL = re.compile(r"(?P<reason>[A-Za-z ()_]{1,64}): Kill process (?P<pid>[0-9]{1,10}) .*",
                        re.ASCII)
