@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetscope.rules.builtin.core_imbalance import CORE_IMBALANCE_SPREAD
 from fleetscope.rules.promql import EVENT_LOOKBACK_SECONDS
 from tests.conftest import require_tool
 from tests.test_cpu_features import (
@@ -403,6 +405,18 @@ def _busy_ticks() -> tuple[int, int]:
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
+def _per_cpu_ticks() -> dict[str, tuple[int, int]]:
+    """/proc/stat's cpuN lines: each CPU's busy ticks and all ticks."""
+    out = {}
+    with open("/proc/stat") as stat:
+        for line in stat:
+            name, *values = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                fields = [int(v) for v in values[:8]]
+                out[name] = (sum(fields) - fields[3] - fields[4], sum(fields))
+    return out
+
+
 def _foreign_busy_cpus(seconds: float = 2.0) -> float:
     """CPUs kept busy by whatever else runs on this machine, before the scenario starts
     (/proc/stat: busy ticks over elapsed ticks, summed over CPUs)."""
@@ -452,6 +466,7 @@ class ForeignLoad:
     def __enter__(self):
         self.began = time.clock_gettime(time.CLOCK_MONOTONIC)  # the kernel log's clock
         self.busy, self.total = _busy_ticks()
+        self.per_cpu = _per_cpu_ticks()
         self.own = _own_cpu_seconds()
         return self
 
@@ -462,6 +477,11 @@ class ForeignLoad:
         foreign_s = (busy - self.busy) / ticks_per_s - (_own_cpu_seconds() - self.own)
         self.cpus = max(0.0, foreign_s / elapsed_s)
         self.busy_share = (busy - self.busy) / max(1, total - self.total)
+        # each CPU's busy share over the window: the busiest less the median is the spread
+        # core-imbalance judges (the kernel's own count, whoever kept the CPUs busy)
+        shares = sorted((b - self.per_cpu[c][0]) / max(1, t - self.per_cpu[c][1])
+                        for c, (b, t) in _per_cpu_ticks().items() if c in self.per_cpu)
+        self.core_spread = shares[-1] - statistics.median(shares) if shares else 0.0
         # saturated with other programs' share in it: a scenario's own busy node (a compile
         # job on every core) is its truth, never a reason to accept cpu-saturation
         self.saturated = self.busy_share >= SATURATED_MACHINE and \
@@ -537,6 +557,14 @@ def test_live_diagnosis_names_the_fault_and_nothing_else(scenario, tmp_path, ear
         {"harm": document.get("harm"), "foreign_cpus": round(foreign_load.cpus, 2),
          "machine_busy": round(foreign_load.busy_share, 2)}]
     wrong = primary != scenario.expect or missing or false_alarms
+    if wrong and scenario.name == "core-imbalance" and \
+            foreign_load.core_spread <= CORE_IMBALANCE_SPREAD:
+        # one core hot and the rest idle is the scenario's truth; on a 2-CPU machine the
+        # diagnosis and the noise on the other core can even the cores out (/proc/stat)
+        why = (f"the busiest CPU only {foreign_load.core_spread:.0%} busier than the median "
+               "over the window (/proc/stat): the cores were not uneven")
+        _record({"scenario": scenario.name, "expected": scenario.expect, "skipped": why})
+        pytest.skip(f"{why} (it found {summary})")
     if wrong and scenario.needs_spare_cpu and foreign_load.cpus > FOREIGN_CPU_LIMIT:
         # other programs took the CPUs the fault needed free after the check above: the
         # node judged was not the scenario's node, so no verdict either way
