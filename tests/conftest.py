@@ -5,10 +5,11 @@ The generated fixture trees (BUNDLES, SCENARIOS) are not committed: the session 
 pytest-xdist's workers share (tests/fixture_trees.py; their hashes are in
 tests/fixtures/generated.sha256).
 
-Tests marked `live` run real processes (faults, servers, browsers); .ci/run runs them serially
-after the others, which run in parallel. Tests on the session's query engines (`engine_fleet`)
-and under tests/e2e are marked `live` here, so that each such server starts once, in the serial
-run."""
+Tests marked `live` run real processes (faults, servers, browsers), one at a time. Tests on the
+session's query engines (`engine_fleet`) and under tests/e2e are marked `live` and `served` here:
+they read servers and judge nothing of this node, so .ci/run runs them serially beside the
+parallel group (the tests not `live`); the rest of `live` (real faults on this node) runs alone
+after both, on a machine no other test keeps busy."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests import fixture_trees
+from tests import fixture_trees, session_servers
+from tests.session_servers import ENGINE_FLEET_NODES, fleet_bench  # noqa: F401 (tests import them here)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # One directory per session, named in the environment so child processes of the tests (which
@@ -62,6 +64,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if E2E in item.path.parents or SESSION_SERVERS & set(item.fixturenames):
             item.add_marker(pytest.mark.live)
+            # They wait on servers and pages, using little CPU, and judge no fault of this
+            # node: .ci/run runs them beside the parallel group, the node's faults after.
+            item.add_marker(pytest.mark.served)
+    # The query engines' tests last: what runs before them is time their alerts need to hold.
+    on_engines = [item for item in items if SESSION_SERVERS & set(item.fixturenames)]
+    if on_engines:
+        items[:] = [item for item in items if item not in on_engines] + on_engines
 
 
 def require_tool(name: str) -> str:
@@ -238,12 +247,10 @@ def redis_url(tmp_path_factory):
 
 
 # -- a small fleet on real query engines ---------------------------------------------------
-ENGINE_FLEET_NODES = 64
-# Eight minutes of history before the session, and data for the next 80 minutes: the
-# session's fixture is built at its first use and read until the suite ends.
-ENGINE_FLEET_AHEAD_MINUTES = 80
-ENGINE_FLEET_MINUTES = 8 + ENGINE_FLEET_AHEAD_MINUTES
 ENGINE_FLEET_SECONDS = 300  # the diagnosis window the tests use
+# Started by .ci/run before the suite (tests/session_servers.py), named here; else by the
+# fixture at its first use.
+SERVERS_DIRECTORY = "FLEETSCOPE_TEST_SERVERS"
 
 
 def until_alerts_held(fleet: dict) -> None:
@@ -257,55 +264,27 @@ def until_alerts_held(fleet: dict) -> None:
         time.sleep(remaining)
 
 
-def fleet_bench():
-    """bench/fleet_prometheus.py, imported (it builds fleets and starts engines)."""
-    import importlib.util
-
-    name = "fleet_prometheus"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parent.parent / "bench" / "fleet_prometheus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def engine_fleet(tmp_path_factory):
-    """A simulated fleet (every rule's fault on known nodes, two CPU steppings) in a real
-    Prometheus, which evaluates `fleetscope rules export` every 5 s (alerts and recording
-    rules), and in a real VictoriaMetrics, on which vmalert evaluates the same file (alerts to a
-    real Alertmanager, recorded series to a VictoriaMetrics of their own), all on 127.0.0.1;
-    stopped at the end of the session."""
-    require_tool("promtool")
-    require_tool("prometheus")
-    require_tool("victoria-metrics")
-    require_tool("vmalert")
-    require_tool("prometheus-alertmanager")
-    bench = fleet_bench()
-    workdir = tmp_path_factory.mktemp("engine-fleet")
-    nodes, profiles, start_s, points = bench.build(ENGINE_FLEET_NODES, ENGINE_FLEET_MINUTES,
-                                                   workdir, False, ["prometheus", "vm"],
-                                                   ENGINE_FLEET_AHEAD_MINUTES)
-    rule_file = workdir / "fleetscope.rules.yml"
-    subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
-                    str(rule_file)], check=True, timeout=120)
-    engines, evaluators = {}, {}
+    """The session's query engines (tests/session_servers.py): a simulated fleet with every
+    rule's fault on known nodes in a real Prometheus and a real VictoriaMetrics, the exported
+    rules evaluated by Prometheus and by vmalert (alerting a real Alertmanager), on
+    127.0.0.1. Attached to when .ci/run started them, else started here and stopped at the
+    end of the session."""
+    for tool in ("promtool", "prometheus", "victoria-metrics", "vmalert",
+                 "prometheus-alertmanager"):
+        require_tool(tool)
+    started = os.environ.get(SERVERS_DIRECTORY)
+    if started:
+        try:
+            state = session_servers.attach(Path(started))
+        except RuntimeError as error:
+            pytest.fail(str(error))
+        yield session_servers.fleet_from_state(state)
+        return
+    state, processes = session_servers.start_engine_fleet(tmp_path_factory.mktemp("engine-fleet"))
     try:
-        engines["prometheus"] = bench.start_prometheus(workdir / "fleet.om", workdir,
-                                                       rule_file, "5s")
-        engines["victoriametrics"] = bench.start_victoria(workdir / "fleet.prom", workdir)
-        # The same rule file in vmalert on VictoriaMetrics, alerting a real Alertmanager.
-        evaluators = dict(zip(("vmalert", "alertmanager", "vmalert-store"),
-                              bench.start_vmalert(engines["victoriametrics"].url, rule_file,
-                                                  workdir, "5s"), strict=True))
-        # each node's injected fault, as its profile names it: the ground truth
-        expected = {profile: bench.injected(profile) for profile in profiles}
-        yield {"bench": bench, "nodes": nodes, "engines": engines, "expected": expected,
-               "start_s": start_s, "workdir": workdir, "rule_file": rule_file,
-               "evaluators": evaluators, "started": time.time()}
+        yield session_servers.fleet_from_state(state)
     finally:
-        for process in [*evaluators.values(), *engines.values()]:
+        for process in processes:
             process.stop()
