@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_console_browser import browser, free_port, stop, wait_for, wait_healthy
+from tests.e2e.test_console_browser import chromium, free_port, stop, wait_for, wait_healthy
 
 
 @pytest.mark.live
@@ -46,14 +46,9 @@ def read_page(url: str, proc: subprocess.Popen, check, what: str) -> str:
     """One page load in headless Chromium, once the server is healthy: the text `check`
     waited for."""
     wait_healthy(url, proc)
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(url)
         return wait_for(driver, check, what)
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live

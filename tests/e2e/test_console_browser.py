@@ -12,6 +12,7 @@ them skips, in CI that is a failure.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -84,17 +85,17 @@ def running_demo(log_dir: Path):
     return running(log_dir / "demo.log", "demo", "--nodes", str(DEMO_NODES))
 
 
-@pytest.fixture
-def demo(tmp_path):
-    with running_demo(tmp_path) as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def shared_demo(tmp_path_factory):
-    """One demo for the tests that only read pages (each opens its own browser session)."""
+    """One demo for the tests that only read pages (each opens its own browser session:
+    Streamlit keeps each session's state apart)."""
     with running_demo(tmp_path_factory.mktemp("shared-demo")) as url:
         yield url
+
+
+@pytest.fixture
+def demo(shared_demo):
+    return shared_demo
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -107,6 +108,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def browser():
+    """A new headless Chromium at 1600x1000 and its profile directory (the caller quits it
+    and removes the profile)."""
     chromium = require_tool("chromium")
     driver_path = require_tool("chromedriver")
     try:
@@ -131,17 +134,47 @@ def browser():
     return driver, profile
 
 
+_SHARED: dict = {}  # the session's one Chromium: {"driver": ..., "profile": ...}
+
+
+def _end_shared_chromium() -> None:
+    if _SHARED:
+        with contextlib.suppress(Exception):
+            _SHARED["driver"].quit()
+        shutil.rmtree(_SHARED["profile"], ignore_errors=True)
+        _SHARED.clear()
+
+
 @contextlib.contextmanager
 def chromium():
-    """A headless Chromium at 1600x1000, quit and its profile removed however the test
-    ends."""
-    driver, profile = browser()
+    """The session's headless Chromium at 1600x1000, started at the first use (each start
+    costs seconds) and handed over blank: one tab, no cookies, no site data. A browser that
+    no longer answers is replaced."""
+    if _SHARED:
+        try:
+            _SHARED["driver"].get("about:blank")
+        except Exception:
+            _end_shared_chromium()
+    if not _SHARED:
+        driver, profile = browser()
+        _SHARED.update(driver=driver, profile=profile)
+        atexit.register(_end_shared_chromium)
+    driver = _SHARED["driver"]
+    driver.set_page_load_timeout(60)
     try:
-        driver.set_page_load_timeout(60)
         yield driver
     finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+        try:  # what this test left (tabs, cookies, storage) is not the next one's
+            for handle in driver.window_handles[1:]:
+                driver.switch_to.window(handle)
+                driver.close()
+            driver.switch_to.window(driver.window_handles[0])
+            driver.get("about:blank")
+            driver.delete_all_cookies()
+            driver.execute_cdp_cmd("Storage.clearDataForOrigin",
+                                   {"origin": "*", "storageTypes": "all"})
+        except Exception:
+            _end_shared_chromium()
 
 
 def body_text(driver) -> str:
@@ -244,9 +277,7 @@ def _rules_not_charted(driver, seconds: float = 60) -> list[str]:
 
 @pytest.mark.live
 def test_demo_fleet_page_in_chromium(demo, tmp_path):
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(demo)
         text = wait_for(driver, lambda t: "Findings, worst first" in t and "Worst racks" in t
                         and "nodes\n512" in t, "the Fleet page and its counts")
@@ -258,18 +289,13 @@ def test_demo_fleet_page_in_chromium(demo, tmp_path):
         assert "Error" not in text and "Traceback" not in text
         shot = shoot(driver, tmp_path, "fleet")
         assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
 def test_click_through_from_a_critical_finding_to_its_runbooks_and_back(demo, tmp_path):
     """Fleet -> first critical finding -> its node with the finding open -> its runbook ->
     a related runbook -> the node's deep link reloaded: the same page."""
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(demo + "fleet")  # a pasted /fleet link opens the Fleet page
         text = wait_for(driver, lambda t: "Findings, worst first" in t and "Worst racks" in t,
                         "the Fleet page at /fleet")
@@ -317,17 +343,12 @@ def test_click_through_from_a_critical_finding_to_its_runbooks_and_back(demo, tm
                         "the same page after a reload", 90)
         assert path_and_query(driver.current_url) == (path, query)
         shoot(driver, tmp_path, "5-deep-link-reloaded")
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
 def test_every_page_at_1600x1000(demo, tmp_path):
     """A screenshot of every page at 1600x1000, none with an error or "Page not found"."""
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         for path, marker in (("fleet", "Worst racks"), ("node", "Cores"),
                              ("findings", "Runbook"), ("latency", "model inference"),
                              ("rules", "rules in the catalog"),
@@ -336,9 +357,6 @@ def test_every_page_at_1600x1000(demo, tmp_path):
             text = wait_for(driver, lambda t, m=marker: m in t, f"the {path} page")
             assert "Page not found" not in text and "Traceback" not in text, path
             shoot(driver, tmp_path, f"page-{path.split('?')[0]}")
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.live
@@ -348,9 +366,7 @@ def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
     from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.common.by import By
 
-    driver, profile = browser()
-    try:
-        driver.set_page_load_timeout(60)
+    with chromium() as driver:
         driver.get(demo + "fleet")
         wait_for(driver, lambda t: "click a cell to open the node" in t, "the fleet heatmap")
         time.sleep(3)  # plotly draws after the text is there
@@ -374,9 +390,6 @@ def test_a_heatmap_cell_opens_its_node(demo, tmp_path):
         rack = row.split(" / ")[1]
         assert node == f"{rack}n02:9105", (node, row)  # the clicked row's third slot
         shoot(driver, tmp_path, "heatmap-click-node")
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 # Of the plotly chart whose title starts with arguments[0]: the toolbar's box, the colour
