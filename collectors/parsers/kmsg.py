@@ -140,6 +140,21 @@ _ARM64_FAULT = re.compile(
     + r"(?P<desc>[^\n]{1,120}?)(?: in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?",
     re.ASCII,
 )
+# arm64 up to 4.18 (arch/arm64/mm/fault.c __do_user_fault): the fault's name, the signal, the
+# data address; 4.14-4.18 add ", in " and print_vma_addr.
+_ARM64_OLD_FAULT = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: unhandled (?P<desc>[A-Za-z0-9 ()]{1,80}?) "
+    r"\((?P<signal>[0-9]{1,2})\) at 0x(?P<address>[0-9a-f]{1,16}), esr 0x[0-9a-f]{1,16}"
+    r"(?:,? in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?.*",
+    re.ASCII,
+)
+# What arm64 prints after such a line, before the next message: show_pte() ("pgd = ...",
+# "[addr] *pgd=...", its pr_cont pieces ", *pud=..." when they land in records of their own)
+# and the register dump (__show_regs: "pc : [<...>]" up to 4.14, "pc : 0x..." after).
+_ARM64_DUMP = ("pgd = ", "[", "*pgd=", ", *p", "CPU: ", "Hardware name", "task: ", "PC is at ",
+               "LR is at ", "pstate: ")
+_OLD_PC = re.compile(r"pc : (?:\[<(?P<bracketed>[0-9a-f]{1,16})>\]|0x(?P<hex>[0-9a-f]{1,16}))"
+                     r"(?: .*)?", re.ASCII)
 _SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
 
 MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
@@ -195,7 +210,7 @@ def _message(line: str) -> tuple[str, float | None] | None:
     if line.startswith(_SYSLOG_KERNEL.lstrip()):  # the identifier alone: "kernel: [..] ..."
         line = line[len(_SYSLOG_KERNEL) - 1:]
     else:
-        _, found, message = line.partition(_SYSLOG_KERNEL)
+        _, found, message = (line + " ").partition(_SYSLOG_KERNEL)  # an empty one too
         if found:  # a syslog or journal prefix, then perhaps the boot stamp dmesg prints
             line = message
     match = _DMESG_PREFIX.match(line)
@@ -243,6 +258,7 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
     lines = 0
     pending: tuple[re.Match, float | None] | None = None  # arm64 head waiting for its tail
     last_crash: int | None = None
+    dumping: int | None = None  # an old arm64 fault whose register dump may follow
     for line in text.splitlines():
         lines += 1
         parsed = _message(line)
@@ -250,6 +266,17 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
             continue
         message, seconds = parsed
         message = message.rstrip()
+        if dumping is not None:
+            if message.startswith("pc : "):
+                pc = _OLD_PC.fullmatch(message)
+                if pc and not faults[dumping].ip:
+                    faults[dumping] = replace(faults[dumping], ip=(
+                        pc.group("bracketed") or pc.group("hex")).lstrip("0") or "0")
+                dumping = None
+                continue
+            if not message or message.startswith(_ARM64_DUMP):
+                continue
+            dumping = None
         follows, last_crash = last_crash, None  # the crash printed just before, if any
         if follows is not None and crashes[follows].arch == "arm64":
             if message.startswith("Code:") and not crashes[follows].code_word:
@@ -314,6 +341,14 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
             head = _ARM64_HEAD.fullmatch(message)
             if head:
                 pending = (head, seconds)
+            continue
+        if "]: unhandled " in message and ", esr 0x" in message:
+            match = _ARM64_OLD_FAULT.fullmatch(message)
+            if match:
+                faults.append(replace(_crash(
+                    "arm64", match.group("comm"), int(match.group("pid")), match.group("where"),
+                    "", seconds, match.group("desc")), address=match.group("address")))
+                dumping = len(faults) - 1
             continue
         if "]: undefined instruction: pc=" in message:
             match = _ARM64_OLD.fullmatch(message)

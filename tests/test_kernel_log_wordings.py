@@ -1,0 +1,63 @@
+"""Kernel-log wordings older kernels print, as users pasted them in public issues (origin beside
+each): arm64 segfaults before 4.19, and memory cgroup OOM kills before 4.19 whose victim is a
+child of the task the cgroup chose.
+"""
+
+from __future__ import annotations
+
+from fleetscope.collectors.parsers.kmsg import scan_kernel_log
+
+# arm64 up to 4.18 (arch/arm64/mm/fault.c __do_user_fault): "%s[%d]: unhandled %s (%d) at
+# 0x%08lx, esr 0x%03x", then (4.14+) ", in " and print_vma_addr, then show_pte and the
+# register dump, each a record of its own.
+ARM64_OLD_SEGFAULTS = (
+    # longsleep/linux-pine64 issue 60: 3.10, rsyslog's /var/log/messages, no boot stamp
+    "Aug 17 16:49:07 localhost kernel: abrt-hook-ccpp[28134]: unhandled level 1 translation "
+    "fault (11) at 0x00000000, esr 0x92000005\n"
+    "Aug 17 16:49:07 localhost kernel: pgd = ffffffc0753f9000\n"
+    "Aug 17 16:49:07 localhost kernel: [00000000] *pgd=0000000000000000\n"
+    "Aug 17 16:49:07 localhost kernel:\n"
+    "Aug 17 16:49:07 localhost kernel: CPU: 3 PID: 28134 Comm: abrt-hook-ccpp Tainted: G"
+    "           O 3.10.105-0-pine64-longsleep #3\n"
+    "Aug 17 16:49:07 localhost kernel: PC is at 0x7f863750d0\n"
+    "Aug 17 16:49:07 localhost kernel: pc : [<0000007f863750d0>] lr : [<0000007f863751a0>] "
+    "pstate: a0000000\n"
+    # scaleway/image-ubuntu issue 105: 4.9, show_pte's pr_cont pieces in records of their own
+    "[947166.937627] polipo[1657]: unhandled level 3 translation fault (11) at 0xffffcd912fe0, "
+    "esr 0x92000047\n"
+    "[947166.937639] pgd = ffff8000215ca000\n"
+    "[947166.939803] [ffffcd912fe0] *pgd=000000008117e003\n"
+    "[947166.941993] , *pud=00000000bb2f4003\n"
+    "[947166.942090] CPU: 0 PID: 1657 Comm: polipo Tainted: P                4.9.23-std-1 #1\n"
+    "[947166.942158] pc : [<0000aaaad8a9473c>] lr : [<0000aaaad8a95b90>] pstate: 80000000\n"
+    # the message of Linux commit 5ee39a71fd89 (4.15-rc3, qemu): the mapping after ", in ",
+    # the register dump without a boot stamp (the mail wrapped the first line; one record)
+    "sigsegv[33]: unhandled level 2 translation fault (11) at 0x00000000, esr 0x92000046, in "
+    "sigsegv[400000+71000]\n"
+    "CPU: 1 PID: 33 Comm: sigsegv Tainted: G        W        4.15.0-rc3+ #3\n"
+    "Hardware name: linux,dummy-virt (DT)\n"
+    "pstate: 60000000 (nZCv daif -PAN -UAO)\n"
+    "pc : 0x4003f4\n"
+    "lr : 0x4006bc\n"
+)
+
+
+def test_arm64_unhandled_translation_faults_are_segfaults():
+    scan = scan_kernel_log(ARM64_OLD_SEGFAULTS)
+    assert scan.crashes == ()
+    got = [(f.arch, f.comm, f.pid, f.binary, f.address, f.seconds) for f in scan.faults]
+    assert got == [("arm64", "abrt-hook-ccpp", 28134, "abrt-hook-ccpp", "00000000", None),
+                   ("arm64", "polipo", 1657, "polipo", "ffffcd912fe0", 947166.937627),
+                   ("arm64", "sigsegv", 33, "sigsegv", "00000000", None)]
+    assert [f.description for f in scan.faults] == [
+        "level 1 translation fault", "level 3 translation fault", "level 2 translation fault"]
+    # the register dump's pc is where it faulted: the offset into the mapping follows
+    assert [f.ip for f in scan.faults] == ["7f863750d0", "aaaad8a9473c", "4003f4"]
+    assert scan.faults[2].mapping_delta == 0x3f4
+
+
+def test_an_arm64_fault_without_a_task_is_not_a_crash():
+    # rockchip-linux/kernel issue 97: do_mem_abort()'s line names no task (kernel or user)
+    assert scan_kernel_log("rk3399 kernel: Unhandled fault: alignment fault (0x92000021) at "
+                           "0x00000000005e65c5\n").faults == ()
+
