@@ -6,6 +6,7 @@ child of the task the cgroup chose.
 from __future__ import annotations
 
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
+from fleetscope.collectors.parsers.oom import scan_oom_kills
 
 # arm64 up to 4.18 (arch/arm64/mm/fault.c __do_user_fault): "%s[%d]: unhandled %s (%d) at
 # 0x%08lx, esr 0x%03x", then (4.14+) ", in " and print_vma_addr, then show_pte and the
@@ -61,3 +62,55 @@ def test_an_arm64_fault_without_a_task_is_not_a_crash():
     assert scan_kernel_log("rk3399 kernel: Unhandled fault: alignment fault (0x92000021) at "
                            "0x00000000005e65c5\n").faults == ()
 
+
+# Kernels before 4.19 (mm/oom_kill.c oom_kill_process): "%s: Kill process %d (%s) score %u or
+# sacrifice child" names the task the OOM killer chose; a child of it may be the one killed,
+# in "Killed process %d (%s) total-vm:..." with no reason of its own.
+SACRIFICED_CHILDREN = (
+    # apache/doris issue 3525: RHEL 7 (UID after the comm), rsyslog, the child 18177 killed
+    "May  8 14:05:27 doris-03 kernel: Memory cgroup out of memory: Kill process 24984 (palo_be) "
+    "score 968 or sacrifice child\n"
+    "May  8 14:05:27 doris-03 kernel: Killed process 18177 (palo_be), UID 0, "
+    "total-vm:70347780kB, anon-rss:45563572kB, file-rss:0kB, shmem-rss:0kB\n"
+    # docker/for-linux issue 1001: Ubuntu, syslog with the boot stamp
+    "May 15 23:01:53 ubuntu-s-1vcpu-2gb-ams3-01 kernel: [  152.700479] Memory cgroup out of "
+    "memory: Kill process 4142 (python3) score 68 or sacrifice child\n"
+    "May 15 23:01:53 ubuntu-s-1vcpu-2gb-ams3-01 kernel: [  152.701942] Killed process 4254 "
+    "(python3) total-vm:11968kB, anon-rss:4288kB, file-rss:3972kB, shmem-rss:0kB\n"
+)
+
+
+def test_a_sacrificed_child_is_the_memory_cgroups_kill():
+    kills = scan_oom_kills(SACRIFICED_CHILDREN)
+    assert [(k.pid, k.comm, k.constraint, k.seconds) for k in kills] == [
+        (18177, "palo_be", "memcg", None), (4254, "python3", "memcg", 152.701942)]
+
+
+def test_a_global_kill_after_a_memcg_one_stays_global():
+    # linux-test-project/ltp issue 1080 (RHEL 7), then a global one from kubernetes/kubernetes
+    # issue 50632's node: the reason of one kill is not carried to the next
+    kills = scan_oom_kills(
+        "Aug 16 20:29:54 hgzmm3cs239 kernel: Memory cgroup out of memory: Kill process 42453 "
+        "(memcg_test_1) score 0 or sacrifice child\n"
+        "Aug 16 20:29:54 hgzmm3cs239 kernel: Killed process 42453 (memcg_test_1), UID 0, "
+        "total-vm:7296kB, anon-rss:96kB, file-rss:164kB, shmem-rss:0kB\n"
+        "Nov 30 10:16:57 iZuf601dofntkxgp7lyfi9Z kernel: Killed process 799153 (node), UID 1000, "
+        "total-vm:606096kB, anon-rss:68308kB, file-rss:13648kB, shmem-rss:0kB\n")
+    assert [(k.pid, k.constraint) for k in kills] == [(42453, "memcg"), (799153, "global")]
+
+
+def test_the_task_in_line_names_the_memory_cgroup():
+    # bluek8s/kubedirector issue 356 (4.x): the report as pasted (the issue wrapped the Task
+    # line; one record). Its Killed line is cut off there after "Killed process 62769 (", so
+    # it is given here in oom_kill.c's 4.x format, total-vm from the task table (4382 pages).
+    pod = ("/kubepods/pod951f6bc5-c5a5-11ea-8707-80e455f266a2/"
+           "024952d653ef1cd852f875a61bd27cf45cb1fd6cab3659ca7e5f12f037d99aa9")
+    kills = scan_oom_kills(
+        f"[5193605.506728] Task in {pod} killed as a result of limit of {pod}\n"
+        "[5193605.506735] memory: usage 524288kB, limit 524288kB, failcnt 0\n"
+        "[5193605.506956] Memory cgroup out of memory: Kill process 62685 (bash) score 0 or "
+        "sacrifice child\n"
+        "[5193605.508964] Killed process 62769 (cp) total-vm:17528kB, anon-rss:0kB, "
+        "file-rss:0kB, shmem-rss:0kB\n")
+    assert [(k.pid, k.comm, k.constraint, k.memcg, k.oom_memcg, k.limit_kb) for k in kills] == [
+        (62769, "cp", "memcg", pod, pod, 524288)]
