@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from . import ParseError, parse_int
 from .cgroup import parse_cpu_stat
-from .kmsg import _message
+from .kmsg import LogClock, _message
 
 _KILLED = re.compile(
     r"(?:(?P<reason>[A-Za-z ()_]{1,64}): )?Killed process (?P<pid>[0-9]{1,10})"
@@ -93,8 +93,10 @@ def _summary_fields(rest: str) -> dict[str, str]:
     return fields
 
 
-def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
-    """Every OOM kill in `dmesg` text or /dev/kmsg records, in log order.
+def scan_oom_kills(text: str, what: str = "kernel log",
+                   clock: LogClock | None = None) -> list[OomKill]:
+    """Every OOM kill in `dmesg` text or /dev/kmsg records, in log order (`clock` times the
+    lines that carry a wall-clock stamp).
 
     >>> kill = scan_oom_kills(
     ...     "[  461.746414] memory: usage 65536kB, limit 65536kB, failcnt 201\\n"
@@ -113,7 +115,7 @@ def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
     summary: tuple[str, dict[str, str]] | None = None
     old_reason: tuple[int, str] | None = None  # the last "Kill process" line's pid, reason
     for line in text.splitlines():
-        parsed = _message(line)
+        parsed = _message(line, clock)
         if parsed is None:
             continue
         message, seconds = parsed
