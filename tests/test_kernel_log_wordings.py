@@ -5,8 +5,15 @@ child of the task the cgroup chose.
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import subprocess
+import sys
+
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
 from fleetscope.collectors.parsers.oom import scan_oom_kills
+from tests.conftest import SCENARIOS
 
 # arm64 up to 4.18 (arch/arm64/mm/fault.c __do_user_fault): "%s[%d]: unhandled %s (%d) at
 # 0x%08lx, esr 0x%03x", then (4.14+) ", in " and print_vma_addr, then show_pte and the
@@ -114,3 +121,31 @@ def test_the_task_in_line_names_the_memory_cgroup():
         "file-rss:0kB, shmem-rss:0kB\n")
     assert [(k.pid, k.comm, k.constraint, k.memcg, k.oom_memcg, k.limit_kb) for k in kills] == [
         (62769, "cp", "memcg", pod, pod, 524288)]
+
+
+def test_an_arm64_crash_loop_of_a_4_14_kernel_is_found(tmp_path):
+    # The crash-loop scenario's segfaults as an arm64 4.14 kernel prints them (its format in
+    # arch/arm64/mm/fault.c __do_user_fault; x86's "Code:" lines dropped): the same finding.
+    def diagnosis(path) -> list[tuple[str, str, dict]]:
+        result = subprocess.run([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
+                                 str(path), "--json"], capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode in (0, 1, 2), result.stderr
+        return [(f["rule"], f["severity"], f["subjects"])
+                for f in json.loads(result.stdout)["findings"]]
+
+    bundle = tmp_path / "crash-loop"
+    shutil.copytree(SCENARIOS / "crash-loop", bundle)
+    x86 = diagnosis(bundle)
+    dmesg = bundle / "static" / "dmesg.txt"
+    text = re.sub(r"^\[[^\]]+\] Code: .*\n", "", dmesg.read_text(), flags=re.M)
+    arm64, count = re.subn(
+        r"(?P<task>\S+\[[0-9]+\]): segfault at (?P<address>[0-9a-f]+) ip \S+ sp \S+ error \S+ "
+        r"in (?P<name>[^\[]+)\[(?:[0-9a-f]+,)?(?P<vma>[0-9a-f]+\+[0-9a-f]+)\].*",
+        lambda m: (f"{m['task']}: unhandled level 0 translation fault (11) at "
+                   f"0x{int(m['address'], 16):08x}, esr 0x92000004, in {m['name']}[{m['vma']}]"),
+        text)
+    assert count == 5
+    dmesg.write_text(arm64)
+    assert diagnosis(bundle) == x86
+    assert [rule for rule, *_ in x86] == ["crash-loop"]
