@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
 from fleetscope.collectors.parsers.oom import scan_oom_kills
 from tests.conftest import SCENARIOS
@@ -149,3 +151,28 @@ def test_an_arm64_crash_loop_of_a_4_14_kernel_is_found(tmp_path):
     dmesg.write_text(arm64)
     assert diagnosis(bundle) == x86
     assert [rule for rule, *_ in x86] == ["crash-loop"]
+
+
+# One report split over records: print_vma_addr() continues the line with pr_cont, and when
+# another CPU prints in between, " in <file>[...]" lands in a record of its own, perhaps after
+# another task's line. A report to the kernel's bpf list (xskxceiver selftest, 6.x, dmesg;
+# found in the linux-mailinglist-archives mirrors): two segfaults, then both continuations.
+SPLIT_REPORTS = """\
+[ 7340.337579] xskxceiver[1440]: segfault at 1da718 ip 00007f4161aeac9d sp 00007f41615a6a00 error 6
+[ 7340.338040] xskxceiver[1441]: segfault at 7f410000000b ip 00000000004042b5 sp 00007f415bffecf0 \
+error 4
+[ 7340.338179]  in libc.so.6[61c9d,7f4161aaf000+160000]
+[ 7340.339230]  in xskxceiver[42b5,400000+69000]
+[ 7340.340300]  likely on CPU 6 (core 0, socket 6)
+"""
+
+
+@pytest.mark.parametrize("form", ["dmesg", "journal"])
+def test_a_split_report_names_the_file_that_faulted(form):
+    text = SPLIT_REPORTS if form == "dmesg" else re.sub(  # as journalctl -k prints the records
+        r"^\[[^\]]+\] ", "Dec  6 10:11:12 node7 kernel: ", SPLIT_REPORTS, flags=re.M)
+    faults = scan_kernel_log(text).faults
+    # each continuation goes to the task whose ip lies in the mapping it names
+    assert [(f.pid, f.binary, f.offset, f.mapping_delta) for f in faults] == [
+        (1440, "libc.so.6", 0x61c9d, 0x7f4161aeac9d - 0x7f4161aaf000),
+        (1441, "xskxceiver", 0x42b5, 0x42b5)]

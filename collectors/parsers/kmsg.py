@@ -28,7 +28,9 @@ Formats, from the kernel source:
 - print_vma_addr() (mm/memory.c) appends the basename of the file mapped at ip and
   `[start+size]`, or `[offset,start+size]` on newer kernels; nothing for anonymous or JIT
   memory. So the file named there holds the faulting instruction: the executable or a
-  shared library. The task name (comm) is cut to 15 characters.
+  shared library. The task name (comm) is cut to 15 characters. It is a pr_cont piece: when
+  another CPU prints in between, ` in libc.so.6[...]` becomes a record of its own, perhaps
+  after another task's report; it ends the recent report whose ip lies in that mapping.
 
 Where the faulting instruction is, by kernel:
 - 6.x print_vma_addr() `in fs_isa_probe[1134,563a66a30000+1000]`: 0x1134 is the file offset
@@ -189,6 +191,8 @@ _ARM64_DUMP = ("pgd = ", "[", "*pgd=", ", *p", "CPU: ", "Hardware name", "task: 
                "LR is at ", "pstate: ")
 _OLD_PC = re.compile(r"pc : (?:\[<(?P<bracketed>[0-9a-f]{1,16})>\]|0x(?P<hex>[0-9a-f]{1,16}))"
                      r"(?: .*)?", re.ASCII)
+# print_vma_addr()'s pr_cont piece in a record of its own: " in libc.so.6[61c9d,7f41...+1600]"
+_IN_RECORD = re.compile(r" in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\])", re.ASCII)
 _SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
 
 MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
@@ -320,15 +324,41 @@ def _message(line: str, clock: LogClock | None = None) -> tuple[str, float | Non
 
 
 def _crash(arch, comm, pid, where, ip, seconds, description) -> SigillCrash:
-    binary, mapping = _binary(where, comm)
+    return _mapped(SigillCrash(arch, comm, pid, comm[:MAX_NAME], "", ip, seconds, description),
+                   where)
+
+
+def _mapped(crash: SigillCrash, where: str | None) -> SigillCrash:
+    """The crash with print_vma_addr's text: the file that faulted and where it is mapped."""
+    binary, mapping = _binary(where, crash.comm)
     offset = start = size = None
     vma = _VMA.search(mapping)
     if vma:
         start, size = int(vma.group("start"), 16), int(vma.group("size"), 16)
         if vma.group("offset"):
             offset = int(vma.group("offset"), 16)
-    return SigillCrash(arch, comm, pid, binary, mapping, ip, seconds, description, offset,
-                       start, size)
+    return replace(crash, binary=binary, mapping=mapping, offset=offset, map_start=start,
+                   map_size=size)
+
+
+def _continue(where: str, *found: list[SigillCrash]) -> None:
+    """Ends the report a split-off " in <file>[...]" record belongs to: of the last few
+    printed without a mapping, the one whose ip lies in that mapping (another task's line may
+    come between a report and its end; a lone piece whose ip nothing matches is dropped)."""
+    vma = _VMA.search(where)
+    if not vma:
+        return
+    start, size = int(vma.group("start"), 16), int(vma.group("size"), 16)
+    for reports in found:
+        for index in range(len(reports) - 1, max(-1, len(reports) - 5), -1):
+            crash = reports[index]
+            try:
+                inside = not crash.mapping and 0 <= int(crash.ip, 16) - start < size
+            except ValueError:  # no ip printed
+                continue
+            if inside:
+                reports[index] = _mapped(crash, where)
+                return
 
 
 def _binary(where: str | None, comm: str) -> tuple[str, str]:
@@ -367,6 +397,11 @@ def scan_kernel_log(text: str, what: str = "kernel log",
             continue
         message, seconds = parsed
         message = message.rstrip()
+        if message.startswith(" in "):
+            piece = _IN_RECORD.fullmatch(message)
+            if piece:
+                _continue(piece.group("where"), crashes, faults)
+                continue
         if dumping is not None:
             if message.startswith("pc : "):
                 pc = _OLD_PC.fullmatch(message)
