@@ -111,7 +111,8 @@ _SECONDS = re.compile(r"\[\s*([0-9]{1,12}\.[0-9]{1,9})\]", re.ASCII)
 # journald / syslog: "Dec 01 03:09:00 host kernel: <message>"
 _SYSLOG_KERNEL = " kernel: "
 # dmesg -x (util-linux): "kern  :info  : " before the stamp; other facilities are userspace's
-_DECODED = re.compile(r"([a-z]{2,8}[0-9]?) *:([a-z]{3,6}) *: ", re.ASCII)
+_DECODED = re.compile(r"([a-z]{2,8}[0-9]?) *:(?:emerg|alert|crit|err|warn|notice|info|debug) *: ",
+                      re.ASCII)
 # rsyslog RFC 5424 (RSYSLOG_SyslogProtocol23Format): "<6>1 <RFC 3339> host kernel - - - msg"
 _RFC5424 = re.compile(r"(?:<(?P<pri>[0-9]{1,3})>1 )?(?P<stamp>[0-9]{4}-\S{1,40}) \S{1,255} "
                       r"kernel \S{1,128} \S{1,32} (?:-|\[.{0,1024}?\]) ?(?P<message>.*)",
