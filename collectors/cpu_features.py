@@ -44,7 +44,15 @@ from .base import Collector, NotAvailable, Scrape
 from .fatal_traps import fatal_trap_families, pool_crash_family
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
-from .parsers.kmsg import KernelLogScan, SigillCrash, boot_time, scan_kernel_log, wall_clock
+from .parsers.kmsg import (
+    KernelLogScan,
+    LogClock,
+    SigillCrash,
+    boot_time,
+    log_clock,
+    scan_kernel_log,
+    wall_clock,
+)
 from .source import DMESG, KMSG
 
 T = TypeVar("T")
@@ -147,7 +155,7 @@ class CpuFeaturesCollector(Collector):
         self._seen: dict[str, int] = {}  # live kernel log: position of each label's latest crash
         self._position = 0  # crashes read so far from the live kernel log
         self._suppressed = 0
-        self._dmesg: tuple[str, KernelLogScan] | None = None
+        self._dmesg: tuple[str, LogClock | None, KernelLogScan] | None = None
         # the same, for the other fatal traps (segfaults, ...; collectors/fatal_traps.py)
         self._fault_counts: Counter[str] = Counter()
         self._fault_last: dict[str, float] = {}
@@ -311,10 +319,11 @@ class CpuFeaturesCollector(Collector):
 
     def _read_dmesg(self, scrape: Scrape, boot: float | None) -> tuple:
         text = scrape.read_text(DMESG)
+        clock = log_clock(boot, scrape.time)  # for lines stamped with the wall clock
         cached = self._dmesg
-        if cached is None or cached[0] != text:
-            cached = self._dmesg = (text, scan_kernel_log(text, f"/{DMESG}"))
-        scan = cached[1]
+        if cached is None or cached[:2] != (text, clock):
+            cached = self._dmesg = (text, clock, scan_kernel_log(text, f"/{DMESG}", clock))
+        scan = cached[2]
         counts: Counter[str] = Counter()
         last: dict[str, float] = {}
         _account(counts, last, {}, scan.crashes, boot, 0)

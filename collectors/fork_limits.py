@@ -25,7 +25,7 @@ from fleetscope.core.exposition import Family, counter, gauge, labels
 from .base import Collector, NotAvailable, Scrape
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log
 from .parsers import ParseError
-from .parsers.kmsg import boot_time
+from .parsers.kmsg import boot_time, log_clock
 from .parsers.pids_log import fork_rejections
 
 MAX_CGROUPS = 20
@@ -109,13 +109,15 @@ class ForkLimitsCollector(Collector):
             except NotAvailable as err:
                 scrape.sources[(self.name, KMSG)] = (False, str(err))
                 return
-            rejected = fork_rejections(text) if "fork rejected" in text else []
             boot = None
-            if rejected:
+            if "fork rejected" in text:
                 try:
                     boot = boot_time(scrape.read_text("proc/stat"))
                 except (NotAvailable, ParseError):
                     pass
+            # the clock times lines stamped with the wall clock (journalctl -k, dmesg -T)
+            rejected = fork_rejections(text, log_clock(boot, scrape.time)) if (
+                "fork rejected" in text) else []
             for path, seconds in rejected:
                 counts[path] = counts.get(path, 0) + 1
                 if boot is not None and seconds is not None:

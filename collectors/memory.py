@@ -44,6 +44,7 @@ from fleetscope.core.exposition import Family, counter, gauge, labels
 from .base import Collector, NotAvailable, Scrape
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log, read_kmsg
 from .parsers import ParseError
+from .parsers.kmsg import LogClock, log_clock
 from .parsers.oom import (
     OomKill,
     memory_cgroup_path,
@@ -149,7 +150,7 @@ class MemoryCollector(Collector):
         self._last: dict[str, float] = {}  # constraint -> latest kill time
         # (constraint, cgroup) -> latest kill time ("" for a kill without a cgroup)
         self._kill_cgroups: dict[tuple[str, str], float] = {}
-        self._dmesg: tuple[str, list[OomKill]] | None = None
+        self._dmesg: tuple[str, LogClock | None, list[OomKill]] | None = None
         self._mounts: tuple[float, tuple, tuple[tuple[str, ...], tuple[str, ...]]] | None = None
         self._member_cgroups = _CgroupCache()  # pid -> (v1|v2, path), as the matcher keeps
         self._known: dict[tuple[str, str, str], float] = {}  # (pool, v1|v2, path) -> seen
@@ -225,13 +226,14 @@ class MemoryCollector(Collector):
 
     def _read_dmesg(self, scrape: Scrape, boot: float | None) -> tuple[dict, dict, dict]:
         text = scrape.read_text(DMESG)
+        clock = log_clock(boot, scrape.time)  # for lines stamped with the wall clock
         cached = self._dmesg
-        if cached is None or cached[0] != text:
-            cached = self._dmesg = (text, scan_oom_kills(text, f"/{DMESG}"))
+        if cached is None or cached[:2] != (text, clock):
+            cached = self._dmesg = (text, clock, scan_oom_kills(text, f"/{DMESG}", clock))
         kills: Counter[str] = Counter()
         last: dict[str, float] = {}
         cgroups: dict[tuple[str, str], float] = {}
-        _account(kills, last, cgroups, cached[1], boot)
+        _account(kills, last, cgroups, cached[2], boot)
         return dict(kills), last, cgroups
 
     def _kills_standing(self, scrape: Scrape, kill_cgroups: dict[tuple[str, str], float]

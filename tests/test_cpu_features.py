@@ -5,6 +5,7 @@ counted from the real kernel log."""
 
 from __future__ import annotations
 
+import calendar
 import doctest
 import json
 import os
@@ -476,16 +477,20 @@ def test_last_crash_time_is_boot_time_plus_kernel_seconds(collector, tmp_path):
              "[ 1725.924917] traps: ud_probe[2] trap invalid opcode ip:1 sp:2 error:0 in "
              "ud_probe[1000,2000+1000]\n"
              "[  900.000000] traps: other_tool[3] trap invalid opcode ip:1 sp:2 error:0\n"
-             # journald's format has no kernel timestamp: counted, but no time.
-             "Dec 01 03:09:00 node17 kernel: traps: no_time[4] trap invalid opcode ip:1 "
+             # journald's format has no kernel timestamp: its own stamp is the time, in the
+             # year the log was read (UTC)
+             "Dec 01 03:09:00 node17 kernel: traps: wall_clock[4] trap invalid opcode ip:1 "
              "sp:2 error:0\n")
     root = _root(tmp_path, dmesg=dmesg)
     (root / "proc" / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\nbtime 1764227651\n")
-    parsed, _ = _collect(collector, root)
+    parsed, scrape = _collect(collector, root)
     assert parsed[f'{LAST}{{binary="ud_probe"}}'] == pytest.approx(1764227651 + 1725.924917)
     assert parsed[f'{LAST}{{binary="other_tool"}}'] == pytest.approx(1764227651 + 900)
-    assert f'{LAST}{{binary="no_time"}}' not in parsed
-    assert parsed['fleetscope_sigill_crashes_total{binary="no_time"}'] == 1
+    year = time.gmtime(scrape.time).tm_year
+    stamped = [calendar.timegm((y, 12, 1, 3, 9, 0, 0, 0, 0)) for y in (year, year - 1)]
+    assert parsed[f'{LAST}{{binary="wall_clock"}}'] in [
+        t for t in stamped if t < scrape.time + 2 * 86400][:1]
+    assert parsed['fleetscope_sigill_crashes_total{binary="wall_clock"}'] == 1
 
 
 def test_last_crash_time_needs_the_boot_time(collector, tmp_path):

@@ -28,7 +28,9 @@ Formats, from the kernel source:
 - print_vma_addr() (mm/memory.c) appends the basename of the file mapped at ip and
   `[start+size]`, or `[offset,start+size]` on newer kernels; nothing for anonymous or JIT
   memory. So the file named there holds the faulting instruction: the executable or a
-  shared library. The task name (comm) is cut to 15 characters.
+  shared library. The task name (comm) is cut to 15 characters. It is a pr_cont piece: when
+  another CPU prints in between, ` in libc.so.6[...]` becomes a record of its own, perhaps
+  after another task's report; it ends the recent report whose ip lies in that mapping.
 
 Where the faulting instruction is, by kernel:
 - 6.x print_vma_addr() `in fs_isa_probe[1134,563a66a30000+1000]`: 0x1134 is the file offset
@@ -44,7 +46,20 @@ Where the faulting instruction is, by kernel:
 Timestamps are seconds since boot (local_clock(), as /dev/kmsg's microseconds); boot time
 (/proc/stat btime, whole seconds) plus them is the wall-clock time of the crash
 (`wall_clock()`): right to a second or two on a server, off by the time spent suspended on a
-machine that sleeps (local_clock() stops, btime does not move).
+machine that sleeps (local_clock() stops, btime does not move). Lines that carry a wall-clock
+stamp instead (`journalctl -k` -o short, short-precise, short-iso; `dmesg -T`; rsyslog's RFC
+3164 and RFC 5424 files) are put on the same clock with a `LogClock`: the stamp less the boot
+time. A stamp without a year is in the year the log was read (a bundle sample's time), one
+without a zone is UTC (journalctl and dmesg -T print local time; nodes keep UTC):
+
+    Apr  4 05:00:12 test-f kernel: log-user-sessio[66297]: segfault at 0 ...
+    [Thu Dec  7 00:05:15 2017] Killed process 28438 (java) total-vm:20255636kB, ...
+    2026-07-08T10:01:32+0000 kernel: mte_test[2263]: unhandled exception: ...
+    <6>1 2022-02-18T10:11:12.500000+00:00 node7 kernel - - - traps: ...
+    kern  :info  : [  106.318686] traps: pcm-sensor-serv[8542] general protection fault ...
+
+The boot stamp wins where a line has both (`host kernel: [ 1611.17] ...`): it is the kernel's
+own, finer than the journal's.
 
 Both lines are rate limited (x86: the global printk_ratelimit(); arm64: its own limit, 10 per
 5 s) and printed only when debug.exception-trace is 1 and the process has no SIGILL handler.
@@ -79,7 +94,9 @@ All share printk's rate limit and debug.exception-trace with the SIGILL lines.
 
 from __future__ import annotations
 
+import calendar
 import re
+import time
 from dataclasses import dataclass, replace
 
 from . import ParseError
@@ -93,6 +110,26 @@ _DMESG_PREFIX = re.compile(r"(?:<[0-9]{1,3}>)?((?:\[[^\]\n]{1,64}\] ?){1,2})", r
 _SECONDS = re.compile(r"\[\s*([0-9]{1,12}\.[0-9]{1,9})\]", re.ASCII)
 # journald / syslog: "Dec 01 03:09:00 host kernel: <message>"
 _SYSLOG_KERNEL = " kernel: "
+# dmesg -x (util-linux): "kern  :info  : " before the stamp; other facilities are userspace's
+_DECODED = re.compile(r"([a-z]{2,8}[0-9]?) *:(?:emerg|alert|crit|err|warn|notice|info|debug) *: ",
+                      re.ASCII)
+# rsyslog RFC 5424 (RSYSLOG_SyslogProtocol23Format): "<6>1 <RFC 3339> host kernel - - - msg"
+_RFC5424 = re.compile(r"(?:<(?P<pri>[0-9]{1,3})>1 )?(?P<stamp>[0-9]{4}-\S{1,40}) \S{1,255} "
+                      r"kernel \S{1,128} \S{1,32} (?:-|\[.{0,1024}?\]) ?(?P<message>.*)",
+                      re.ASCII)
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
+                                       "Sep", "Oct", "Nov", "Dec"), 1)}
+# RFC 3339 / journalctl short-iso: "2026-12-06T10:11:12.123456+08:00", "...+0000", "...Z"
+_ISO_STAMP = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})[T ](?P<hour>[0-9]{2}):"
+    r"(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})(?P<fraction>[.,][0-9]{1,9})?"
+    r"(?:Z|(?P<sign>[+-])(?P<zh>[0-9]{2}):?(?P<zm>[0-9]{2}))?", re.ASCII)
+# RFC 3164 / journalctl short, short-precise: "Dec  6 10:11:12", "Dec 06 10:11:12.123456";
+# dmesg -T: "Sun Dec  6 10:11:12 2026"
+_BSD_STAMP = re.compile(
+    r"(?:[A-Z][a-z]{2} )?(?P<month>[A-Z][a-z]{2}) {1,2}(?P<day>[0-9]{1,2}) (?P<hour>[0-9]{2}):"
+    r"(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})(?P<fraction>\.[0-9]{1,9})?(?: (?P<year>[0-9]{4}))?",
+    re.ASCII)
 
 # " in libc.so.6[7fa7c7c26000+178000]" (print_vma_addr); text after it is tolerated, so a
 # later kernel appending e.g. " likely on CPU 3" (as segfault reports do) still parses.
@@ -140,6 +177,23 @@ _ARM64_FAULT = re.compile(
     + r"(?P<desc>[^\n]{1,120}?)(?: in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?",
     re.ASCII,
 )
+# arm64 up to 4.18 (arch/arm64/mm/fault.c __do_user_fault): the fault's name, the signal, the
+# data address; 4.14-4.18 add ", in " and print_vma_addr.
+_ARM64_OLD_FAULT = re.compile(
+    r"(?P<comm>.{1,64}?)\[(?P<pid>[0-9]{1,10})\]: unhandled (?P<desc>[A-Za-z0-9 ()]{1,80}?) "
+    r"\((?P<signal>[0-9]{1,2})\) at 0x(?P<address>[0-9a-f]{1,16}), esr 0x[0-9a-f]{1,16}"
+    r"(?:,? in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\]))?.*",
+    re.ASCII,
+)
+# What arm64 prints after such a line, before the next message: show_pte() ("pgd = ...",
+# "[addr] *pgd=...", its pr_cont pieces ", *pud=..." when they land in records of their own)
+# and the register dump (__show_regs: "pc : [<...>]" up to 4.14, "pc : 0x..." after).
+_ARM64_DUMP = ("pgd = ", "[", "*pgd=", ", *p", "CPU: ", "Hardware name", "task: ", "PC is at ",
+               "LR is at ", "pstate: ")
+_OLD_PC = re.compile(r"pc : (?:\[<(?P<bracketed>[0-9a-f]{1,16})>\]|0x(?P<hex>[0-9a-f]{1,16}))"
+                     r"(?: .*)?", re.ASCII)
+# print_vma_addr()'s pr_cont piece in a record of its own: " in libc.so.6[61c9d,7f41...+1600]"
+_IN_RECORD = re.compile(r" in (?P<where>[^\[\n]{1,255}\[[^\]\n]{0,64}\])", re.ASCII)
 _SUPPRESSED = re.compile(r"(?:arm64_)?show_signal: ([0-9]{1,10}) callbacks suppressed", re.ASCII)
 
 MAX_NAME = 256  # a binary name longer than this is cut (label values stay bounded)
@@ -182,9 +236,59 @@ class KernelLogScan:
     faults: tuple[SigillCrash, ...] = ()  # fatal traps other than SIGILL, in log order
 
 
-def _message(line: str) -> tuple[str, float | None] | None:
-    """The message of one log line and its timestamp; None for lines that are not kernel
-    messages (continuation lines, userspace records written to /dev/kmsg)."""
+@dataclass(frozen=True, slots=True)
+class LogClock:
+    """What puts a wall-clock stamp on the kernel's clock (seconds since boot)."""
+
+    boot: float  # /proc/stat btime, Unix seconds
+    day: float  # the (UTC) day the log was read: the year of stamps that print none
+
+    def since_boot(self, stamp: str) -> float | None:
+        """Seconds since boot of a wall-clock stamp (the ones _ISO_STAMP and _BSD_STAMP
+        read), None when it is none of them."""
+        wall = _wall(stamp, self.day)
+        return None if wall is None else wall - self.boot
+
+
+def log_clock(boot: float | None, now: float) -> LogClock | None:
+    """The clock of a node's log read at `now`; None without its boot time. Equal for all
+    reads of one day, so a parse of the same text on that clock can be kept."""
+    return None if boot is None else LogClock(boot, now - now % 86400)
+
+
+def _wall(stamp: str, day: float) -> float | None:
+    iso = _ISO_STAMP.search(stamp)
+    if iso:
+        fields = [int(iso.group(name)) for name in ("year", "month", "day", "hour", "minute",
+                                                     "second")]
+        offset = 0
+        if iso.group("sign"):
+            offset = (int(iso.group("zh")) * 60 + int(iso.group("zm"))) * 60
+            offset = -offset if iso.group("sign") == "-" else offset
+        fraction = float("0." + iso.group("fraction")[1:]) if iso.group("fraction") else 0.0
+        return calendar.timegm((*fields, 0, 0, 0)) - offset + fraction
+    bsd = _BSD_STAMP.search(stamp)
+    if not bsd or bsd.group("month") not in _MONTHS:
+        return None
+    fields = (_MONTHS[bsd.group("month")], int(bsd.group("day")), int(bsd.group("hour")),
+              int(bsd.group("minute")), int(bsd.group("second")))
+    fraction = float(bsd.group("fraction") or 0.0)
+    if bsd.group("year"):
+        return calendar.timegm((int(bsd.group("year")), *fields, 0, 0, 0)) + fraction
+    year = time.gmtime(day).tm_year
+    for candidate in (year, year - 1):  # a December line read in January is last year's
+        try:
+            wall = calendar.timegm((candidate, *fields, 0, 0, 0)) + fraction
+        except ValueError:  # 29 February of a year without one
+            continue
+        if wall < day + 2 * 86400:  # a day of clocks skewed or zones unlike UTC
+            return wall
+    return None
+
+
+def _message(line: str, clock: LogClock | None = None) -> tuple[str, float | None] | None:
+    """The message of one log line and its timestamp (seconds since boot); None for lines that
+    are not kernel messages (continuation lines, userspace records written to /dev/kmsg)."""
     if not line or line[0] in " \t":
         return None  # /dev/kmsg continuation (" SUBSYSTEM=...") or indented dump text
     match = _KMSG.match(line)
@@ -192,29 +296,70 @@ def _message(line: str) -> tuple[str, float | None] | None:
         if int(match.group(1)) >> 3 != 0:  # facility 0 is the kernel; others are userspace
             return None
         return match.group(4), int(match.group(3)) / 1e6
-    if line.startswith(_SYSLOG_KERNEL.lstrip()):  # the identifier alone: "kernel: [..] ..."
+    decoded = _DECODED.match(line)
+    if decoded:
+        if decoded.group(1) != "kern":
+            return None
+        line = line[decoded.end():]
+    stamp = ""  # the wall-clock stamp a syslog or journal prefix carries
+    rfc5424 = _RFC5424.fullmatch(line) if " kernel " in line[:400] else None
+    if rfc5424 and (rfc5424.group("pri") is None or int(rfc5424.group("pri")) >> 3 == 0):
+        stamp, line = rfc5424.group("stamp"), rfc5424.group("message")
+    elif line.startswith(_SYSLOG_KERNEL.lstrip()):  # the identifier alone: "kernel: [..] ..."
         line = line[len(_SYSLOG_KERNEL) - 1:]
     else:
-        _, found, message = line.partition(_SYSLOG_KERNEL)
+        prefix, found, message = (line + " ").partition(_SYSLOG_KERNEL)  # an empty one too
         if found:  # a syslog or journal prefix, then perhaps the boot stamp dmesg prints
-            line = message
+            stamp, line = prefix, message
+    seconds = None
     match = _DMESG_PREFIX.match(line)
     if match:
-        seconds = _SECONDS.match(match.group(1))
-        return line[match.end():], float(seconds.group(1)) if seconds else None
-    return line, None
+        boot_stamp = _SECONDS.match(match.group(1))
+        if boot_stamp:
+            return line[match.end():], float(boot_stamp.group(1))
+        stamp = stamp or match.group(1)  # dmesg -T: "[Sun Dec  6 10:11:12 2026] "
+        line = line[match.end():]
+    if stamp and clock is not None:
+        seconds = clock.since_boot(stamp)
+    return line, seconds
 
 
 def _crash(arch, comm, pid, where, ip, seconds, description) -> SigillCrash:
-    binary, mapping = _binary(where, comm)
+    return _mapped(SigillCrash(arch, comm, pid, comm[:MAX_NAME], "", ip, seconds, description),
+                   where)
+
+
+def _mapped(crash: SigillCrash, where: str | None) -> SigillCrash:
+    """The crash with print_vma_addr's text: the file that faulted and where it is mapped."""
+    binary, mapping = _binary(where, crash.comm)
     offset = start = size = None
     vma = _VMA.search(mapping)
     if vma:
         start, size = int(vma.group("start"), 16), int(vma.group("size"), 16)
         if vma.group("offset"):
             offset = int(vma.group("offset"), 16)
-    return SigillCrash(arch, comm, pid, binary, mapping, ip, seconds, description, offset,
-                       start, size)
+    return replace(crash, binary=binary, mapping=mapping, offset=offset, map_start=start,
+                   map_size=size)
+
+
+def _continue(where: str, *found: list[SigillCrash]) -> None:
+    """Ends the report a split-off " in <file>[...]" record belongs to: of the last few
+    printed without a mapping, the one whose ip lies in that mapping (another task's line may
+    come between a report and its end; a lone piece whose ip nothing matches is dropped)."""
+    vma = _VMA.search(where)
+    if not vma:
+        return
+    start, size = int(vma.group("start"), 16), int(vma.group("size"), 16)
+    for reports in found:
+        for index in range(len(reports) - 1, max(-1, len(reports) - 5), -1):
+            crash = reports[index]
+            try:
+                inside = not crash.mapping and 0 <= int(crash.ip, 16) - start < size
+            except ValueError:  # no ip printed
+                continue
+            if inside:
+                reports[index] = _mapped(crash, where)
+                return
 
 
 def _binary(where: str | None, comm: str) -> tuple[str, str]:
@@ -225,8 +370,10 @@ def _binary(where: str | None, comm: str) -> tuple[str, str]:
     return (name or comm)[:MAX_NAME], where.strip()[:MAX_NAME]
 
 
-def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
-    """SIGILL crashes and rate-limit reports in `dmesg` text or /dev/kmsg records.
+def scan_kernel_log(text: str, what: str = "kernel log",
+                    clock: LogClock | None = None) -> KernelLogScan:
+    """SIGILL crashes and rate-limit reports in `dmesg` text or /dev/kmsg records (`clock`
+    times the lines that carry a wall-clock stamp).
 
     >>> scan = scan_kernel_log(
     ...     "[ 1725.924917] traps: ud_probe[6911] trap invalid opcode ip:564cd741512d "
@@ -243,13 +390,30 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
     lines = 0
     pending: tuple[re.Match, float | None] | None = None  # arm64 head waiting for its tail
     last_crash: int | None = None
+    dumping: int | None = None  # an old arm64 fault whose register dump may follow
     for line in text.splitlines():
         lines += 1
-        parsed = _message(line)
+        parsed = _message(line, clock)
         if parsed is None:
             continue
         message, seconds = parsed
         message = message.rstrip()
+        if message.startswith(" in "):
+            piece = _IN_RECORD.fullmatch(message)
+            if piece:
+                _continue(piece.group("where"), crashes, faults)
+                continue
+        if dumping is not None:
+            if message.startswith("pc : "):
+                pc = _OLD_PC.fullmatch(message)
+                if pc and not faults[dumping].ip:
+                    faults[dumping] = replace(faults[dumping], ip=(
+                        pc.group("bracketed") or pc.group("hex")).lstrip("0") or "0")
+                dumping = None
+                continue
+            if not message or message.startswith(_ARM64_DUMP):
+                continue
+            dumping = None
         follows, last_crash = last_crash, None  # the crash printed just before, if any
         if follows is not None and crashes[follows].arch == "arm64":
             if message.startswith("Code:") and not crashes[follows].code_word:
@@ -314,6 +478,14 @@ def scan_kernel_log(text: str, what: str = "kernel log") -> KernelLogScan:
             head = _ARM64_HEAD.fullmatch(message)
             if head:
                 pending = (head, seconds)
+            continue
+        if "]: unhandled " in message and ", esr 0x" in message:
+            match = _ARM64_OLD_FAULT.fullmatch(message)
+            if match:
+                faults.append(replace(_crash(
+                    "arm64", match.group("comm"), int(match.group("pid")), match.group("where"),
+                    "", seconds, match.group("desc")), address=match.group("address")))
+                dumping = len(faults) - 1
             continue
         if "]: undefined instruction: pc=" in message:
             match = _ARM64_OLD.fullmatch(message)

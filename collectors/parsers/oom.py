@@ -15,10 +15,12 @@ Kernel log (mm/oom_kill.c, 5.x/6.x; each report is several records, these three 
 The kill line's prefix is the reason oom_kill_process() was given: "Out of memory" (the whole
 machine), "Memory cgroup out of memory" (a memcg limit), "Out of memory
 (oom_kill_allocating_task)". 4.x kernels print `Killed process 1234 (java) total-vm:...`
-after a separate `Out of memory: Kill process 1234 (java) score 912 or sacrifice child`. The
-lines above were read from this machine's 6.18 kernel after a real kill in a 64 MiB v1
-cgroup. The `Killed process` record is the kill; the summary and meminfo records before it
-(same pid) add the cgroup, the limit and the usage.
+after a separate `Out of memory: Kill process 1234 (java) score 912 or sacrifice child`, whose
+reason is the kill's even when a child of that task is the one killed; a memcg OOM there names
+its cgroups in `Task in /a killed as a result of limit of /b`. The lines above were read
+from this machine's 6.18 kernel after a real kill in a 64 MiB v1 cgroup. The `Killed process`
+record is the kill; the summary and meminfo records before it (same pid) add the cgroup, the
+limit and the usage.
 
 Memory cgroup files:
 - v1 (Documentation/admin-guide/cgroup-v1/memory.rst): memory.oom_control is flat keyed
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from . import ParseError, parse_int
 from .cgroup import parse_cpu_stat
-from .kmsg import _message
+from .kmsg import LogClock, _message
 
 _KILLED = re.compile(
     r"(?:(?P<reason>[A-Za-z ()_]{1,64}): )?Killed process (?P<pid>[0-9]{1,10})"
@@ -46,6 +48,10 @@ _KILLED = re.compile(
     r"file-rss:(?P<file>[0-9]{1,20})kB.*", re.ASCII)
 _OLD_KILL = re.compile(r"(?P<reason>[A-Za-z ()_]{1,64}): Kill process (?P<pid>[0-9]{1,10}) .*",
                        re.ASCII)
+# mm/memcontrol.c mem_cgroup_print_oom_info() up to 4.18: the killed task's cgroup and the one
+# whose limit was hit, before the "memory: usage" line (dump_oom_summary took its place in 4.19)
+_TASK_IN = re.compile(r"Task in (?P<task>/\S{0,4096}) killed as a result of limit of "
+                      r"(?P<limit>/\S{0,4096})", re.ASCII)
 _SUMMARY = re.compile(r"oom-kill:constraint=CONSTRAINT_(?P<constraint>[A-Z_]{1,32}),(?P<rest>.*)",
                       re.ASCII)
 _USAGE = re.compile(r"memory: usage (?P<usage>[0-9]{1,20})kB, limit (?P<limit>[0-9]{1,20})kB, "
@@ -87,8 +93,10 @@ def _summary_fields(rest: str) -> dict[str, str]:
     return fields
 
 
-def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
-    """Every OOM kill in `dmesg` text or /dev/kmsg records, in log order.
+def scan_oom_kills(text: str, what: str = "kernel log",
+                   clock: LogClock | None = None) -> list[OomKill]:
+    """Every OOM kill in `dmesg` text or /dev/kmsg records, in log order (`clock` times the
+    lines that carry a wall-clock stamp).
 
     >>> kill = scan_oom_kills(
     ...     "[  461.746414] memory: usage 65536kB, limit 65536kB, failcnt 201\\n"
@@ -105,9 +113,9 @@ def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
     kills: list[OomKill] = []
     usage: re.Match | None = None
     summary: tuple[str, dict[str, str]] | None = None
-    old_reason: tuple[int, str] | None = None
+    old_reason: tuple[int, str] | None = None  # the last "Kill process" line's pid, reason
     for line in text.splitlines():
-        parsed = _message(line)
+        parsed = _message(line, clock)
         if parsed is None:
             continue
         message, seconds = parsed
@@ -119,6 +127,12 @@ def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
                 message = message[stamp.end():]
         if message.startswith("memory: usage "):
             usage = _USAGE.match(message)
+            continue
+        if message.startswith("Task in "):
+            match = _TASK_IN.fullmatch(message)
+            if match:
+                summary = ("memcg", {"task_memcg": match.group("task"),
+                                     "oom_memcg": match.group("limit")})
             continue
         if message.startswith("oom-kill:"):
             match = _SUMMARY.fullmatch(message)
@@ -137,8 +151,9 @@ def scan_oom_kills(text: str, what: str = "kernel log") -> list[OomKill]:
         if not match:
             continue
         pid = int(match.group("pid"))
-        reason = match.group("reason") or (old_reason[1] if old_reason and old_reason[0] == pid
-                                           else "")
+        # "Kill process A ... or sacrifice child" may be followed by the kill of A's child B:
+        # the reason given for A is the reason B died
+        reason = match.group("reason") or (old_reason[1] if old_reason else "")
         constraint = "memcg" if reason.startswith("Memory cgroup") else "global"
         fields: dict[str, str] = {}
         if summary is not None and summary[1].get("pid", str(pid)) == str(pid):

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import re
 
+from .kmsg import LogClock, _message
+
 _FORK_REJECTED = re.compile(
     r"(?:\[\s*(?P<seconds>[0-9]{1,12}\.[0-9]{1,9})\]\s*)?(?:.*;)?"
     r"cgroup: fork rejected by pids controller in (?P<path>/\S{0,4096})")
 _KMSG_TIME = re.compile(r"[0-9]{1,3},[0-9]{1,20},(?P<usec>[0-9]{1,20}),")
 
 
-def fork_rejections(text: str) -> list[tuple[str, float | None]]:
-    """(cgroup path, seconds since boot or None) of each fork-rejected line of a kernel log.
+def fork_rejections(text: str, clock: LogClock | None = None
+                    ) -> list[tuple[str, float | None]]:
+    """(cgroup path, seconds since boot or None) of each fork-rejected line of a kernel log
+    (`clock` times the lines that carry a wall-clock stamp).
 
     >>> fork_rejections("[13964.753718] cgroup: fork rejected by pids controller in "
     ...                 "/user.slice/user-1000.slice/session-7.scope\\n")
@@ -41,5 +45,8 @@ def fork_rejections(text: str) -> list[tuple[str, float | None]]:
         kmsg = _KMSG_TIME.match(line)
         if seconds is None and kmsg:
             seconds = int(kmsg.group("usec")) / 1e6
+        if seconds is None and clock is not None:
+            parsed = _message(line, clock)
+            seconds = parsed[1] if parsed else None
         found.append((match.group("path"), seconds))
     return found

@@ -100,15 +100,15 @@ def where(fault) -> str:
 def enrich(ctx, finding) -> None:
     """Every binary the kernel log saw die of a fatal trap: pids, count, last time and the
     faulting address, crashes inside the look-back first."""
-    from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
+    from fleetscope.collectors.parsers.kmsg import boot_time, log_clock, scan_kernel_log
 
     text = ctx.kernel_log()
     if text is None:
         return
-    faults = scan_kernel_log(text).faults
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    faults = scan_kernel_log(text, clock=log_clock(boot, ctx.last.time)).faults
     if not faults:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
     now = ctx.now()
     start = _look_back_start(ctx, now)
     binaries = crashed_binaries(faults, boot)

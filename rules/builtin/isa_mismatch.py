@@ -49,19 +49,19 @@ def enrich(ctx, finding) -> None:
     arm64 Code: word; bytes `bundle record` kept when the binary is not here), else the
     whole-binary `isa check` as a last resort."""
     from fleetscope.collectors.parsers.cpuinfo import parse_cpuinfo
-    from fleetscope.collectors.parsers.kmsg import boot_time, scan_kernel_log
+    from fleetscope.collectors.parsers.kmsg import boot_time, log_clock, scan_kernel_log
     from fleetscope.tools.isa_fault import crashed_binaries
 
     text = ctx.kernel_log()
     if text is None:
         return
-    crashes = scan_kernel_log(text).crashes
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    crashes = scan_kernel_log(text, clock=log_clock(boot, ctx.last.time)).crashes
     labelled = finding.labels.get("binary")
     if labelled:  # a per-binary finding describes its own binary only
         crashes = tuple(c for c in crashes if c.binary == labelled)
     if not crashes:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
     cpu = ctx.read(ctx.last, "proc/cpuinfo", parse_cpuinfo)
     try:
         captures = json.loads(ctx.last.read_text("cmd/sigill-faults.json"))

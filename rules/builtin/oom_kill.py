@@ -120,19 +120,19 @@ def _describe(kill, boot: float | None, pools: dict[str, str]) -> tuple[str, dic
 def enrich(ctx, finding) -> None:
     """Every kill the kernel logged (latest first): the process, its cgroup, the cgroup's limit
     and usage at the kill (the report's `memory: usage` line), and its pool."""
-    from fleetscope.collectors.parsers.kmsg import boot_time
+    from fleetscope.collectors.parsers.kmsg import boot_time, log_clock
     from fleetscope.collectors.parsers.oom import scan_oom_kills
 
     text = ctx.kernel_log()
     if text is None:
         return
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
     try:
-        kills = scan_oom_kills(text)
+        kills = scan_oom_kills(text, clock=log_clock(boot, ctx.last.time))
     except ValueError:
         return
     if not kills:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
     now = ctx.now()
     recent = [k for k in kills if boot is None or k.seconds is None
               or boot + k.seconds >= now - OOM_WINDOW]

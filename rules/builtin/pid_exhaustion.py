@@ -85,7 +85,10 @@ def enrich(ctx, finding) -> None:
     if text:
         boot, now = _boot_time(ctx), ctx.now()
         paths = set(finding.subjects["cgroups"])
-        for path, seconds in fork_rejections(text)[-20:]:
+        from fleetscope.collectors.parsers.kmsg import log_clock
+
+        clock = log_clock(boot, ctx.last.time)  # for lines stamped with the wall clock
+        for path, seconds in fork_rejections(text, clock)[-20:]:
             if paths and path not in paths:
                 continue
             when = boot + seconds if boot is not None and seconds is not None else None
