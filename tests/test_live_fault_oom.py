@@ -29,7 +29,6 @@ import yaml
 
 from tests.conftest import require_tool
 from tests.test_live_accuracy import (
-    FOREIGN_CPU_LIMIT,
     LIFETIME_S,
     NOISE,
     ForeignLoad,
@@ -43,7 +42,7 @@ from tests.test_live_accuracy import (
     earlier_events,
     machine_truth,
 )
-from tests.test_live_fault_cgroup import ONLINE_RUN_DELAY_TARGET, _run_delay
+from tests.test_live_fault_cgroup import _run_delay, skip_unless_the_worker_was_fine
 from tests.test_prometheus_scrape import _free_port, _query
 
 pytestmark = pytest.mark.live
@@ -247,15 +246,8 @@ def test_live_memory_diagnosis(scenario, tmp_path):
              "findings": [(f["rule"], f["severity"]) for f in findings],
              "foreign_cpus": round(foreign_load.cpus, 2),
              "foreign_crashes": foreign_kills + foreign_crashes})
-    if scenario.expect is None and (primary or false_alarms) and (
-            foreign_load.cpus > FOREIGN_CPU_LIMIT or waited > ONLINE_RUN_DELAY_TARGET):
-        # "busy but fine" holds while the pool's worker gets a CPU when it wants one; the
-        # kernel's own count says it waited past the harm target (other programs took the
-        # CPUs): its users felt that, so no verdict is owed.
-        why = (f"{foreign_load.cpus:.1f} CPUs busy with other work, the worker waited "
-               f"{waited * 1000:.0f} ms/s for a CPU (schedstat) in the window")
-        _record({"scenario": scenario.name, "expected": scenario.expect, "skipped": why})
-        pytest.skip(f"{why}: busy-but-fine needs a worker that is fine (it found {summary})")
+    if scenario.expect is None and (primary or false_alarms):
+        skip_unless_the_worker_was_fine(scenario, foreign_load, waited, summary)
     assert primary == scenario.expect, summary
     assert not false_alarms, (false_alarms, summary)
     if scenario.expect != "oom-kill":
