@@ -64,8 +64,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if E2E in item.path.parents or SESSION_SERVERS & set(item.fixturenames):
             item.add_marker(pytest.mark.live)
-            # They wait on servers and pages, using little CPU, and judge no fault of this
-            # node: .ci/run runs them beside the parallel group, the node's faults after.
+            # They wait on servers and pages and judge no fault of this node: .ci/run runs
+            # them beside the parallel group (both run slower for it, the pair sooner than one
+            # after the other), the node's faults after.
             item.add_marker(pytest.mark.served)
     # The query engines' tests last: what runs before them is time their alerts need to hold.
     on_engines = [item for item in items if SESSION_SERVERS & set(item.fixturenames)]
