@@ -48,17 +48,23 @@ REPO = Path(__file__).resolve().parent.parent
 # them (deterministically) into the test session's generated directory when run under the tests
 # (tests/conftest.py names it in FLEETSCOPE_TEST_GENERATED), else once into the temporary
 # directory.
-SCENARIOS = (Path(os.environ["FLEETSCOPE_TEST_GENERATED"]) / "scenarios"
+GENERATED = (Path(os.environ["FLEETSCOPE_TEST_GENERATED"])
              if os.environ.get("FLEETSCOPE_TEST_GENERATED")
-             else Path(tempfile.gettempdir()) / "fleetscope-bench-scenarios")
+             else Path(tempfile.gettempdir()) / "fleetscope-bench")
+SCENARIOS = GENERATED / "scenarios"
 
 
 def _scenario_dirs() -> list[Path]:
     from fleetscope.core.bundle_format import META
 
-    if not (SCENARIOS / "README.md").is_file():
-        subprocess.run([sys.executable, str(REPO / "tests" / "fixtures" / "make_scenarios.py"),
-                        "--out", str(SCENARIOS)], check=True, stdout=subprocess.DEVNULL)
+    # Through the test session's lock: the tests' processes may be writing the same tree (a
+    # tree half written by one and replaced by the other once lost the bench its bundles).
+    sys.path.insert(0, str(REPO))
+    try:
+        from tests import fixture_trees
+    finally:
+        sys.path.remove(str(REPO))
+    fixture_trees.generate_once(GENERATED, ("scenarios",))
     return sorted(p for p in SCENARIOS.iterdir() if (p / META).exists())
 STEP_S = 15
 GENERATOR = 6  # bump when the samples written change: a kept fleet is rebuilt

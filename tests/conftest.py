@@ -51,7 +51,7 @@ def pytest_unconfigure(config):
     # In the process that made GENERATED: pytest-xdist's controller runs no fixture.
     if _OWN:
         shutil.rmtree(GENERATED, ignore_errors=True)
-        GENERATED.with_name(GENERATED.name + ".lock").unlink(missing_ok=True)
+        fixture_trees.lock_path(GENERATED).unlink(missing_ok=True)
 
 
 E2E = Path(__file__).parent / "e2e"

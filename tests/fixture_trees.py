@@ -63,15 +63,16 @@ def generate(out: Path, trees=tuple(GENERATORS)) -> Path:
     return out
 
 
-def generate_once(out: Path) -> Path:
+def generate_once(out: Path, trees=tuple(GENERATORS)) -> Path:
     """The trees in out/<tree>, generated unless already there. Safe for the processes of one
-    run at once (pytest-xdist's workers share `out`): the first takes an exclusive lock beside
-    `out`, generates into a scratch directory beside it and renames each finished tree into
-    place, so a tree under `out` is always whole; the others wait on the lock, then find them."""
+    run at once (pytest-xdist's workers, the session's servers and the bench share `out`): the
+    first takes an exclusive lock beside `out`, generates into a scratch directory beside it
+    and renames each finished tree into place, so a tree under `out` is always whole; the
+    others wait on the lock, then find them."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".lock"), "w") as lock:
+    with open(lock_path(out), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        missing = [tree for tree in GENERATORS if not (out / tree / "README.md").is_file()]
+        missing = [tree for tree in trees if not (out / tree / "README.md").is_file()]
         if missing:
             scratch = Path(tempfile.mkdtemp(prefix=out.name + ".building-", dir=out.parent))
             try:
@@ -82,6 +83,11 @@ def generate_once(out: Path) -> Path:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def lock_path(out: Path) -> Path:
+    """The lock `generate_once` holds while it writes under `out`."""
+    return out.with_name(out.name + ".lock")
 
 
 def hashes(root: Path) -> dict[str, str]:
