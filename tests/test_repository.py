@@ -1,5 +1,6 @@
 """Checks on the checkout itself: what a merge or an edit can leave behind unnoticed."""
 
+import os
 import re
 from pathlib import Path
 
@@ -48,13 +49,17 @@ REPOSITORY_DOCUMENT = re.compile(r"(?<![`/\w])((?:docs|runbooks)/[\w.-]+\.md)\b"
 
 
 def source_files():
-    for path in ROOT.rglob("*"):
-        parts = set(path.relative_to(ROOT).parts)
-        if (path.is_file() and path.suffix in {".py", ".md", ".json", ".yaml", ".yml", ".toml"}
-                and not parts & {".git", "node_modules", "__pycache__", "build", "dist"}
-                and not any(part.endswith(".egg-info") for part in parts)
-                and path.stat().st_size < 2_000_000):
-            yield path
+    # Pruned while walking, not filtered after: a checkout's .git and caches hold more files
+    # than the sources.
+    pruned = {".git", "node_modules", "__pycache__", "build", "dist"}
+    for folder, subfolders, names in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders
+                         if d not in pruned and not d.endswith(".egg-info")]
+        for name in names:
+            path = Path(folder, name)
+            if (path.suffix in {".py", ".md", ".json", ".yaml", ".yml", ".toml"}
+                    and path.stat().st_size < 2_000_000):
+                yield path
 
 
 def test_the_code_cites_no_document_outside_the_repository():
