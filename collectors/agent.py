@@ -58,6 +58,7 @@ from urllib.parse import urlsplit
 
 from fleetscope import __version__
 from fleetscope.agent_runtime import schema
+from fleetscope.core.bundle_format import MAX_SERIES
 from fleetscope.core.exposition import (
     Family,
     LabelSet,
@@ -75,6 +76,9 @@ from .source import LiveHost
 AGENT_PROM = "agent.prom"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 KEPT_PREFIXES = ("agent_", "gen_ai_")
+# A source reported unavailable when a bundle's agent series alone took its replay past the
+# series limit of a bundle and were left out (diagnose/evidence.py).
+OVER_BUNDLE_LIMIT = "agent.prom over the series limit of a bundle"
 _NAME = re.compile(r"(agent|gen_ai)_[a-zA-Z0-9_]*\Z")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # Sample-name suffixes each family type may carry (`_created` is optional; dropped).
@@ -459,6 +463,10 @@ class AgentCollector(Collector):
                 or s.startswith("redis:")]
         if down:
             return configured_but_unread(down, "is the agent runtime up?")
+        if OVER_BUNDLE_LIMIT in unavailable:
+            return (f"the bundle's {AGENT_PROM} files were left out: with their series its "
+                    f"samples hold over the {MAX_SERIES} series a bundle may (the series "
+                    "limit of a bundle; no config key raises it)")
         if AGENT_PROM in unavailable:  # replay: nothing recorded, or a file refused
             return (f"the bundle holds no {AGENT_PROM} that could be read: the agent runtime "
                     "did not answer while it was recorded, or the file was refused (over "

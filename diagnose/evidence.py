@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fleetscope.bundle.read import MAX_SERIES, Bundle, BundleError, replay_config
+from fleetscope.bundle.read import Bundle, BundleError, replay_config
+from fleetscope.collectors.agent import KEPT_PREFIXES, OVER_BUNDLE_LIMIT, AgentCollector
 from fleetscope.collectors.source import LiveHost
+from fleetscope.core.bundle_format import MAX_SERIES
 from fleetscope.core.config import Config
-from fleetscope.core.exposition import Family
+from fleetscope.core.exposition import Family, labels
 from fleetscope.exporter import Exporter
 from fleetscope.rules.promql import Series
 
@@ -35,15 +37,25 @@ def bundle_series(bundle: Bundle, config: Config,
                   progress: Callable[[int, int], None] | None = None,
                   per_core: str = "summary") -> Series:
     """Replay every sample of a bundle through the collectors; `per_core` "summary" is the
-    shape the rules read, "full" has every core (the console's node view). BundleError
-    once the samples replayed hold more than MAX_SERIES series together."""
+    shape the rules read, "full" has every core (the console's node view). Once the samples
+    replayed hold more than MAX_SERIES series together, the agent runtime's are left out
+    (the rules that need them say why); BundleError when the rest are still too many."""
     exporter = Exporter(bundle.source(bundle.samples[0]),
                         replace(replay_config(config), per_core=per_core))
     series = Series()
+    left_out = False
     for index, sample in enumerate(bundle.samples):
         families = exporter.collect(now=sample.time, source=bundle.source(sample))
-        add_families(series, families, int(round(sample.time * 1000)))
+        timestamp_ms = int(round(sample.time * 1000))
+        add_families(series, families, timestamp_ms)
         count = sum(len(keys) for keys in series.by_name.values())
+        if count > MAX_SERIES and not left_out:
+            count -= _leave_out_agent_series(exporter, series)
+            left_out = True
+        if left_out:
+            series.add_key("fleetscope_scrape_source_available",
+                           labels(collector=AgentCollector.name, source=OVER_BUNDLE_LIMIT).key(),
+                           timestamp_ms, 0.0)
         if count > MAX_SERIES:
             raise BundleError(f"refused: the bundle's samples up to samples[{index}] hold "
                               f"{count} series, over the {MAX_SERIES} of a bundle (the "
@@ -51,6 +63,17 @@ def bundle_series(bundle: Bundle, config: Config,
         if progress:
             progress(index + 1, len(bundle.samples))
     return series
+
+
+def _leave_out_agent_series(exporter: Exporter, series: Series) -> int:
+    """Drop the agent runtime's series, and its collector for the samples to come: their
+    number is the runtime's choice (label values), not the node's, and only the agent rules
+    read them. Returns how many series went."""
+    exporter.leave_out(AgentCollector.name)
+    dropped = 0
+    for name in [name for name in series.by_name if name.startswith(KEPT_PREFIXES)]:
+        dropped += len(series.by_name.pop(name))
+    return dropped
 
 
 @dataclass

@@ -73,6 +73,10 @@ class Exporter:
         self._problems: dict[tuple[str, str], str] = {}
         self._problems_lock = threading.Lock()
 
+    def leave_out(self, collector_name: str) -> None:
+        """Collect without this collector from now on."""
+        self.collectors = [c for c in self.collectors if c.name != collector_name]
+
     def collect(self, now: float | None = None,
                 source: EvidenceSource | None = None) -> list[Family]:
         """One pass of every collector over the exporter's source, or over `source` at

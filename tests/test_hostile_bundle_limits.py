@@ -120,17 +120,36 @@ def test_agent_expositions_of_hundreds_of_thousands_of_series(tmp_path):
     assert "agent.prom that could be read" in reasons and "20000 series" in reasons, reasons
 
 
-def test_total_series_of_a_bundle_are_capped(tmp_path):
+AGENT_RULES = ("queue-backlog", "session-affinity-loss", "quantization-tool-errors",
+               "cold-start")
+
+
+def test_agent_series_over_the_bundles_limit_cost_the_agent_rules_only(tmp_path):
     """Expositions each under their own cap, together over the bundle's: 8 samples of
-    19,000 series each, every sample's series new."""
+    19,000 series each, every sample's series new. Only the agent rules depend on them: those
+    are not evaluated, their reason naming the limit, and the rest is diagnosed as the same
+    bundle without agent.prom is."""
     bundle, meta = _copy_fixture(tmp_path)
     _with_samples(bundle, meta, 8)
+    plain = run(["diagnose", "--bundle", str(bundle), "--json"], timeout=120)
+    assert plain.returncode in (0, 1, 2), (plain.returncode, plain.stderr[-2000:])
     for index, sample in enumerate(meta["samples"]):
         (bundle / sample["dir"] / "agent.prom").write_text("".join(
             f'agent_queue_depth{{pool="chat-online",queue="s{index}-{i}"}} 1\n'
             for i in range(19_000)))
-    result = run(["diagnose", "--bundle", str(bundle)], timeout=120)
-    _refused(result, "series", "limit")
+    result = run(["diagnose", "--bundle", str(bundle), "--json"], timeout=120)
+    assert result.returncode == plain.returncode, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    assert result.max_rss_mib < RSS_CAP_MIB, result.max_rss_mib
+    document, expected = json.loads(result.stdout), json.loads(plain.stdout)
+    assert [f["rule"] for f in document["findings"]] == \
+        [f["rule"] for f in expected["findings"]]
+    reasons = {item["rule"]: item["reason"] for item in document["not_evaluated"]}
+    for rule in AGENT_RULES:
+        assert "100000 series" in reasons.get(rule, ""), (rule, reasons.get(rule))
+        assert "series limit of a bundle" in reasons[rule], reasons[rule]
+    assert {item["rule"] for item in document["not_evaluated"]} == \
+        {item["rule"] for item in expected["not_evaluated"]}
 
 
 def test_record_refuses_to_make_a_bundle_over_the_samples_limit(tmp_path):

@@ -9,7 +9,8 @@ temporary directory as regular files and directories only: absolute paths, `..`,
 device files are refused, and so are archives over the limits below (counted in unpacked
 bytes, never in compressed ones: a 58 KB archive can hold a 2 GB sparse file; a member's
 header is checked before tarfile reads it). A bundle holds at most MAX_SAMPLES samples, each
-in its own directory, and replays into at most MAX_SERIES series (diagnose/evidence.py). The
+in its own directory, and replays into at most MAX_SERIES series (diagnose/evidence.py: the
+agent runtime's are left out first). The
 scratch directory is removed on every exit path, including Ctrl-C and SIGTERM (the CLI turns SIGTERM
 into SystemExit so cleanups run). Inside a directory bundle only regular files resolving
 inside it are read (collectors.base.Scrape).
@@ -32,6 +33,7 @@ from fleetscope.collectors.source import RecordedSample
 from fleetscope.core.bundle_format import (
     BUNDLE_FORMAT,
     DEFAULT_READ_LIMIT,
+    MAX_SERIES,  # noqa: F401  (diagnose/evidence.py holds a replay to it)
     META,
     STATIC,
     load_meta,
@@ -45,9 +47,6 @@ MAX_HEADER_BYTES = 1024 * 1024
 MAX_NAME_CHARS = 200  # of a member's name in an error line
 # A day at one sample every ~9 s; replaying costs per sample, whatever its size.
 MAX_SAMPLES = 10_000
-# Distinct series of a whole replay: a recorded node gives a few hundred (the rules read
-# per-core and per-pool summaries), an agent runtime some thousands more.
-MAX_SERIES = 100_000
 # A 128-core node recorded for 10 minutes is ~100 MB unpacked; numa_maps, the largest file,
 # is capped at 16 MiB by `bundle record`.
 MAX_UNPACKED_BYTES = 1024**3

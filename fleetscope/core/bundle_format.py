@@ -81,6 +81,9 @@ READ_LIMITS = {
     "pids.current": 4 * KIB, "pids.max": 4 * KIB, "pids.events": 4 * KIB,
     "version.info": 64 * KIB,
 }
+# Distinct series of a whole replay: a recorded node gives a few hundred (the rules read
+# per-core and per-pool summaries), an agent runtime some thousands more.
+MAX_SERIES = 100_000
 MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
 
 
