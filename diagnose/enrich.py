@@ -13,6 +13,7 @@ the kernel log and the recorded `isa check` of a binary.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -63,6 +64,7 @@ class Enricher:
 
         self._tracker = WaitTracker()
         self._waiting: dict | None = None  # (pid, tid) -> (wait, CPU ns, pool)
+        self._isa_budget = None
         self._waited: dict = {}  # (pid, tid) -> seconds
 
     def __call__(self, finding: Finding) -> None:
@@ -277,6 +279,25 @@ class Enricher:
         finally:
             kmsg.close()
 
+    @property
+    def isa_budget(self):
+        """The time left for this diagnosis's ELF reads (fleetscope/tools/isa_budget.py)."""
+        if self._isa_budget is None:
+            from fleetscope.tools.isa_budget import IsaBudget
+
+            self._isa_budget = IsaBudget(self.config.isa_scan_seconds)
+        return self._isa_budget
+
+    @functools.cache  # noqa: B019 (one Enricher per diagnosis; names a crash gives)
+    def locate_binary(self, name: str) -> str | None:
+        """The live node's file of a crashed binary's name (fleetscope/tools/isa.py), looked
+        for once per name: a crash loop names it thousands of times."""
+        from fleetscope.tools.isa import locate_binary
+
+        if not self.isa_budget.left():
+            return None
+        return locate_binary(name, directories=self.config.binary_dirs)
+
     def isa_check_missing(self, binary: str) -> list[str]:
         """What the whole-binary check says the binary needs and this CPU lacks: recorded by
         `bundle record` (static/cmd/isa-check-<binary>.json), or checked now on a live
@@ -287,14 +308,14 @@ class Enricher:
         except (NotAvailable, ValueError):
             pass
         if document is None and self.live:
-            from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
+            from fleetscope.tools.isa import InputError
 
-            path = locate_binary(binary, directories=self.config.binary_dirs)
+            path = self.locate_binary(binary)
             if path is not None:
                 try:
-                    document = check_against_cpuinfo(path, self.last.read_text("proc/cpuinfo"),
-                                                      "/proc/cpuinfo")
-                except (InputError, ParseError, NotAvailable, ImportError):
+                    document = self.isa_budget.check(path, self.last.read_text("proc/cpuinfo"),
+                                                     "/proc/cpuinfo")
+                except (InputError, NotAvailable):
                     document = None
         if not isinstance(document, dict):
             return []

@@ -165,15 +165,19 @@ class CommandOutputs:
         with open(os.path.join(static_dir, ACCELERATOR_MATRIX), "wb") as out:
             out.write(data)
 
-    def static(self, static_dir: str, dmesg: str | None) -> None:
+    def static(self, static_dir: str, dmesg: str | None, budget=None) -> None:
         """Once per bundle: `isa check` of every binary the kernel log saw die of SIGILL that
-        can be found on this node, against this node's CPU (cmd/isa-check-<binary>.json).
-        The binary stays behind; the bundle carries what it needs that the CPU lacks."""
+        can be found on this node, against this node's CPU (cmd/isa-check-<binary>.json),
+        within `budget` (fleetscope/tools/isa_budget.py). The binary stays behind; the
+        bundle carries what it needs that the CPU lacks."""
         if not dmesg or not self.own_root:
             return
         from fleetscope.collectors.parsers import ParseError
         from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-        from fleetscope.tools.isa import InputError, check_against_cpuinfo, locate_binary
+        from fleetscope.tools.isa import InputError, locate_binary
+        from fleetscope.tools.isa_budget import IsaBudget
+
+        budget = budget or IsaBudget(self.config.isa_scan_seconds)
 
         try:
             crashes = scan_kernel_log(dmesg).crashes
@@ -187,17 +191,23 @@ class CommandOutputs:
                 log.warning("bundle: not checking binary %r: the name cannot be a file name",
                             binary[:60])
                 continue
+            if not budget.left():
+                break
             path = locate_binary(binary, directories=self.config.binary_dirs)
             if path is None:
                 continue
             try:
-                document = check_against_cpuinfo(path, cpuinfo, "/proc/cpuinfo")
-            except (InputError, ParseError, ImportError) as err:
+                document = budget.check(path, cpuinfo, "/proc/cpuinfo")
+            except InputError as err:
                 log.warning("bundle: isa check of %s failed: %s", path, err)
+                continue
+            if document is None:
                 continue
             os.makedirs(os.path.join(static_dir, CMD), exist_ok=True)
             with open(os.path.join(static_dir, isa_check_file(binary)), "w") as out:
                 json.dump(document, out, indent=1)
+        if budget.reason():
+            log.warning("bundle: %s", budget.reason())
 
     def sample(self, sample_dir: str, interval: float, reader: Reader) -> None:
         """The sample's network files (read by `reader`, the sample's pass over the source)

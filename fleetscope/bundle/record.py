@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -53,6 +54,9 @@ from fleetscope.core.bundle_format import (
     sample_path,
 )
 from fleetscope.core.config import Config
+from fleetscope.tools.isa_budget import IsaBudget
+
+log = logging.getLogger("fleetscope.bundle")
 
 STATIC_GLOBS = (
     "proc/cpuinfo", "proc/cmdline",
@@ -346,16 +350,21 @@ def capture_event_cgroups(reader: Reader, dmesg: str, sample_dirs: list[str]) ->
 MAX_FAULTS = 20  # the latest distinct faulting places; each entry is under 200 bytes
 
 
-def capture_sigill_faults(static_dir: str, dmesg: str, directories: tuple[str, ...] = ()) -> None:
+def capture_sigill_faults(static_dir: str, dmesg: str, directories: tuple[str, ...] = (),
+                          budget=None) -> None:
     """static/cmd/sigill-faults.json: for the latest SIGILLs in the kernel log, the bytes
     around the faulting instruction in the binary found on this node
     (fleetscope/tools/isa_fault.py), so the bundle names the instruction and its extension
-    on a machine without the binary."""
+    on a machine without the binary; within `budget` (fleetscope/tools/isa_budget.py)."""
+    import functools
+
     from fleetscope.collectors.parsers import ParseError
     from fleetscope.collectors.parsers.kmsg import scan_kernel_log
     from fleetscope.tools.isa import locate_binary
-    from fleetscope.tools.isa_fault import capture
 
+    budget = budget or IsaBudget()
+    # once per name: a crash loop names one binary at thousands of offsets
+    locate = functools.cache(lambda name: locate_binary(name, directories=directories))
     try:
         crashes = scan_kernel_log(dmesg).crashes
     except ParseError:
@@ -366,12 +375,16 @@ def capture_sigill_faults(static_dir: str, dmesg: str, directories: tuple[str, .
         if key in seen or (crash.offset is None and crash.mapping_delta is None):
             continue
         seen.add(key)
-        path = locate_binary(crash.binary, directories=directories)
-        entry = capture(path, crash) if path else None
+        if not budget.left():
+            break
+        path = locate(crash.binary)
+        entry = budget.capture(path, crash) if path else None
         if entry is not None:
             entries.append(entry)
         if len(entries) >= MAX_FAULTS:
             break
+    if budget.reason():
+        log.warning("bundle: %s", budget.reason())
     if entries:
         os.makedirs(os.path.join(static_dir, CMD), exist_ok=True)
         with open(os.path.join(static_dir, SIGILL_FAULTS), "w", encoding="utf-8") as out:
@@ -508,10 +521,13 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             os.makedirs(static, exist_ok=True)  # a root without static files has none yet
             with open(os.path.join(static, DMESG), "w", encoding="utf-8") as out:
                 out.write(dmesg)
-        commands.static(static, dmesg)
-        commands.matrix(static, static_reader)
+        # The faulting instructions first: a few bytes each, the surest evidence; the
+        # whole-binary checks get what is left of the budget.
+        isa_budget = IsaBudget(config.isa_scan_seconds)
         if dmesg is not None and commands.own_root:
-            capture_sigill_faults(static, dmesg, config.binary_dirs)
+            capture_sigill_faults(static, dmesg, config.binary_dirs, isa_budget)
+        commands.static(static, dmesg, isa_budget)
+        commands.matrix(static, static_reader)
         if dmesg is not None:
             capture_event_cgroups(static_reader, dmesg, [os.path.join(bundle_dir, s["dir"])
                                                          for s in samples])

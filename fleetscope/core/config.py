@@ -10,6 +10,7 @@
     redact: ["tenant-[0-9]+", "sk-[A-Za-z0-9]{20,}"]  # regexes `bundle record` also redacts
     harm_targets: {online_session_p99_seconds: 1.0}  # where workloads hurt (harm_targets.py)
     binary_dirs: [/opt/agent/bin]  # where a binary the kernel names by its file name may be
+    isa_scan_seconds: 30         # all ELF reads about SIGILL crashes of one command
 
 Pools, agent endpoints, Redis queues and the platform block are the documented ones
 (README.md, The exporter); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -101,6 +102,9 @@ class Config:
     # Directories a binary that died of SIGILL is looked for in, before PATH, the library
     # directories and the running processes (fleetscope/tools/isa.py locate_binary).
     binary_dirs: tuple[str, ...] = ()
+    # All the ELF reads of one diagnosis or recording about SIGILL crashes together
+    # (fleetscope/tools/isa_budget.py): past it, what was not read is named, not waited for.
+    isa_scan_seconds: float = 30.0
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for a bundle's metadata
 
 
@@ -129,6 +133,7 @@ _KNOWN_KEYS = {
     "kubernetes",
     "harm_targets",
     "binary_dirs",
+    "isa_scan_seconds",
 }
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
@@ -385,6 +390,7 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         ddrc_bytes_per_count=ddrc,
         perf_window_seconds=_number(raw, "perf_window_seconds", 5.0, 0.1, 3600.0),
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
+        isa_scan_seconds=_number(raw, "isa_scan_seconds", 30.0, 0.1, 3600.0),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         accelerator_exporter_urls=_accelerator_urls(raw),
         accelerator_tools=_accelerator_tools(raw),

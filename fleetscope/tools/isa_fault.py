@@ -245,11 +245,13 @@ class CrashedBinary:
 
 
 def crashed_binaries(crashes, boot: float | None, now: float, lookback: float, *,
-                     captures: list[dict] = (), locate=None, cpu_flags=frozenset(),
-                     cpu_arch: str = "", limit: int = 10) -> list[CrashedBinary]:
+                     captures: list[dict] = (), locate=None, read=capture,
+                     cpu_flags=frozenset(), cpu_arch: str = "",
+                     limit: int = 10) -> list[CrashedBinary]:
     """Group SIGILL crashes by binary (latest first) and name each one's faulting
-    instruction: from bytes a bundle recorded, from the binary when `locate(name)` finds it,
-    from an arm64 `Code:` word."""
+    instruction: from bytes a bundle recorded, from the binary when `locate(name)` finds it
+    (`read(path, crash)`: capture(), or the same under a time budget), from an arm64
+    `Code:` word."""
     from fleetscope.collectors.parsers.kmsg import wall_clock
     from fleetscope.tools.isa_extensions import extension_of
 
@@ -269,7 +271,7 @@ def crashed_binaries(crashes, boot: float | None, now: float, lookback: float, *
         when = latest(items)
         fault = None
         for crash in reversed(items):  # the latest crash with something to decode
-            fault = _fault(crash, captures, locate)
+            fault = _fault(crash, captures, locate, read)
             if fault is not None:
                 break
         pids = list(dict.fromkeys(c.pid for c in reversed(items)))
@@ -291,7 +293,7 @@ def crashed_binaries(crashes, boot: float | None, now: float, lookback: float, *
     return out
 
 
-def _fault(crash: SigillCrash, captures, locate) -> FaultingInstruction | None:
+def _fault(crash: SigillCrash, captures, locate, read) -> FaultingInstruction | None:
     for entry in captures:
         if isinstance(entry, dict) and matches(entry, crash):
             found = from_capture(entry)
@@ -300,8 +302,8 @@ def _fault(crash: SigillCrash, captures, locate) -> FaultingInstruction | None:
                 return found
     if locate is not None and (crash.offset is not None or crash.mapping_delta is not None):
         path = locate(crash.binary)
-        if path:
-            found = in_binary(path, crash)
-            if found is not None:
-                return found
+        captured = read(path, crash) if path else None
+        found = from_capture(captured) if captured else None
+        if found is not None:
+            return found
     return from_code_word(crash)

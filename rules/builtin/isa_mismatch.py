@@ -68,15 +68,10 @@ def enrich(ctx, finding) -> None:
     except (NotAvailable, ValueError):
         captures = []
     now = ctx.now()
-    locate = None
-    if ctx.live:
-        from fleetscope.tools.isa import locate_binary
-
-        def locate(name: str) -> str | None:
-            return locate_binary(name, directories=ctx.config.binary_dirs)
+    locate = ctx.locate_binary if ctx.live else None
     binaries = crashed_binaries(
         crashes, boot, now, SIGILL_LOOKBACK, captures=captures if isinstance(
-            captures, list) else [], locate=locate,
+            captures, list) else [], locate=locate, read=ctx.isa_budget.capture,
         cpu_flags=cpu.features if cpu else frozenset(), cpu_arch=cpu.model.arch if cpu
         else "")
     # Every binary the log saw die, as the exporter's series name them all; the latest few
@@ -101,6 +96,8 @@ def enrich(ctx, finding) -> None:
         summary.append(f"earlier SIGILL crashes of {', '.join(c.binary for c in earlier[:3])}"
                        f"{' and others' if len(earlier) > 3 else ''}, last at "
                        f"{_utc(last)}")
+    if ctx.live and ctx.isa_budget.reason():
+        summary.append(ctx.isa_budget.reason())
     finding.extra_summary = "; ".join(summary)
     main = parts[0] if parts else binaries[0]
     if main.fault is None:  # the verdict rests on a whole-binary scan at best
