@@ -22,8 +22,10 @@ from .pools import PoolsCollector
 from .pressure import PressureCollector
 from .rdma import RdmaCollector
 from .source import EvidenceSource, LiveHost, RecordedSample, evidence_source
+from .syn_flood import SynFloodCollector
 from .tcp import TcpCollector
 from .tuning import TuningCollector
+from .xid import XidCollector
 
 COLLECTORS: dict[str, type[Collector]] = {
     cls.name: cls for cls in (CpuCollector, PressureCollector, NumaCollector)
@@ -41,6 +43,8 @@ COLLECTORS[LocksCollector.name] = LocksCollector
 COLLECTORS[ListenCollector.name] = ListenCollector
 COLLECTORS[HarmCollector.name] = HarmCollector
 COLLECTORS[AcceleratorCollector.name] = AcceleratorCollector
+COLLECTORS[XidCollector.name] = XidCollector
+COLLECTORS[SynFloodCollector.name] = SynFloodCollector
 
 __all__ = ["COLLECTORS", "Collector", "EvidenceSource", "LiveHost", "NotAvailable",
            "RecordedSample", "Scrape", "evidence_source"]

@@ -519,3 +519,15 @@ def wall_clock(crash: SigillCrash, boot: float | None) -> float | None:
     if boot is None or crash.seconds is None:
         return None
     return boot + crash.seconds
+
+
+def messages_with(text: str, needle: str, clock: LogClock | None = None):
+    """(message, seconds since boot or None) of each kernel record in `text` whose line holds
+    `needle`, in log order, whatever prefix and stamp the line carries (`clock` times the
+    wall-clock stamps); userspace records and continuation lines are skipped."""
+    for line in text.splitlines():
+        if needle not in line:
+            continue
+        parsed = _message(line, clock)
+        if parsed is not None:
+            yield parsed[0].strip(), parsed[1]

@@ -6,13 +6,21 @@ the volatile uncorrected ECC count grew inside the window, Ascend raises error c
 (npu-exporter npu_chip_info_error_code), or the vendor's own health verdict is not OK
 (npu-smi Health, npu-exporter health_status). Each is judged on whatever the node's source
 reports: a dcgm-exporter node has no health verdict, an npu-smi node no XID.
+
+A node whose GPUs no dcgm-exporter watches still has the driver's own word: its
+`NVRM: Xid (PCI:<bus id>): <code>, ...` kernel-log lines (collectors/xid.py). An Xid logged in
+the last 15 minutes (the event look-back) is the finding, per GPU (its PCI bus id); older ones
+are an `info` tier, as crash-loop reads its crashes: a GPU that once logged an Xid is not
+failing now. Enrichment names each GPU's codes, what they mean, how many lines and when.
 """
 
 from __future__ import annotations
 
+import time
+
 from ..fleet import FleetFault, Set
-from ..model import EXPLAINS_NODE, WINDOW, Evidence, Panel, Proof, Rule
-from ..promql import Delta, Max, Min
+from ..model import ENDED, EXPLAINS_NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
+from ..promql import EVENT_LOOKBACK_SECONDS, Delta, Max, Min, Recent, Sum, Time
 from ..signals import DEVICE, accelerator
 
 RANK = 0.6  # a cause: a failing device explains the crashes and errors around it
@@ -21,6 +29,51 @@ _XID = Max(accelerator("last_xid"), by=DEVICE)
 _ECC_GROWTH = Max(Delta(accelerator("ecc_uncorrected_errors"), WINDOW), by=DEVICE)
 _CODES = Max(accelerator("error_codes"), by=DEVICE)
 _HEALTH = Min(accelerator("healthy"), by=DEVICE)
+# The kernel log's Xid lines (collectors/xid.py), per GPU (PCI bus id) and code
+_KERNEL_XIDS = Sum(Max(accelerator("xid_errors_total"), by=(*DEVICE, "xid")), by=DEVICE)
+_KERNEL_XID_AGE = Time() - Max(accelerator("xid_last_timestamp_seconds"), by=DEVICE)
+MAX_SHOWN = 8  # (GPU, code) pairs an enriched finding lists
+
+
+def enrich(ctx, finding) -> None:
+    """The Xid lines of the finding's GPU in the kernel log: per code, what it means, how
+    many lines, the last one's time and the process the driver named."""
+    from fleetscope.collectors.parsers.kmsg import boot_time, log_clock
+    from fleetscope.collectors.parsers.xid import xid_errors
+
+    device = finding.labels.get("device")
+    text = ctx.kernel_log()
+    if not device or text is None or "NVRM: Xid" not in text:
+        return
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    errors = [e for e in xid_errors(text, log_clock(boot, ctx.last.time)) if e.device == device]
+    by_code: dict[int, list] = {}
+    for error in errors:
+        by_code.setdefault(error.code, []).append(error)
+    # latest first
+    ordered = sorted(by_code.items(), key=lambda item: -(_when(item[1][-1], boot) or 0.0))
+    parts = []
+    for code, lines in ordered[:MAX_SHOWN]:
+        last = lines[-1]
+        when = _when(last, boot)
+        named = f" (pid {last.pid} {last.name})".rstrip() if last.pid else ""
+        meaning = f" ({last.meaning})" if last.meaning else ""
+        at = f", the last at {_utc(when)}" if when is not None else ""
+        finding.evidence.append({
+            "signal": f"NVRM Xid {code}{meaning} of GPU {device} in the kernel log{at}{named}: "
+                      f"{last.text}"[:400],
+            "value": len(lines), "threshold": 0, "unit": "lines"})
+        parts.append(f"Xid {code}{meaning} x{len(lines)}")
+    if parts:
+        finding.extra_summary = "kernel log: " + ", ".join(parts)
+
+
+def _when(error, boot: float | None) -> float | None:
+    return None if boot is None or error.seconds is None else boot + error.seconds
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
 
 
 def scenario(k):
@@ -50,13 +103,21 @@ RULE = Rule(
            "the vendor's table (reset, reseat, replace), and file the module for RMA when "
            "uncorrected ECC or bus errors repeat",
     summary="module {device} ({vendor}) reports device errors",
-    condition=((_XID > 0) | (_ECC_GROWTH > 0) | (_CODES > 0) | (_HEALTH < 1)),
+    condition=((_XID > 0) | (_ECC_GROWTH > 0) | (_CODES > 0) | (_HEALTH < 1)
+               | Recent(_KERNEL_XID_AGE, EVENT_LOOKBACK_SECONDS)),
+    tiers=(Tier("info", _KERNEL_XID_AGE >= 0,
+                "module {device} ({vendor}): Xid errors in the kernel log, the last "
+                "{value:duration} before the window's end", ENDED),),
     evidence=(
         Evidence("last XID error (DCGM)", _XID, 0, "xid"),
         Evidence("uncorrected ECC errors in the window", _ECC_GROWTH, 0, "errors"),
         Evidence("Ascend error codes raised", _CODES, 0, "codes"),
         Evidence("vendor health check", _HEALTH, 1, "check", pick="min"),
+        Evidence("NVRM Xid lines in the kernel log", _KERNEL_XIDS, 0, "lines"),
+        Evidence("seconds since the last NVRM Xid line", _KERNEL_XID_AGE,
+                 EVENT_LOOKBACK_SECONDS, "s", pick="min"),
     ),
+    enrich=enrich,
     confidence=0.9,
     for_seconds=0,  # an error is the finding
     subject_labels={"devices": "device"},

@@ -6,10 +6,16 @@ Condition: TcpExt ListenOverflows (the kernel's own count of handshakes dropped 
 accept queue, /proc/net/netstat) above 1/s over the window, with a listening socket whose
 accept queue is at its backlog (sock_diag: sk_ack_backlog against sk_max_ack_backlog). A
 source without the listener table (a bundle from another recorder) judges from the counter
-alone. Enrichment: the full listener's address and the processes holding it.
+alone. Enrichment: the full listener's address and the processes holding it, and the
+kernel's own words where its log has them: `TCP: request_sock_TCP: Possible SYN flooding on
+port N. Sending cookies.` (collectors/syn_flood.py) names the port whose queue overflowed.
+That notice is evidence only, never the condition: the kernel prints it once per listener at
+the first overflow of its SYN queue, and SYN cookies on an otherwise idle server are no harm.
 """
 
 from __future__ import annotations
+
+import time
 
 from ..fleet import FleetFault, Noisy, Set
 from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -32,6 +38,8 @@ _BACKLOG = Selector("fleetscope_tcp_listen_backlog_connections")
 _QUEUE = Selector("fleetscope_tcp_listen_queue_connections")
 _FULLEST = Max(_QUEUE / _BACKLOG, by=NODE)
 _SOMAXCONN = Max(Selector("fleetscope_sysctl", {"name": "net.core.somaxconn"}), by=NODE)
+_SYN_FLOODS = Selector("fleetscope_tcp_syn_flood_notices_total")
+MAX_PORTS_SHOWN = 5
 
 
 def enrich(ctx, finding) -> None:
@@ -47,6 +55,45 @@ def enrich(ctx, finding) -> None:
                          f"({owner})")
     if described:
         finding.extra_summary = "full listener: " + ", ".join(described)
+    ports = _syn_flood_ports(ctx, finding)
+    if ports:
+        said = "the kernel logged 'Possible SYN flooding' on port " + ", ".join(ports)
+        finding.extra_summary = "; ".join(filter(None, (finding.extra_summary, said)))
+
+
+def _syn_flood_ports(ctx, finding) -> list[str]:
+    """The kernel log's SYN-flood notices, per port (latest first): an evidence row each, and
+    the ports for the summary."""
+    from fleetscope.collectors.parsers.kmsg import boot_time, log_clock
+    from fleetscope.collectors.parsers.syn_flood import syn_floods
+
+    text = ctx.kernel_log()
+    if text is None or "Possible SYN flooding" not in text:
+        return []
+    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    by_port: dict[int, list] = {}
+    for notice in syn_floods(text, log_clock(boot, ctx.last.time)):
+        by_port.setdefault(notice.port, []).append(notice)
+
+    def when(notice) -> float | None:
+        return None if boot is None or notice.seconds is None else boot + notice.seconds
+
+    ordered = sorted(by_port.items(), key=lambda item: -(when(item[1][-1]) or 0.0))
+    for port, notices in ordered[:MAX_PORTS_SHOWN]:
+        last = notices[-1]
+        at = when(last)
+        where = f"{last.address}:{port}" if last.address else f"port {port}"
+        action = "sending cookies" if last.cookies else "dropping requests"
+        stamp = f", the last at {_utc(at)}" if at is not None else ""
+        finding.evidence.append({
+            "signal": f"kernel: Possible SYN flooding on {where} ({last.protocol}, "
+                      f"{action}){stamp}",
+            "value": len(notices), "threshold": 0, "unit": "lines"})
+    return [str(port) for port, _ in ordered[:MAX_PORTS_SHOWN]]
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
 
 
 def scenario(k):
@@ -92,6 +139,9 @@ RULE = Rule(
                  "ratio"),
         Evidence("longest accept queue", Max(_QUEUE, by=NODE), 0, "connections"),
         Evidence("net.core.somaxconn (caps every backlog)", _SOMAXCONN, 0, "connections"),
+        # the kernel's notice, once per listener whose SYN queue overflowed (not a condition)
+        Evidence("'Possible SYN flooding on port N' kernel-log lines",
+                 Sum(Max(_SYN_FLOODS, by=(*NODE, "port")), by=NODE), 0, "lines"),
     ),
     confidence=0.85,
     enrich=enrich,
@@ -100,6 +150,8 @@ RULE = Rule(
               _OVERFLOWS, "1/s", LISTEN_OVERFLOWS),
         Panel("Accept queue over backlog, per listener",
               Max(_QUEUE / _BACKLOG, by=(*NODE, "listener")), "ratio", QUEUE_FULL),
+        Panel("SYN-flooding notices in the kernel log, per port",
+              Max(_SYN_FLOODS, by=(*NODE, "port")), "lines", narrow=False),
     ),
     fleet=FleetFault(("chat",), 5, 25, effects=(
         # the gateway's listener (backlog 511) held full, handshakes dropped
