@@ -332,3 +332,16 @@ def test_a_hung_task_reported_twice_is_critical(tmp_path):
         "120 seconds", "150 seconds")
     dmesg.write_text(text + again + "\n")
     assert [(s, p) for _, s, p in _findings(bundle)] == [("critical", "ongoing")]
+
+
+def test_a_hung_task_the_kernel_reported_here_names_its_lock_owner():
+    """A real report of this machine's 6.18 kernel (tests/fixtures/kmsg/README.md): a pipe
+    writer in D state behind a splice holding the pipe's mutex; the blocker line names it."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "fixtures" / "kmsg" / "hung-task-6.18-live.txt").read_text()
+    stalls = scan_stalls(text).stalls
+    assert [(s.kind, s.comm, s.pid, s.stuck) for s in stalls] == [
+        ("hung_task", "python3", 10544, 120.0)]
+    assert stalls[0].blocker == "mutex owned by task python3:10500"
+    assert stalls[0].seconds == pytest.approx(81351.954748)
