@@ -11,6 +11,7 @@ from .cpu_features import CpuFeaturesCollector
 from .fork_limits import ForkLimitsCollector
 from .harm import HarmCollector
 from .irq import IrqCollector
+from .kernel_stalls import KernelStallsCollector
 from .kubernetes import KubernetesCollector
 from .listen import ListenCollector
 from .locks import LocksCollector
@@ -38,6 +39,7 @@ COLLECTORS.update({c.name: c for c in (RdmaCollector, NicCollector, TcpCollector
 COLLECTORS[PerfCollector.name] = PerfCollector
 COLLECTORS[KubernetesCollector.name] = KubernetesCollector
 COLLECTORS[ForkLimitsCollector.name] = ForkLimitsCollector
+COLLECTORS[KernelStallsCollector.name] = KernelStallsCollector
 COLLECTORS[MemoryCollector.name] = MemoryCollector
 COLLECTORS[LocksCollector.name] = LocksCollector
 COLLECTORS[ListenCollector.name] = ListenCollector

@@ -137,7 +137,7 @@ def _diagnosis(path) -> set[tuple[str, str]]:
             for f in json.loads(result.stdout)["findings"]}
 
 
-@pytest.mark.parametrize("scenario", ["crash-loop", "oom-kill", "isa-mismatch"])
+@pytest.mark.parametrize("scenario", ["crash-loop", "oom-kill", "isa-mismatch", "hung-task"])
 def test_a_journal_bundle_diagnoses_as_the_kmsg_one(scenario, tmp_path):
     bundle = tmp_path / scenario
     shutil.copytree(SCENARIOS / scenario, bundle)

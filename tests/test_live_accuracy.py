@@ -182,7 +182,7 @@ while time.time() < end:          # an orchestrator restarting a task that dies 
 # Rules a kernel-log event raises (a crash, an OOM kill, a refused fork). Inside the shared
 # look-back such an event is a true finding of this node whoever caused it: an earlier
 # scenario's or another program's is set aside in a scenario that is not about that rule.
-EVENT_RULES = frozenset({"isa-mismatch", "crash-loop", "oom-kill", "pid-exhaustion"})
+EVENT_RULES = frozenset({"isa-mismatch", "crash-loop", "oom-kill", "pid-exhaustion", "hung-task"})
 
 
 def earlier_events(findings: list[dict], own: set) -> list[dict]:
