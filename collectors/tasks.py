@@ -347,7 +347,11 @@ def network_namespace(scrape: Scrape, pid: int) -> str:
             return os.readlink(os.path.join(root, f"proc/{pid}/ns/net"))
         except OSError:
             continue
-    return f"pid {pid}" if scrape.reader.entries(f"proc/{pid}/net") else "root"
+    try:
+        own_tables = scrape.reader.entries(f"proc/{pid}/net")
+    except NotAvailable:  # a process exiting as it is read: listing its net/ fails (EINVAL)
+        own_tables = None
+    return f"pid {pid}" if own_tables else "root"
 
 
 def tcp_tables(scrape: Scrape, pid: int,

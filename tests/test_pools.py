@@ -727,3 +727,21 @@ def test_live_kernel_threads_are_skipped_but_a_process_caught_in_execve_is_not(t
     kthread.mkdir()
     (kthread / "cmdline").write_bytes(b"agent\0")
     assert pooled(2002.0) == [2, 4343]
+
+
+def test_a_process_exiting_as_its_namespace_is_read_costs_only_its_own_record(tmp_path):
+    # Reproduced by the churn soak on a 6.18 kernel: listing /proc/<pid>/net of a process
+    # that is exiting fails with EINVAL, and the whole pools collector failed with it (every
+    # pool's series lost for that scrape, the caches of gone pids never pruned). A directory
+    # that cannot be listed (a symlink loop: ELOOP) stands for it here.
+    from fleetscope.collectors.base import Scrape
+    from fleetscope.collectors.source import LiveHost
+    from fleetscope.collectors.tasks import network_namespace
+
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "net").symlink_to("net")
+    (tmp_path / "proc" / "4243" / "net").mkdir(parents=True)
+    (tmp_path / "proc" / "4243" / "net" / "tcp").write_text("")
+    scrape = Scrape(LiveHost(str(tmp_path)))
+    assert network_namespace(scrape, 4242) == "root"  # no tables of its own to read
+    assert network_namespace(scrape, 4243) == "pid 4243"
