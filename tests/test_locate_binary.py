@@ -48,6 +48,13 @@ def test_a_path_on_a_command_line_is_read_only_when_its_owner_may_name_it(tmp_pa
     binary = tmp_path / f"fs_loc_{os.getpid()}"
     binary.write_bytes(b"\x7fELF" + b"\0" * 60)
     os.chown(binary, NOBODY, NOBODY)
+    nobody_process = _named_on_a_command_line(binary, NOBODY)
+    try:  # nobody's own file, but no program: a file named as an argument is not a binary
+        assert locate_binary(binary.name) is None
+    finally:
+        nobody_process.kill()
+        nobody_process.wait()
+    binary.chmod(0o755)
     root_process = _named_on_a_command_line(binary)
     try:
         assert locate_binary(binary.name) is None  # root's process, nobody's file

@@ -676,7 +676,7 @@ def locate_binary(name: str, root: str = "/", directories: tuple[str, ...] = ())
     /opt/<app>/bin): a live process's executable of that name, a path of that name on a
     process's command line (the supervisor restarting it), a file of that name beside a
     running executable. Only regular files of a bounded size, owned by root or by the
-    user whose process led to them (see _usable)."""
+    user whose process led to them (see _usable), and of a command line only executables."""
     import shutil
 
     if not name or "/" in name or "\0" in name:
@@ -725,7 +725,10 @@ def _where_it_runs(name: str) -> str | None:
             continue
         for raw in argv:
             arg = raw.decode("utf-8", "replace")
-            if arg.startswith("/") and os.path.basename(arg) == name and _usable(arg, owners):
+            # a program a supervisor restarts is executable; any other file a user names
+            # on a command line is not the node's binary
+            if arg.startswith("/") and os.path.basename(arg) == name and \
+                    _usable(arg, owners) and os.access(arg, os.X_OK):
                 return arg
     for candidate, owners in beside.items():
         if _usable(candidate, owners):
