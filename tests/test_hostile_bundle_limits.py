@@ -161,3 +161,21 @@ def test_record_refuses_to_make_a_bundle_over_the_samples_limit(tmp_path):
     assert result.returncode == 2 and len(lines) == 1, (result.returncode, lines)
     assert "86401 samples" in lines[0] and "10000" in lines[0]
     assert not output.exists()
+
+
+def test_a_bundle_over_the_series_limit_without_agent_series_is_refused(monkeypatch):
+    """The node's own series are bounded by the collectors' label caps, far under the
+    limit; a bound lowered under what a scenario holds stands for a bundle that still has
+    too many once the agent series are gone: refused, naming the limit, not diagnosed in
+    part."""
+    import pytest
+
+    from fleetscope.bundle.read import BundleError, open_bundle
+    from fleetscope.diagnose import evidence
+    from tests.conftest import SCENARIOS
+
+    monkeypatch.setattr(evidence, "MAX_SERIES", 50)
+    with open_bundle(str(SCENARIOS / "healthy-idle")) as bundle, \
+            pytest.raises(BundleError, match=r"series, over the 50 of a bundle \(the series "
+                          r"limit of a bundle\)"):
+        evidence.bundle_series(bundle, bundle.config())
