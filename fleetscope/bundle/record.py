@@ -107,6 +107,26 @@ def _run(argv: list[str], timeout: float) -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
+# The kernel log of a live node, in this order: the ring buffer (`dmesg`, boot stamps), else
+# the journal's copy of it for this boot where reading the buffer is refused
+# (kernel.dmesg_restrict, a container without CAP_SYSLOG), with wall-clock stamps that carry
+# the year and zone.
+KERNEL_LOG_COMMANDS = (("dmesg",),
+                       ("journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-iso"))
+
+
+def _live_kernel_log(timeout: float) -> tuple[str | None, str | None]:
+    """(the kernel's records, the command that gave them), or (None, None)."""
+    for index, argv in enumerate(KERNEL_LOG_COMMANDS):
+        text = _run(list(argv), timeout)
+        if text and text.strip():
+            if index:
+                log.warning("bundle: `dmesg` gave no kernel log; static/%s is `%s`'s", DMESG,
+                            " ".join(argv))
+            return text, " ".join(argv)
+    return None, None
+
+
 TOP_CPU_PROCESSES = 20  # besides pool members: the heaviest CPU users (antagonists)
 
 
@@ -459,9 +479,9 @@ def sample_count(seconds: float, interval: float) -> int:
 
 
 def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
-                 redactor: Redactor) -> None:
-    """The bundle's metadata (META): the config redacted and size-bounded, and what
-    redaction removed."""
+                 redactor: Redactor, kernel_log: str | None = None) -> None:
+    """The bundle's metadata (META): the config redacted and size-bounded, what redaction
+    removed, and what static/dmesg.txt was read from (`kernel_log`, when there is one)."""
     recorded_config = redactor.config(config.raw)
     config_json = json.dumps(recorded_config)
     if len(config_json) > MAX_CONFIG_JSON_BYTES:
@@ -474,6 +494,8 @@ def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config
     meta = {"format": BUNDLE_FORMAT, "hostname": socket.gethostname(),
             "interval_s": interval, "samples": samples, "config": recorded_config,
             "redacted": counts}
+    if kernel_log is not None:
+        meta["kernel_log"] = kernel_log
     with open(os.path.join(bundle_dir, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=2)
 
@@ -511,10 +533,11 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
                 progress(index + 1, count)
         # The kernel log last, so it holds what happened during the window (a crash loop's
         # SIGILLs are the incident, not history).
-        dmesg = _run(["dmesg"], config.command_timeout_seconds) if commands.live else None
+        dmesg, kernel_log = (_live_kernel_log(config.command_timeout_seconds)
+                             if commands.live else (None, None))
         if dmesg is None and DMESG in commands.source.kernel_logs:
             try:
-                dmesg = commands.source.read_text(DMESG)
+                dmesg, kernel_log = commands.source.read_text(DMESG), DMESG
             except (NotAvailable, ParseError):
                 dmesg = None
         if dmesg is not None:
@@ -531,7 +554,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
         if dmesg is not None:
             capture_event_cgroups(static_reader, dmesg, [os.path.join(bundle_dir, s["dir"])
                                                          for s in samples])
-        _record_meta(bundle_dir, interval, samples, config, redactor)
+        _record_meta(bundle_dir, interval, samples, config, redactor, kernel_log)
         if as_tar:
             _write_archive(bundle_dir, output, partial, force)
     except OSError as err:
