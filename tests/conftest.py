@@ -7,10 +7,9 @@ tests/fixtures/generated.sha256).
 
 Tests marked `live` run real processes (faults, servers, browsers), one at a time. Tests on the
 session's query engines (`engine_fleet`) and under tests/e2e are marked `live` and `served` here:
-they read servers and judge nothing of this node. .ci/run runs them, the parallel group (the
-tests not `live`) and the rest of `live` (real faults on this node, each right on a busy
-machine) side by side; then, alone, the live tests marked `alone` here: their truth needs the
-CPUs free, or their fault takes every CPU."""
+they read servers and judge nothing of this node, so .ci/run runs them serially beside the
+parallel group (the tests not `live`); the rest of `live` (real faults on this node) runs alone
+after both, on a machine no other test keeps busy."""
 
 from __future__ import annotations
 
@@ -66,24 +65,13 @@ def pytest_collection_modifyitems(config, items):
         if E2E in item.path.parents or SESSION_SERVERS & set(item.fixturenames):
             item.add_marker(pytest.mark.live)
             # They wait on servers and pages and judge no fault of this node: .ci/run runs
-            # them beside the other groups.
+            # them beside the parallel group (both run slower for it, the pair sooner than one
+            # after the other), the node's faults after.
             item.add_marker(pytest.mark.served)
-        if item.get_closest_marker("live") and _needs_the_machine(item):
-            item.add_marker(pytest.mark.alone)
     # The query engines' tests last: what runs before them is time their alerts need to hold.
     on_engines = [item for item in items if SESSION_SERVERS & set(item.fixturenames)]
     if on_engines:
         items[:] = [item for item in items if item not in on_engines] + on_engines
-
-
-def _needs_the_machine(item) -> bool:
-    """A live scenario whose truth needs the CPUs free (`needs_spare_cpu`), or whose fault
-    takes every CPU (`takes_every_cpu`: hundreds of busy threads leave a test beside it a
-    fraction of a percent of a CPU, past its timeouts). .ci/run runs them after the rest."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return any(getattr(value, "needs_spare_cpu", False) or getattr(value, "takes_every_cpu",
-                                                                     False)
-               for value in params.values())
 
 
 def require_tool(name: str) -> str:

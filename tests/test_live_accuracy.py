@@ -219,8 +219,6 @@ class Scenario:
     # just fits, one core hot while the others idle): on a machine already busy with other
     # work it would be a different node, so it is skipped there, saying so.
     needs_spare_cpu: bool = False
-    # The fault keeps every CPU's run queue hundreds deep: .ci/run gives it the machine.
-    takes_every_cpu: bool = False
 
 
 SCENARIOS = [
@@ -231,7 +229,7 @@ SCENARIOS = [
              explains={"core-imbalance", "cpu-saturation"}),
     Scenario("fd-exhaustion", "fd-exhaustion"),
     Scenario("thread-oversubscription", "thread-oversubscription",
-             explains={"cpu-saturation", "core-imbalance"}, takes_every_cpu=True),
+             explains={"cpu-saturation", "core-imbalance"}),
     Scenario("queue-backlog", "queue-backlog"),
     Scenario("worker-blocked", "worker-blocked-external-call"),
     Scenario("core-imbalance", "core-imbalance", needs_spare_cpu=True),

@@ -80,7 +80,7 @@ while time.time() < end:
 SCENARIOS = [
     Scenario("cpu-throttling-v1", "cpu-throttling"),
     Scenario("pid-exhaustion-v1", "pid-exhaustion"),
-    Scenario("busy-under-quota-v1", None, needs_spare_cpu=True),
+    Scenario("busy-under-quota-v1", None),
 ]
 
 

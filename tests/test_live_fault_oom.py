@@ -111,7 +111,7 @@ while time.time() < end:                   # ...looked up at random: every miss 
 SCENARIOS = [
     # The kernel's memcg reclaim before each kill is the pressure the kill ends.
     Scenario("oom-kill", "oom-kill", explains={"memory-pressure"}),
-    Scenario("memory-busy-healthy", None, needs_spare_cpu=True),
+    Scenario("memory-busy-healthy", None),
     # A worker whose working set (a memory-mapped index) is larger than its cgroup's limit:
     # its lookups stall in reclaim and refaults, nothing is killed.
     Scenario("memory-pressure", "memory-pressure"),

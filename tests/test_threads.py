@@ -355,7 +355,6 @@ def _leader_nonvoluntary(pid: int) -> int:
 
 
 @pytest.mark.live
-@pytest.mark.alone  # 400 busy threads: a test beside it gets a fraction of a percent of a CPU
 def test_hundreds_of_busy_threads_show_runnable_threads_and_preemption():
     cpus = os.cpu_count() or 1
     few = _thread_pool_rates(cpus, busy=True)
