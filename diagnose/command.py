@@ -227,7 +227,23 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print_json(document)
     else:
         print_report(document, verbose=getattr(args, "verbose", False))
+    if document["status"] == "unknown":  # exit 3: the contract's one line on stderr says why
+        print(f"fleetscope diagnose: error: {_why_unknown(document, args)}", file=sys.stderr)
     return engine.exit_code(document)
+
+
+def _why_unknown(document: dict, args: argparse.Namespace) -> str:
+    """Why nothing could be said of the node(s), with where to look."""
+    if document.get("partial"):
+        return ("nothing fired, but the query engine answered in part only ("
+                + "; ".join(document.get("partial_reasons", []))[:300] + ")")
+    where = ("this node" if document["source"] == "live" else
+             f"bundle {args.bundle}" if args.bundle else
+             f"node {args.node}" if args.node else "the fleet")
+    hint = ("; is the fleetscope exporter scraped for it?" if args.prometheus else
+            "; `--verbose` lists what each rule lacks")
+    return (f"no rule could be evaluated: {where} has none of the signals the "
+            f"{len(document['not_evaluated'])} rules read{hint}")
 
 
 def _without_partial(findings: list, not_evaluated: list[dict],

@@ -19,6 +19,7 @@ Prometheus itself writes, are skipped too (the rules read numbers).
 
 from __future__ import annotations
 
+import difflib
 import http.client
 import json
 import math
@@ -194,16 +195,22 @@ EXPORTER_PRESENCE = ("fleetscope_exporter_build_info", "fleetscope_cpu_info")
 
 
 def unknown_node(base: str, node: str, instances: list[str]) -> str:
-    """The line for a --node Prometheus holds no series of: the instances that exist."""
+    """The line for a --node Prometheus holds no series of: the instances that exist, the
+    nearest to the name asked first (a host name alone, or a typo, finds its instance)."""
     if not instances:
         return (f"Prometheus at {_one_line(base)} has no series with instance=\"{_one_line(node)}"
                 f"\", and no fleetscope exporter's series at all in the window: is it scraping "
                 "`fleetscope exporter` (port 9105)?")
-    named = ", ".join(_one_line(i) for i in sorted(instances)[:MAX_NAMED_INSTANCES])
-    more = len(instances) - MAX_NAMED_INSTANCES
+    on_host = sorted(i for i in instances if i.rpartition(":")[0].strip("[]") == node)
+    meant = (f" (did you mean --node {_one_line(on_host[0])}?)" if len(on_host) == 1 else "")
+    nearest = on_host + [i for i in difflib.get_close_matches(
+        node, instances, n=MAX_NAMED_INSTANCES, cutoff=0.0) if i not in on_host]
+    nearest += sorted(set(instances) - set(nearest))[:MAX_NAMED_INSTANCES - len(nearest)]
+    named = ", ".join(_one_line(i) for i in nearest[:MAX_NAMED_INSTANCES])
+    more = len(instances) - min(len(nearest), MAX_NAMED_INSTANCES)
     return (f"Prometheus at {_one_line(base)} has no series with instance=\"{_one_line(node)}"
-            f"\"; --node takes the instance label, and the exporters there are: {named}"
-            + (f" (+{more} more)" if more > 0 else ""))
+            f"\"{meant}; --node takes the instance label, and the exporters there nearest "
+            f"to it are: {named}" + (f" (+{more} more)" if more > 0 else ""))
 
 
 def instances(base: str, start: float, end: float, deadline: Deadline) -> list[str]:

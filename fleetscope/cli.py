@@ -13,6 +13,7 @@ import argparse
 import difflib
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -243,8 +244,27 @@ def _cmd_isa_check(args: argparse.Namespace) -> int:
     return run_isa_check(args.arguments)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """argparse's parser, with a mistyped sub-command answered in one line that names the
+    command meant (`fleetscope diagnos`: did you mean diagnose?), not a usage dump and the
+    whole list of choices. Sub-command parsers are of the same class."""
+
+    def error(self, message: str):  # noqa: D102 (argparse's hook)
+        wrong = re.search(r"invalid choice: (.+?) \(choose from", message)  # its repr()
+        commands = next((a for a in self._actions
+                         if isinstance(a, argparse._SubParsersAction)), None)
+        if wrong is None or commands is None or not message.startswith(
+                f"argument {commands.metavar}:"):
+            super().error(message)
+        near = difflib.get_close_matches(wrong.group(1).strip("'\""), list(commands.choices),
+                                         n=1, cutoff=0.5)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: no command {wrong.group(1)}{hint}; "
+                  f"{self.prog} --help lists its commands\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _CommandParser(
         prog="fleetscope",
         description="Observability and diagnosis for CPU clusters running AI-agent workloads.",
     )

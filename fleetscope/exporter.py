@@ -342,7 +342,9 @@ def parse_listen(listen: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' (all interfaces) or '[::1]:PORT' -> (host, port)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+        meant = (f" (did you mean :{listen}, every interface, or 127.0.0.1:{listen}?)"
+                 if listen.isdigit() and int(listen) <= 65535 else "")
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}{meant}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
@@ -363,8 +365,14 @@ def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str 
         server = ExporterServer((host, port), None, web)
     except OSError as err:
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        hint = (": another exporter may run there; stop it or give --listen HOST:PORT"
-                if err.errno == errno.EADDRINUSE else "")
+        hint = ""
+        if err.errno == errno.EADDRINUSE:
+            from fleetscope.core.port_holder import port_holder
+
+            holder = port_holder(port)
+            hint = (f": {holder} listens there" if holder else
+                    ": another program listens there (`ss -ltnp` names it)")
+            hint += "; stop it or give --listen HOST:PORT"
         raise ListenError(f"cannot listen on {shown}: {err.strerror or err}{hint}") from None
     exporter = Exporter(root, config, evidence)
     server.exporter = exporter

@@ -87,7 +87,7 @@ def test_an_existing_output_directory_says_what_to_do(tmp_path):
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine\n"
 
 
-def test_the_exporter_on_a_taken_port_says_so_first_naming_the_address():
+def test_the_exporter_on_a_taken_port_says_so_first_naming_the_address_and_its_holder():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -98,6 +98,8 @@ def test_the_exporter_on_a_taken_port_says_so_first_naming_the_address():
     assert result.returncode == 3
     assert f"127.0.0.1:{port}" in line and "Address already in use" in line
     assert "--listen" in line and "[Errno" not in line
+    # the port is held by this test's own process: named by its pid, not guessed at
+    assert f"(pid {os.getpid()}) listens there" in line and "another exporter" not in line
 
 
 class _NotPrometheus(http.server.BaseHTTPRequestHandler):
@@ -168,3 +170,72 @@ def test_the_blocked_call_threshold_comes_from_the_config_in_every_row(parked_wo
              and "wait" in e["signal"] or "thread" in e["signal"] and e["unit"] == "seconds"]
     assert len(waits) >= 2
     assert {e["threshold"] for e in waits} == {2}
+
+
+@pytest.mark.parametrize("argv,prog,wrong,meant", [
+    (["diagnos"], "fleetscope", "diagnos", "diagnose"),
+    (["bundle", "shwo", "x.tar.gz"], "fleetscope bundle", "shwo", "show"),
+    (["rules", "exprt"], "fleetscope rules", "exprt", "export"),
+    (["isa", "fleeet"], "fleetscope isa", "fleeet", "fleet"),
+])
+def test_a_mistyped_command_names_the_command_meant(argv, prog, wrong, meant):
+    result = run(*argv)
+    line = one_error_line(result, prog)
+    assert result.returncode == 2
+    assert f"no command '{wrong}' (did you mean {meant}?)" in line, line
+    assert f"{prog} --help" in line and "choose from" not in line
+
+
+def test_a_command_name_from_nowhere_is_quoted_and_nothing_guessed():
+    result = run("\x1b[31mzz'z")
+    line = one_error_line(result, "fleetscope")
+    assert result.returncode == 2
+    assert "\x1b" not in line and "\\x1b[31mzz'z" in line and "did you mean" not in line
+
+
+def test_a_port_alone_for_listen_is_answered_with_the_address_meant():
+    result = run("exporter", "--listen", "9105")
+    line = one_error_line(result, "fleetscope exporter")
+    assert result.returncode == 2
+    assert "(did you mean :9105, every interface, or 127.0.0.1:9105?)" in line
+
+
+@pytest.mark.parametrize("kind", ["text file", "directory"])
+def test_what_is_not_a_bundle_is_told_what_a_bundle_is(tmp_path, kind):
+    if kind == "text file":
+        target = tmp_path / "node17.log"
+        target.write_text("Dec  7 02:14:01 node17 kernel: [1.0] hello\n" * 100)
+    else:
+        target = tmp_path / "logs"
+        target.mkdir()
+        (target / "dmesg.txt").write_text("hello\n")
+    for argv, prog in ((["diagnose", "--bundle", str(target)], "fleetscope diagnose"),
+                       (["bundle", "show", str(target)], "fleetscope bundle show")):
+        result = run(*argv)
+        line = one_error_line(result, prog)
+        assert result.returncode == 3
+        assert "not a bundle" in line or "not a fleetscope bundle" in line, line
+        assert "`fleetscope bundle record -o PATH` writes" in line
+        assert "could not be opened successfully" not in line and "damaged" not in line
+
+
+def test_a_bundle_no_rule_can_read_exits_3_with_the_reason_on_stderr(tmp_path):
+    """Every sample and the kernel log emptied, no pools: the verdict is unknown (never
+    healthy), the report still on stdout, and the contract's one line on stderr says why."""
+    import shutil
+
+    bundle = tmp_path / "empty"
+    shutil.copytree(BUNDLES / "kunpeng-128", bundle)
+    for sample in (bundle / "samples").iterdir():
+        shutil.rmtree(sample)
+        sample.mkdir()
+    for static in (bundle / "static").iterdir():
+        shutil.rmtree(static) if static.is_dir() else static.unlink()
+    no_pools = tmp_path / "node.yaml"
+    no_pools.write_text("pools: []\n")
+    result = run("diagnose", "--bundle", str(bundle), "--config", str(no_pools))
+    line = one_error_line(result, "fleetscope diagnose")
+    assert result.returncode == 3
+    assert f"no rule could be evaluated: bundle {bundle} has none of the signals" in line
+    assert "--verbose" in line
+    assert "UNKNOWN" in result.stdout.upper()

@@ -124,7 +124,7 @@ def test_diagnose_from_prometheus(exporter_factory, prometheus, tmp_path):
         assert result.returncode == 3 and result.stdout == ""
         line, = result.stderr.strip().splitlines()
         assert line.startswith("fleetscope diagnose: error: ") and "nowhere" in line
-        assert f"the exporters there are: {target}" in line
+        assert f"the exporters there nearest to it are: {target}" in line
 
 
 def test_diagnose_from_prometheus_says_a_configured_endpoint_did_not_answer(

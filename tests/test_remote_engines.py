@@ -159,7 +159,14 @@ def test_one_node_and_an_unknown_node(fleet):
     with pytest.raises(remote.RemoteError, match='no series with instance="nowhere:9105"') \
             as refused:
         remote.diagnose_remote(url, SECONDS, "nowhere:9105")
-    assert f"exporters there are: {min(n.instance for n in fleet['nodes'])}" in str(refused.value)
+    named = str(refused.value).split("exporters there nearest to it are: ")[1]
+    known = {n.instance for n in fleet["nodes"]}
+    assert set(named.split(" (+")[0].split(", ")) <= known, named
+    # A host name alone (the instance without its port) is answered with its instance.
+    host = node.instance.rpartition(":")[0]
+    meant = re.escape(f"did you mean --node {node.instance}?")
+    with pytest.raises(remote.RemoteError, match=meant):
+        remote.diagnose_remote(url, SECONDS, host)
 
 
 @pytest.mark.parametrize("name", ["prometheus", "victoriametrics"])

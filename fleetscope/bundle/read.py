@@ -53,6 +53,13 @@ MAX_UNPACKED_BYTES = 1024**3
 MAX_MEMBER_BYTES = 4 * DEFAULT_READ_LIMIT
 SCRATCH_ENV = "FLEETSCOPE_SCRATCH_DIR"  # where archives unpack (default /dev/shm if roomy)
 
+# What a bundle is, for the line that refuses something else.
+WHAT_A_BUNDLE_IS = ("a bundle is the directory or .tar.gz that `fleetscope bundle record -o "
+                    "PATH` writes on a node")
+# The first bytes of the archives tarfile reads ("r:*"): gzip, bzip2, xz; a plain tar says
+# "ustar" at offset 257.
+_ARCHIVE_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
 
 class BundleError(Exception):
     """The bundle cannot be read; the message is one line for the user."""
@@ -236,7 +243,8 @@ def _unpack(path: str) -> tuple[str, str]:
         entries = os.listdir(tempdir)
         if len(entries) == 1 and os.path.isfile(os.path.join(tempdir, entries[0], META)):
             return os.path.join(tempdir, entries[0]), tempdir
-        raise BundleError(f"{path}: archive has no meta.json (not a fleetscope bundle)")
+        raise BundleError(f"{path}: archive has no meta.json, so not a fleetscope bundle "
+                          f"({WHAT_A_BUNDLE_IS})")
     except BundleError:
         shutil.rmtree(tempdir, ignore_errors=True)
         raise
@@ -251,6 +259,19 @@ def _unpack(path: str) -> tuple[str, str]:
         raise
 
 
+def _refuse_what_is_no_archive(path: str) -> None:
+    """A file that is no archive at all (a log, a config, a core dump) is not a damaged
+    bundle: say what a bundle is, rather than a decompressor's complaint."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512)
+    except OSError as err:
+        raise BundleError(f"{path}: cannot read it: {err.strerror or err}") from None
+    if head.startswith(_ARCHIVE_MAGIC) or head[257:262] == b"ustar":
+        return
+    raise BundleError(f"{path}: not a bundle, nor any archive ({WHAT_A_BUNDLE_IS})")
+
+
 def open_bundle(path: str) -> Bundle:
     """Open and validate a bundle directory or .tar.gz."""
     if not os.path.exists(path):
@@ -258,6 +279,7 @@ def open_bundle(path: str) -> Bundle:
     tempdir = None
     root = path
     if os.path.isfile(path):
+        _refuse_what_is_no_archive(path)
         root, tempdir = _unpack(path)
     elif not os.path.isdir(path):
         raise BundleError(f"{path}: neither a bundle directory nor a .tar.gz file")
@@ -298,7 +320,8 @@ def _read_meta(root: str, tempdir: str | None) -> Bundle:
     try:
         meta = load_meta(meta_path)
     except FileNotFoundError:
-        raise BundleError(f"{root}: no meta.json (not a fleetscope bundle)") from None
+        raise BundleError(f"{root}: no meta.json, so not a fleetscope bundle "
+                          f"({WHAT_A_BUNDLE_IS})") from None
     except (OSError, ValueError) as err:
         detail = getattr(err, "strerror", None) or str(err)
         raise BundleError(f"{meta_path}: unreadable ({one_line(detail, 200)})") from None
