@@ -2,6 +2,7 @@
 
 import os
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,3 +121,18 @@ def test_readme_config_block_loads_as_written():
     config = parse_config(yaml.safe_load(block))
     assert config.memory_peak_bytes_per_second == 409.6e9
     assert [pool.name for pool in config.pools] == ["chat-online", "batch"]
+
+
+def test_the_quick_starts_pools_load_as_written():
+    # Reproduced: 22 of 30 rules "not evaluated" on a newcomer's first node, the pools block
+    # that fixes it 80 lines further down: the quick start now writes one first.
+    import yaml
+
+    from fleetscope.core.config import parse_config
+
+    text = (ROOT / "README.md").read_text()
+    quick_start = text[text.index("## Quick start"):text.index("\n## ", text.index("## Quick"))]
+    block = re.search(r"cat > node.yaml <<'YAML'\n(.*?)\n\s*YAML\n", quick_start, re.S).group(1)
+    config = parse_config(yaml.safe_load(textwrap.dedent(block)))
+    assert {pool.workload_class for pool in config.pools} == {"online", "offline"}
+    assert "export FLEETSCOPE_CONFIG=$PWD/node.yaml" in quick_start
