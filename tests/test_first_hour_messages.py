@@ -239,3 +239,25 @@ def test_a_bundle_no_rule_can_read_exits_3_with_the_reason_on_stderr(tmp_path):
     assert f"no rule could be evaluated: bundle {bundle} has none of the signals" in line
     assert "--verbose" in line
     assert "UNKNOWN" in result.stdout.upper()
+
+
+def test_a_sample_that_overruns_its_interval_is_said_at_once_and_shown_as_late(tmp_path):
+    """Reproduced: `bundle record --interval 5` printed nothing while one sample took 75 s,
+    and `bundle show` then said "every 5 s". Here every sample takes longer than a 1 ms
+    interval."""
+    bundle = tmp_path / "late"
+    result = run("bundle", "record", "--root", str(BUNDLES / "kunpeng-128" / "samples" /
+                                                   "s0001"),
+                 "--seconds", "0.002", "--interval", "0.001", "-o", str(bundle))
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "longer than the" in line]
+    assert len(warned) == 2, result.stderr  # the last sample delays nothing
+    assert "sample 1 of 3 took" in warned[0] and "0.001 s interval" in warned[0]
+    shown = run("bundle", "show", str(bundle))
+    assert shown.returncode == 0, shown.stderr
+    samples = next(line for line in shown.stdout.splitlines() if line.startswith("samples"))
+    assert "3, one every 0.001 s asked; gaps " in samples
+    assert "2 of 2 late" in samples, samples
+    on_time = run("bundle", "show", str(BUNDLES / "kunpeng-128")).stdout
+    assert "2, one every 15 s asked; gaps 15.0 to 15.0 s, 15.0 s in all" in on_time
+    assert "late" not in on_time

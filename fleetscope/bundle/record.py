@@ -529,6 +529,11 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             commands.sample(sample_dir, interval, scrape.reader)
             _capture_listeners(sample_dir, commands.source)
             samples.append({"dir": relative, "time": round(now, 3)})
+            took = time.time() - now
+            if took > interval and index + 1 < count:
+                log.warning("sample %d of %d took %.1f s, longer than the %g s interval: the "
+                            "next starts late (`bundle show` gives the real gaps)",
+                            index + 1, count, took, interval)
             if progress:
                 progress(index + 1, count)
         # The kernel log last, so it holds what happened during the window (a crash loop's

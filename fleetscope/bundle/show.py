@@ -2,7 +2,7 @@
 
     format                      fleetscope-bundle/1
     hostname                    n17
-    samples                     7 every 5 s, 30 s in all
+    samples                     7, one every 5 s asked; gaps 5.0 to 5.1 s, 30.0 s in all
     window                      2025-12-01 09:20:00 .. 09:20:30 UTC (30 s)
     ...
     perf memory bandwidth / L3  yes
@@ -52,8 +52,7 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
     rows = [
         ("format", BUNDLE_FORMAT),
         ("hostname", bundle.hostname),
-        ("samples", f"{len(bundle.samples)} every {bundle.interval_s:g} s, "
-                    f"{last.time - first.time:g} s in all"),
+        ("samples", _cadence(bundle)),
         ("window", time_window(first.time, last.time)),
         ("window, unix seconds", f"{first.time:.3f} .. {last.time:.3f}"),
     ]
@@ -124,3 +123,23 @@ def describe_redactions(redacted: dict) -> str:
         return "not recorded (bundle made before redaction, or by another tool)"
     counts = [f"{int(n)} {kind.replace('_', ' ')}" for kind, n in sorted(redacted.items())]
     return ", ".join(counts) if any(redacted.values()) else "nothing (no secret found)"
+
+
+# A gap this many intervals long or more: a sample that overran (a busy node, a slow read)
+# and delayed the next one.
+LATE_GAP_INTERVALS = 1.5
+
+
+def _cadence(bundle: Bundle) -> str:
+    """The samples as asked and as taken: the real gaps, and how many came late."""
+    times = [sample.time for sample in bundle.samples]
+    asked = f"{len(times)}, one every {bundle.interval_s:g} s asked"
+    if len(times) < 2:
+        return asked
+    gaps = [times[i + 1] - times[i] for i in range(len(times) - 1)]
+    late = sum(gap >= LATE_GAP_INTERVALS * bundle.interval_s for gap in gaps)
+    taken = f"; gaps {min(gaps):.1f} to {max(gaps):.1f} s"
+    if late:
+        taken += (f", {late} of {len(gaps)} late (a sample overran its interval and "
+                  "delayed the next)")
+    return f"{asked}{taken}, {times[-1] - times[0]:.1f} s in all"
