@@ -366,7 +366,7 @@ class PoolsCollector(Collector):
     name = "pools"
     missing_hints = (
         ("fleetscope_pool_", "no workload pools in the config: add `pools:` to it, each pool "
-                             "with the `match:` its processes pass (README.md, The exporter; "
+                             "with the `match:` its processes pass (docs/exporter.md; "
                              "on Kubernetes docs/kubernetes.md)"),
         ("fleetscope_pool_blocked_network", "threads' syscall files not readable (needs root "
                                             "or CAP_SYS_PTRACE), or a bundle recorded without "

@@ -6,7 +6,7 @@
     one = fleet.node_series("r007n12:9105") # one node over the last hours, per core too
 
 The output is what the console reads from Prometheus: `rules.promql.Series` (metric name ->
-label set -> [(t_ms, value)]) named as the exporter's metrics (README, collectors/*.py) and
+label set -> [(t_ms, value)]) named as the exporter's metrics (docs/exporter.md, collectors) and
 the agent signals (docs/metrics-and-rules.md), each series carrying `instance`. Node metadata rides
 on `fleetscope_cpu_info` as the target labels a fleet's scrape config would add (`rack`,
 `node_pool`), beside the collector's own (`model_name`, `variant`/`revision` or

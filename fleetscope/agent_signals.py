@@ -1,4 +1,4 @@
-"""The documented import path of the agent-runtime instrumentation (README "Agent runtimes"):
+"""The documented import path of the agent-runtime instrumentation (docs/exporter.md):
 
     from fleetscope.agent_signals import AgentSignals, BadToolArguments
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "fleetscope-exporter.service"
 K8S = DEPLOY / "kubernetes"
-INSTALLED_AT = "/opt/fleetscope/bin/fleetscope"  # the README's install prefix
+INSTALLED_AT = "/opt/fleetscope/bin/fleetscope"  # docs/deploying.md's install prefix
 # Kubernetes versions the manifests must be valid for: the oldest still common on
 # openEuler 22.03 fleets, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.28.0", "latest")
@@ -429,9 +429,10 @@ def test_containerfile_entrypoint_is_exec_form_and_runs_what_the_daemonset_runs(
     assert default_args == container()["args"]
 
 
-def test_readme_says_images_are_not_built_here():
+def test_the_deploy_guide_says_images_are_not_built_here():
+    section = (REPO / "docs" / "deploying.md").read_text()
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Deploying to a fleet", 1)[1].split("\n## ", 1)[0]
+    assert "(docs/deploying.md)" in readme.split("## Deploying to a fleet", 1)[1]
     for topic in ("systemd", "Kubernetes", "scrape config", "Alertmanager", "Containerfile",
                   "Kunpeng", "perf_event_paranoid"):
         assert topic in section, topic

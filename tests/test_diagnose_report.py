@@ -197,7 +197,7 @@ def test_a_node_without_pools_gets_one_line_per_cause_and_the_signals_on_verbose
     flat = " ".join(section.split())
     assert flat.count("no workload pools in the config") == 1
     assert f"{len(no_pools)} rules no workload pools in the config: add `pools:` to it" in flat
-    assert "README.md, The exporter" in flat and "docs/kubernetes.md" in flat
+    assert "docs/exporter.md" in flat and "docs/kubernetes.md" in flat
     assert "fleetscope_pool_" not in section and "fd-exhaustion" not in section
     causes = {c["cause"] for item in document["not_evaluated"] for c in item["causes"]}
     assert len(section.splitlines()) <= 1 + 3 * len(causes) < 40

@@ -13,7 +13,7 @@
     isa_scan_seconds: 30         # all ELF reads about SIGILL crashes of one command
 
 Pools, agent endpoints, Redis queues and the platform block are the documented ones
-(README.md, The exporter); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
+(docs/exporter.md); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
 Unknown keys are errors at every level (a typo, or an alias bomb parked under a key nobody
 reads), and a document over MAX_CONFIG_NODES values or MAX_CONFIG_DEPTH levels is refused
 before anything walks or serialises it.
