@@ -214,7 +214,8 @@ def test_what_is_not_a_bundle_is_told_what_a_bundle_is(tmp_path, kind):
         result = run(*argv)
         line = one_error_line(result, prog)
         assert result.returncode == 3
-        assert "not a bundle" in line or "not a fleetscope bundle" in line, line
+        assert ("not a readable bundle: no archive of any kind" in line
+                or "no meta.json, so not a fleetscope bundle" in line), line
         assert "`fleetscope bundle record -o PATH` writes" in line
         assert "could not be opened successfully" not in line and "damaged" not in line
 

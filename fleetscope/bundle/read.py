@@ -269,7 +269,8 @@ def _refuse_what_is_no_archive(path: str) -> None:
         raise BundleError(f"{path}: cannot read it: {err.strerror or err}") from None
     if head.startswith(_ARCHIVE_MAGIC) or head[257:262] == b"ustar":
         return
-    raise BundleError(f"{path}: not a bundle, nor any archive ({WHAT_A_BUNDLE_IS})")
+    raise BundleError(f"{path}: not a readable bundle: no archive of any kind "
+                      f"({WHAT_A_BUNDLE_IS})")
 
 
 def open_bundle(path: str) -> Bundle:
