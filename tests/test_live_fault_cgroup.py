@@ -311,7 +311,8 @@ def test_cgroup_fault_from_bundle_and_prometheus(name, rule, tmp_path, exporter_
         base = f"http://127.0.0.1:{port}"
         firing = f'ALERTS{{fleetscope_rule="{rule}",alertstate="firing"}}'
         alerts = _wait_for(base, firing, seconds=120)
-        # diagnose --prometheus asks the condition to hold across most of its window
+        # Why this test takes ~47 s: diagnose --prometheus asks the condition to hold at its
+        # three 15 s steps, most of its window
         _wait_for(base, f"count_over_time({firing}[1m]) >= 35", seconds=120)
         from_prometheus = subprocess.run(
             [sys.executable, "-m", "fleetscope", "diagnose", "--prometheus", base, "--node",

@@ -100,6 +100,8 @@ def _check(fault: str, document: dict, code: int, kill_age: float) -> None:
 
 
 def test_a_live_fault_leads_and_an_earlier_kill_in_a_removed_cgroup_is_history(tmp_path):
+    # Slow (~85 s) by design: the OOM kills, then three faults each diagnosed over a 20 s
+    # window, all inside one look-back.
     lab = Lab(tmp_path)
     cgroups: list = []
     results = []
