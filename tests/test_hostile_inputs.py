@@ -217,9 +217,10 @@ def test_refused_reads_are_named_in_the_exporter_log(corpus, tmp_path):
     assert "a link out of" in log
 
 
-def _signal_mid_unpack(tmp_path, signum) -> tuple[int, list[str]]:
+def _signal_mid_unpack(tmp_path, signum) -> tuple[int, list[str], bool]:
     """Start `diagnose --bundle big.tar.gz`, signal it once unpacking began, and return its
-    exit code and what it left in the scratch directory."""
+    exit code, what it left in the scratch directory, and whether it had printed its report
+    (the signal came too late: a busy machine let it finish before the poll saw the copy)."""
     source = tmp_path / "big"
     hostile_corpus._base(source)
     pads = source / "samples" / "s0001" / "cmd"
@@ -237,7 +238,7 @@ def _signal_mid_unpack(tmp_path, signum) -> tuple[int, list[str]]:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "fleetscope", "diagnose", "--bundle",
-                                 str(archive)], stdout=subprocess.DEVNULL,
+                                 str(archive)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "FLEETSCOPE_SCRATCH_DIR": str(scratch)})
     finally:
@@ -248,14 +249,22 @@ def _signal_mid_unpack(tmp_path, signum) -> tuple[int, list[str]]:
         time.sleep(0.01)
     assert proc.poll() is None, "finished before it could be signalled"
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=120)
     assert "Traceback" not in stderr
-    return proc.returncode, os.listdir(scratch)
+    return proc.returncode, os.listdir(scratch), "fleetscope diagnosis of" in stdout
 
 
 @pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
 def test_scratch_removed_on_signal(tmp_path, signum):
-    code, left = _signal_mid_unpack(tmp_path, signum)
+    # Reproduced in a suite run: the diagnosis finished (exit 2, its report printed) while
+    # this test, starved of CPU, still polled; the signal then met a process already ending.
+    # Such a run proves nothing either way and is tried again, at most three times.
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        code, left, finished = _signal_mid_unpack(tmp_path / str(attempt), signum)
+        if not finished:
+            break
+    assert not finished, "the diagnosis finished before each of 3 signals"
     assert left == []
     assert code == (143 if signum == 15 else 130)
 
