@@ -203,9 +203,9 @@ def unknown_node(base: str, node: str, instances: list[str]) -> str:
                 "`fleetscope exporter` (port 9105)?")
     on_host = sorted(i for i in instances if i.rpartition(":")[0].strip("[]") == node)
     meant = (f" (did you mean --node {_one_line(on_host[0])}?)" if len(on_host) == 1 else "")
+    # cutoff 0: every instance is a candidate, so the list is always full
     nearest = on_host + [i for i in difflib.get_close_matches(
         node, instances, n=MAX_NAMED_INSTANCES, cutoff=0.0) if i not in on_host]
-    nearest += sorted(set(instances) - set(nearest))[:MAX_NAMED_INSTANCES - len(nearest)]
     named = ", ".join(_one_line(i) for i in nearest[:MAX_NAMED_INSTANCES])
     more = len(instances) - min(len(nearest), MAX_NAMED_INSTANCES)
     return (f"Prometheus at {_one_line(base)} has no series with instance=\"{_one_line(node)}"

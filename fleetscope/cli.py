@@ -256,9 +256,7 @@ class _CommandParser(argparse.ArgumentParser):
         if wrong is None or commands is None or not message.startswith(
                 f"argument {commands.metavar}:"):
             super().error(message)
-        near = difflib.get_close_matches(wrong.group(1).strip("'\""), list(commands.choices),
-                                         n=1, cutoff=0.5)
-        hint = f" (did you mean {near[0]}?)" if near else ""
+        hint = _did_you_mean(wrong.group(1).strip("'\""), commands.choices, cutoff=0.5)
         self.exit(EXIT_USAGE, f"{self.prog}: error: no command {wrong.group(1)}{hint}; "
                   f"{self.prog} --help lists its commands\n")
 
@@ -500,13 +498,18 @@ def _command_parser(parser: argparse.ArgumentParser,
     return parser
 
 
+def _did_you_mean(word: str, known, cutoff: float = 0.6) -> str:
+    """' (did you mean X?)' for the nearest of `known` to a mistyped word, or ''."""
+    near = difflib.get_close_matches(word, list(known), n=1, cutoff=cutoff)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> int:
     """One line for an argument the command does not take, with the option meant if one
     is close (`--secs`: did you mean --seconds?)."""
     first = unknown[0]
-    near = difflib.get_close_matches(first.split("=")[0], list(parser._option_string_actions),
-                                     n=1) if first.startswith("-") else []
-    hint = f" (did you mean {near[0]}?)" if near else ""
+    hint = (_did_you_mean(first.split("=")[0], parser._option_string_actions)
+            if first.startswith("-") else "")
     print(f"{parser.prog}: error: unrecognized argument {first}{hint}; "
           f"{parser.prog} --help lists what it takes", file=sys.stderr)
     return EXIT_USAGE

@@ -518,7 +518,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             delay = start + index * interval - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            now = time.time()
+            now, began = time.time(), time.monotonic()
             relative = sample_path(index)
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
@@ -529,7 +529,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             commands.sample(sample_dir, interval, scrape.reader)
             _capture_listeners(sample_dir, commands.source)
             samples.append({"dir": relative, "time": round(now, 3)})
-            took = time.time() - now
+            took = time.monotonic() - began
             if took > interval and index + 1 < count:
                 log.warning("sample %d of %d took %.1f s, longer than the %g s interval: the "
                             "next starts late (`bundle show` gives the real gaps)",
