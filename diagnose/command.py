@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from fleetscope.bundle.read import BundleError, open_bundle
+from fleetscope.bundle.read import BundleError, one_line, open_bundle
 from fleetscope.collectors.source import LiveHost
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.core.diagnose_options import (
@@ -238,8 +238,8 @@ def _why_unknown(document: dict, args: argparse.Namespace) -> str:
         return ("nothing fired, but the query engine answered in part only ("
                 + "; ".join(document.get("partial_reasons", []))[:300] + ")")
     where = ("this node" if document["source"] == "live" else
-             f"bundle {args.bundle}" if args.bundle else
-             f"node {args.node}" if args.node else "the fleet")
+             f"bundle {one_line(args.bundle, 300)}" if args.bundle else
+             f"node {one_line(args.node, 300)}" if args.node else "the fleet")
     hint = ("; is the fleetscope exporter scraped for it?" if args.prometheus else
             "; `--verbose` lists what each rule lacks")
     return (f"no rule could be evaluated: {where} has none of the signals the "
