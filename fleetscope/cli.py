@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import time
 import traceback
 
 from fleetscope import __version__
@@ -140,6 +141,33 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+class _RecordProgressLines:
+    """`bundle record`'s progress where stderr is no terminal (a log, ssh without a tty, a
+    pipe): a line after the first sample, then at most one every LINE_EVERY_S, and one at
+    the last; a one-sample recording says nothing. Reproduced: a 60 s recording printed
+    nothing for 136 s."""
+
+    LINE_EVERY_S = 10.0
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.began = time.monotonic()
+        self.said_at: float | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if total < 2 or (1 < done < total and self.said_at is not None
+                         and now - self.said_at < self.LINE_EVERY_S):
+            return
+        self.said_at = now
+        if done == total:
+            after = "; the kernel log and the binaries' checks next"
+        else:
+            after = f", about {(total - done) * self.interval:.0f} s left"
+        print(f"fleetscope bundle record: sample {done} of {total} taken "
+              f"({now - self.began:.0f} s in{after})", file=sys.stderr, flush=True)
+
+
 def _cmd_bundle_record(args: argparse.Namespace) -> int:
     from fleetscope.bundle.read import MAX_SAMPLES
     from fleetscope.bundle.record import RecordError, record, sample_count
@@ -164,14 +192,20 @@ def _cmd_bundle_record(args: argparse.Namespace) -> int:
         return _fail(str(err))
     from rich.progress import Progress
 
-    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+    terminal = sys.stderr.isatty()
+    lines = _RecordProgressLines(args.interval)
+    with Progress(transient=True, disable=not terminal) as bar:
         task = bar.add_task("recording", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if not terminal:
+                lines(done, total)
+
         try:
             # The evidence kind is chosen once, here (collectors/source.py evidence_source).
             path = record(args.output, args.seconds, args.interval, config,
-                          evidence_source(args.root, args.evidence),
-                          progress=lambda done, total: bar.update(task, completed=done,
-                                                                  total=total),
+                          evidence_source(args.root, args.evidence), progress=progress,
                           force=args.force)
         except RecordError as err:
             return _fail(str(err))

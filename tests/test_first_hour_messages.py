@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -240,6 +241,26 @@ def test_a_bundle_no_rule_can_read_exits_3_with_the_reason_on_stderr(tmp_path):
     assert f"no rule could be evaluated: bundle {bundle} has none of the signals" in line
     assert "--verbose" in line
     assert "UNKNOWN" in result.stdout.upper()
+
+
+def test_a_recording_without_a_terminal_says_its_progress_in_a_few_lines(tmp_path):
+    """Reproduced: `bundle record --seconds 60 --interval 5` into a log printed nothing for
+    136 s. Without a terminal a recording says the first sample, then at most a line every
+    10 s, then the last; 51 samples are not 51 lines. One sample says nothing."""
+    root = str(BUNDLES / "kunpeng-128" / "samples" / "s0001")
+    began = time.monotonic()
+    result = run("bundle", "record", "--root", root, "--seconds", "0.05", "--interval",
+                 "0.001", "-o", str(tmp_path / "many"))
+    wall = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if " taken (" in line]
+    assert said[0].startswith("fleetscope bundle record: sample 1 of 51 taken (0 s in, about ")
+    assert said[-1].startswith("fleetscope bundle record: sample 51 of 51 taken (")
+    assert said[-1].endswith("; the kernel log and the binaries' checks next)"), said[-1]
+    assert len(said) <= 2 + wall / 10, said
+    single = run("bundle", "record", "--root", root, "--seconds", "0", "-o",
+                 str(tmp_path / "one"))
+    assert single.returncode == 0 and " taken (" not in single.stderr, single.stderr
 
 
 def test_a_sample_that_overruns_its_interval_is_said_at_once_and_shown_as_late(tmp_path):
