@@ -18,7 +18,7 @@ from fleetscope.collectors import COLLECTORS, Scrape
 from fleetscope.collectors.locks import LocksCollector
 from fleetscope.collectors.parsers import locks as locks_module
 from fleetscope.collectors.parsers.kmsg import scan_kernel_log
-from fleetscope.collectors.parsers.locks import parse_proc_locks
+from fleetscope.collectors.parsers.locks import FileLock, parse_proc_locks
 from fleetscope.collectors.source import recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
@@ -128,6 +128,26 @@ def test_proc_locks_holders_and_waiters():
         (3, "OFDLCK", -1, False, None)]
     assert rows[0].device == "fe:00" and rows[0].inode == 2146362
     assert parse_proc_locks("") == []
+
+
+def test_the_locked_files_path_is_read_under_the_nodes_root(tmp_path):
+    """lock-contention names the locked file from the holder's fds under the evidence
+    source's root (a container's /host), not this machine's /proc: a root whose proc holds
+    pid 4242's fd 3, a link to the locked file, names that file; the same pid under a root
+    without it names nothing."""
+    from fleetscope.collectors.source import evidence_source
+    from rules.builtin.lock_contention import _path
+
+    locked = tmp_path / "sessions.jsonl"
+    locked.write_text("")
+    fd_dir = tmp_path / "host" / "proc" / "4242" / "fd"
+    fd_dir.mkdir(parents=True)
+    (fd_dir / "3").symlink_to(locked)
+    holder = FileLock(1, "FLOCK", "WRITE", 4242, "fe:00", locked.stat().st_ino, False, None)
+    assert _path(Scrape(evidence_source(str(tmp_path / "host"), "live")), holder) == \
+        str(locked)
+    (tmp_path / "bare").mkdir()
+    assert _path(Scrape(evidence_source(str(tmp_path / "bare"), "live")), holder) == ""
 
 
 def test_docstring_examples():

@@ -46,12 +46,13 @@ def lock_waits(scrape, pids: set[int] | None) -> list[tuple[object, object]]:
             if row.waiting and (pids is None or row.pid in pids)]
 
 
-def _path(holder) -> str:
-    """The locked file's path on a live node: the holder's fd whose inode it is."""
-    base = f"/proc/{holder.pid}/fd"
+def _path(scrape, holder) -> str:
+    """The locked file's path on a live node, as the node names it: the holder's fd whose
+    inode it is, under the scrape's root (a container's /host too)."""
+    fd_dir = f"proc/{holder.pid}/fd"
     try:
-        fds = os.listdir(base)
-    except OSError:
+        base, fds = scrape.path(fd_dir), scrape.listdir(fd_dir)
+    except NotAvailable:
         return ""
     for fd in fds[:4096]:
         try:
@@ -78,7 +79,7 @@ def enrich(ctx, finding) -> None:
         holder = entries[0][1]
         waiters = [w.pid for w, _ in entries]
         file = f"{entries[0][0].device}:{entries[0][0].inode}"
-        path = _path(holder) if ctx.live and holder is not None else ""
+        path = _path(ctx.last, holder) if ctx.live and holder is not None else ""
         if holder is not None:
             pids.append(holder.pid)
             held = ctx.describe(holder.pid)
