@@ -62,7 +62,7 @@ while time.time() < end:          # a supervisor restarting a worker that dies a
     time.sleep(1.0)
 """
 LOCKED_WORKER = """
-import fcntl, sys, time
+import fcntl, random, sys, time
 end = time.time() + float(sys.argv[2])
 hold = float(sys.argv[3])
 while time.time() < end:          # refresh a shared cache: the compute runs under the lock
@@ -77,7 +77,9 @@ while time.time() < end:          # refresh a shared cache: the compute runs und
         busy = time.time() + 0.1  # four workers keep ~0.8 of the two CPUs busy, not more
         while time.time() < busy:
             sum(i * i for i in range(2000))
-        time.sleep(0.4)
+        # requests arrive apart: started together on one fixed period, the four ran in
+        # step, two waiting for a CPU while two ran (~50 ms/s each), a real harm
+        time.sleep(random.uniform(0.3, 0.5))
 """
 IDLE_POOL = """
 import concurrent.futures, sys, time
