@@ -50,6 +50,7 @@ from fleetscope.core.bundle_format import (
     ASCEND_DRIVER_VERSION,
     ASCEND_FIRMWARE_VERSION,
     CMD,
+    KIB,
     NPU_SMI_INFO,
     NVIDIA_SMI_CSV,
     NVIDIA_SMI_XML,
@@ -59,7 +60,7 @@ from fleetscope.core.exposition import Family, gauge, labels
 from fleetscope.core.named_file import read_named_file
 
 from .agent import _Background, fetch_exposition
-from .base import Collector, NotAvailable, Scrape, configured_but_unread
+from .base import Collector, Evidence, NotAvailable, Scrape, configured_but_unread
 from .parsers import ParseError
 from .parsers.accelerator import MAX_OUTPUT_CHARS, AcceleratorDevice
 from .parsers.accelerator_matrix import MAX_MATRIX_CHARS, MatrixEntry, listed, parse_matrix
@@ -202,6 +203,8 @@ class _ToolRuns:
 
 class AcceleratorCollector(Collector):
     name = "accelerator"
+    evidence = Evidence(once=(ASCEND_DRIVER_VERSION, ASCEND_FIRMWARE_VERSION),
+                        read_limits={"version.info": 64 * KIB})
     # A configured source that failed leaves the same absence: say so, or an unreachable
     # exporter reads as a node without modules.
     missing_hints = ((PREFIX, "no inference module on this node, or no accelerator source "

@@ -16,21 +16,30 @@ from typing import Any, TypeVar
 
 from fleetscope.core.exposition import Family
 
+from .evidence import COLLECTORS, Evidence, Signal
 from .parsers import ParseError
 from .source import EvidenceSource, NotAvailable, RefusedPath, check_relative
 
-__all__ = ["Collector", "NotAvailable", "RefusedPath", "Scrape", "check_relative"]
+__all__ = ["COLLECTORS", "Collector", "Evidence", "NotAvailable", "RefusedPath", "Scrape",
+           "Signal", "check_relative"]
 
 T = TypeVar("T")
 
 
 class Collector:
-    """Base class: subclasses set `name` and implement `collect`."""
+    """Base class: subclasses set `name`, declare their `evidence` and implement `collect`;
+    a subclass that sets a name registers itself in COLLECTORS when its module is imported."""
 
     name = ""
+    evidence = Evidence()
     # (metric-name prefix, why its series are usually absent) for the series this collector
     # writes: the reason a rule that reads them gives when it cannot be evaluated.
     missing_hints: tuple[tuple[str, str], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):  # a shared base (LogEventCollector) names none
+            COLLECTORS.add(cls)
 
     def __init__(self, config: Any):
         self.config = config

@@ -24,9 +24,10 @@ import os
 import threading
 from collections.abc import Iterator
 
+from fleetscope.core.bundle_format import MIB
 from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, Evidence, Scrape
 from .parsers.procfs import CPU_STAT_FIELDS
 from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 
@@ -70,6 +71,9 @@ class CoreInterval:
 
 class CpuCollector(Collector):
     name = "cpu"
+    evidence = Evidence(
+        sampled=("proc/stat",),
+        read_limits={"proc/stat": 8 * MIB})  # a line a CPU: 4,096 CPUs are ~600 KiB
 
     def __init__(self, config):
         super().__init__(config)

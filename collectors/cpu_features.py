@@ -40,7 +40,7 @@ from typing import TypeVar
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .fatal_traps import fatal_trap_families, pool_crash_family
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
@@ -143,6 +143,7 @@ def read_kernel_log(scrape: Scrape, readers: dict[str, Callable[[], T]]) -> tupl
 
 class CpuFeaturesCollector(Collector):
     name = "cpu_features"
+    evidence = Evidence(once=("proc/cpuinfo",))
     missing_hints = (("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),)
 
     def __init__(self, config):

@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log
 from .parsers import ParseError
 from .parsers.kmsg import boot_time, log_clock
@@ -85,6 +86,8 @@ class _LiveLog:
 
 class ForkLimitsCollector(Collector):
     name = "fork_limits"
+    evidence = Evidence(read_limits={"pids.current": 4 * KIB, "pids.max": 4 * KIB,
+                                     "pids.events": 4 * KIB})
 
     def __init__(self, config):
         super().__init__(config)

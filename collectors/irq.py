@@ -42,9 +42,10 @@ import os
 import threading
 from collections.abc import Iterator
 
+from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.interrupts import Interrupts, InterruptsParser, IrqRow
 from .parsers.procfs import CPU_STAT_FIELDS
@@ -70,6 +71,9 @@ def row_kind(row: IrqRow) -> str:
 
 class IrqCollector(Collector):
     name = "irq"
+    evidence = Evidence(
+        sampled=("proc/interrupts", "proc/irq/*/smp_affinity_list"),
+        read_limits={"smp_affinity_list": 64 * KIB})
     missing_hints = (("fleetscope_irq_online_pool",
                       "no online pool in the config, or no process matched it"),)
 

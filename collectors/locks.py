@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, Evidence, Scrape
 from .parsers.locks import parse_proc_locks
 from .processes import pool_processes
 
@@ -29,6 +29,7 @@ LOCKS = "proc/locks"
 
 class LocksCollector(Collector):
     name = "locks"
+    evidence = Evidence(sampled=("proc/locks",))
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with scrape.source(self.name, LOCKS, "the kernel was built without CONFIG_FILE_LOCKING"):

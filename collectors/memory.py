@@ -41,7 +41,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log, read_kmsg
 from .parsers import ParseError
 from .parsers.kmsg import LogClock, log_clock
@@ -141,6 +141,7 @@ def memory_cgroup_dirs(scrape: Scrape, members) -> list[str]:
 
 class MemoryCollector(Collector):
     name = "memory"
+    evidence = Evidence(sampled=("proc/meminfo", "proc/vmstat"))
 
     def __init__(self, config):
         super().__init__(config)

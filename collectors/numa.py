@@ -19,9 +19,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.process import parse_numa_maps
 from .parsers.sysfs import parse_cpulist, parse_distance, parse_node_meminfo, parse_numastat
@@ -36,6 +37,12 @@ MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemUsed", "FilePages", "AnonPages", "S
 
 class NumaCollector(Collector):
     name = "numa"
+    evidence = Evidence(
+        once=("sys/devices/system/node/online", "sys/devices/system/node/node*/cpulist",
+              "sys/devices/system/node/node*/distance", "sys/devices/system/node/node*/meminfo"),
+        sampled=("sys/devices/system/node/node*/numastat",),
+        read_limits={"cpulist": 64 * KIB, "numastat": 64 * KIB, "distance": 64 * KIB,
+                     "meminfo": 64 * KIB})
 
     def __init__(self, config):
         super().__init__(config)

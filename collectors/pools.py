@@ -81,9 +81,10 @@ import threading
 from collections.abc import Hashable, Iterator
 from typing import NamedTuple
 
+from fleetscope.core.bundle_format import KIB, MIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .cgroups import Location, cgroup_mounts, locate, parse_hierarchies
 from .parsers import ParseError, parse_int
 from .parsers.cgroup import (
@@ -364,6 +365,17 @@ POOL_FAMILY_ABSENT = ("pools configured, but none of their processes gave these 
 
 class PoolsCollector(Collector):
     name = "pools"
+    evidence = Evidence(
+        once=("sys/devices/system/cpu/online", "sys/devices/system/cpu/cpu*/topology/*"),
+        sampled=("sys/fs/cgroup/cgroup.controllers",
+                 "proc/sys/net/ipv4/tcp_syn_linear_timeouts"),  # a SYN_SENT wait's age
+        # never "environ": it holds every secret the process was started with
+        per_process=("stat", "status", "schedstat", "cgroup", "cmdline", "limits"),
+        read_limits={"stat": 64 * KIB, "status": 64 * KIB, "schedstat": 4 * KIB,
+                     "cgroup": 64 * KIB, "limits": 64 * KIB, "cmdline": 4 * MIB,
+                     "fd_count": 4 * KIB, "cpu.stat": 64 * KIB, "cpu.max": 4 * KIB,
+                     "cpu.pressure": 4 * KIB, "cpu.cfs_quota_us": 4 * KIB,
+                     "cpu.cfs_period_us": 4 * KIB, "cpuacct.usage": 4 * KIB})
     missing_hints = (
         ("fleetscope_pool_", "no workload pools in the config: add `pools:` to it, each pool "
                              "with the `match:` its processes pass (docs/exporter.md; "

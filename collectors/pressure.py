@@ -17,9 +17,10 @@ import os
 import threading
 from collections.abc import Iterator
 
+from fleetscope.core.bundle_format import KIB, MIB
 from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels, seconds_from_ns
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.procfs import parse_loadavg, parse_pressure, parse_schedstat
 from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
@@ -43,6 +44,12 @@ def elapsed_ticks(scrape: Scrape) -> dict[int, int]:
 
 class PressureCollector(Collector):
     name = "pressure"
+    evidence = Evidence(
+        sampled=("proc/loadavg", "proc/schedstat", "proc/pressure/cpu", "proc/pressure/memory",
+                 "proc/pressure/io", "proc/pressure/irq"),
+        # proc/schedstat has two lines a CPU, and a domain line per CPU and level
+        read_limits={"proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
+                     "proc/schedstat": 16 * MIB})
 
     def __init__(self, config):
         super().__init__(config)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape
 from .parsers import ParseError
 from .parsers.net import (
     parse_default_routes,
@@ -191,6 +191,9 @@ class _PartialRead(Exception):
 
 class RdmaCollector(Collector):
     name = "rdma"
+    evidence = Evidence(
+        sampled=("proc/net/dev", "sys/class/infiniband/*/ports/*/counters/*",
+                 "sys/class/infiniband/*/ports/*/hw_counters/*"))
     missing_hints = (("fleetscope_rdma_", "no RDMA device"),)
 
     @classmethod

@@ -38,8 +38,9 @@ import threading
 import time
 import weakref
 
-from fleetscope.core.bundle_format import DMESG, read_limit, sample_bundle
+from fleetscope.core.bundle_format import DMESG, sample_bundle
 
+from .evidence import COLLECTORS
 from .parsers import ParseError
 
 log = logging.getLogger("fleetscope.collectors")
@@ -146,8 +147,9 @@ class Reader:
     """Reads of one pass under a source's roots (the first root holding a file wins).
 
     A recorded root's files are read only when they are regular files resolving inside the
-    root, and at most `read_limit(relative)` bytes. The roots are resolved when the reader
-    is made, so a root that moves between passes is followed."""
+    root, and at most the read limit its collector declares (collectors/evidence.py). The
+    roots are resolved when the reader is made, so a root that moves between passes is
+    followed."""
 
     def __init__(self, roots: tuple[str, ...]):
         self.roots = roots
@@ -217,8 +219,9 @@ class Reader:
         return fd
 
     def read_text(self, relative: str) -> str:
-        """The text of a file under the roots, e.g. read_text("proc/stat"); past
-        `read_limit(relative)` bytes the file is refused as corrupt (ParseError)."""
+        """The text of a file under the roots, e.g. read_text("proc/stat"); past its
+        declared read limit (collectors/evidence.py) the file is refused as corrupt
+        (ParseError)."""
         check_relative(relative)
         for root in self.roots:
             text = self.read_under(root, relative)
@@ -228,7 +231,7 @@ class Reader:
 
     def read_under(self, root: str, relative: str) -> str | None:
         """read_text under one root; None when the file is not there."""
-        limit = read_limit(relative)
+        limit = COLLECTORS.read_limit(relative)
         data = self._bytes_under(root, relative, limit + 1)
         if data is None:
             return None

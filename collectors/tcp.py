@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, Evidence, Scrape
 from .parsers.net import parse_netstat
 
 SNMP_TCP = ("ActiveOpens", "PassiveOpens", "AttemptFails", "EstabResets", "InSegs", "OutSegs",
@@ -44,6 +44,7 @@ NETSTAT_WANTED = {"TcpExt": frozenset(NETSTAT_TCPEXT),
 
 class TcpCollector(Collector):
     name = "tcp"
+    evidence = Evidence(sampled=("proc/net/netstat", "proc/net/snmp"))
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         tcp = counter(

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, Evidence, Scrape
 from .parsers import ParseError, parse_int
 
 SYSCTLS = (
@@ -48,6 +48,11 @@ def sysctl_path(name: str) -> str:
 
 class TuningCollector(Collector):
     name = "tuning"
+    evidence = Evidence(
+        # the kernel's boot command line (isolcpus, numa_balancing ...) for whoever reads
+        # the bundle; no collector parses it
+        once=("proc/cmdline",),
+        sampled=tuple(sysctl_path(name) for name in SYSCTLS))
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         family = gauge(

@@ -277,11 +277,25 @@ def peer_comparison(health: pd.DataFrame, signals: pd.DataFrame, findings: pd.Da
     return int(sick.sum()), int(peers.sum()), table
 
 
+def titled_signal(name: str) -> str:
+    """A metric family as people read it: the title and unit its collector declares
+    (collectors/evidence.py) before the name, or the name alone."""
+    from fleetscope.collectors import COLLECTORS
+
+    signal = COLLECTORS.signal(name)
+    if signal is None:
+        return name
+    return f"{signal.title} ({name}{', ' + signal.unit if signal.unit else ''})"
+
+
 def not_evaluated_table(not_evaluated: list[dict]) -> pd.DataFrame:
     """The rules a source could not evaluate: rule, what is missing (the reason the engine
-    gave: the metrics and, where known, how to get them)."""
-    return pd.DataFrame([{"rule": item["rule"], "missing": item.get("reason", "")}
-                         for item in not_evaluated], columns=["rule", "missing"])
+    gave: the metrics and, where known, how to get them), and the absent signals titled."""
+    return pd.DataFrame([{"rule": item["rule"], "missing": item.get("reason", ""),
+                          "signals": "; ".join(titled_signal(name)
+                                               for cause in item.get("causes", ())
+                                               for name in cause["signals"])}
+                         for item in not_evaluated], columns=["rule", "missing", "signals"])
 
 
 def _one_rack(pairs: pd.DataFrame, nodes: pd.DataFrame) -> str:

@@ -79,7 +79,9 @@ if snap.not_evaluated:
         st.dataframe(fleet_frames.not_evaluated_table(snap.not_evaluated), hide_index=True,
                      key="not_evaluated", column_config={
                          "rule": st.column_config.TextColumn("rule", width="small"),
-                         "missing": st.column_config.TextColumn("missing", width="large")})
+                         "missing": st.column_config.TextColumn("missing", width="large"),
+                         "signals": st.column_config.TextColumn("absent signals",
+                                                                width="medium")})
 
 st.subheader("Incidents")
 incidents = fleet_frames.incidents(nodes, findings)

@@ -39,13 +39,11 @@ from fleetscope.bundle.commands import CommandOutputs
 from fleetscope.bundle.files import MAX_FILE_BYTES, copy_file, copy_globs
 from fleetscope.bundle.kubernetes import capture_pods
 from fleetscope.bundle.redact import Redactor
-from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.base import COLLECTORS, NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.processes import pool_processes
 from fleetscope.collectors.source import DMESG, EvidenceSource, Reader, RecordingOf
 from fleetscope.core.bundle_format import (
-    ASCEND_DRIVER_VERSION,
-    ASCEND_FIRMWARE_VERSION,
     BUNDLE_FORMAT,
     CMD,
     META,
@@ -58,28 +56,6 @@ from fleetscope.tools.isa_budget import IsaBudget
 
 log = logging.getLogger("fleetscope.bundle")
 
-STATIC_GLOBS = (
-    "proc/cpuinfo", "proc/cmdline",
-    "sys/devices/system/node/online", "sys/devices/system/node/node*/cpulist",
-    "sys/devices/system/node/node*/distance", "sys/devices/system/node/node*/meminfo",
-    "sys/devices/system/cpu/online", "sys/devices/system/cpu/cpu*/topology/*",
-    ASCEND_DRIVER_VERSION, ASCEND_FIRMWARE_VERSION,
-)
-SAMPLE_GLOBS = (
-    "proc/stat", "proc/loadavg", "proc/meminfo", "proc/vmstat", "proc/schedstat",
-    "proc/pressure/cpu", "proc/pressure/memory", "proc/pressure/io", "proc/pressure/irq",
-    "proc/net/dev", "proc/net/netstat", "proc/net/snmp", "proc/interrupts",
-    "proc/irq/*/smp_affinity_list",
-    "proc/sys/net/core/somaxconn", "proc/sys/net/ipv4/tcp_tw_reuse",
-    "proc/sys/net/core/rmem_max", "proc/sys/net/core/wmem_max",
-    "proc/sys/kernel/threads-max", "proc/sys/kernel/pid_max", "proc/sys/vm/max_map_count",
-    "sys/devices/system/node/node*/numastat",
-    "sys/class/infiniband/*/ports/*/counters/*", "sys/class/infiniband/*/ports/*/hw_counters/*",
-    "sys/fs/cgroup/cgroup.controllers", "proc/locks",
-    "proc/sys/net/ipv4/tcp_syn_linear_timeouts",  # the SYN_SENT wait's age (collectors/tasks.py)
-)
-# Never "environ": it holds every secret the process was started with.
-PID_FILES = ("stat", "status", "schedstat", "cgroup", "cmdline", "limits")
 # What the pools collector reads per cgroup directory, v2 and v1 (collectors/cgroups.py).
 CGROUP_FILES = {
     ("cpu", 2): ("cpu.stat", "cpu.pressure", "cpu.max"),
@@ -161,7 +137,9 @@ def _capture_processes(scrape: Scrape, destination: str, config: Config,
         base = f"proc/{pid}"
         if not copy_file(reader, f"{base}/stat", destination):
             continue  # exited
-        for file_name in PID_FILES[1:]:
+        for file_name in COLLECTORS.per_process():
+            if file_name == "stat":
+                continue
             copy_file(reader, f"{base}/{file_name}", destination,
                       redactor.cmdline if file_name == "cmdline" else None)
         try:
@@ -509,7 +487,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
         os.makedirs(bundle_dir, exist_ok=True)
         static = os.path.join(bundle_dir, STATIC)
         static_reader = source.reader()
-        copy_globs(static_reader, STATIC_GLOBS, static)
+        copy_globs(static_reader, COLLECTORS.once(), static)
         capture_cgroup_mounts(static_reader, static)
         count = sample_count(seconds, interval)
         samples = []
@@ -523,7 +501,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
             scrape = Scrape(source, now)  # this sample's reads
-            copy_globs(scrape.reader, SAMPLE_GLOBS, sample_dir)
+            copy_globs(scrape.reader, COLLECTORS.sampled(), sample_dir)
             if os.path.isdir(os.path.join(source.roots[0], "proc")):
                 _capture_processes(scrape, sample_dir, config, redactor)
             commands.sample(sample_dir, interval, scrape.reader)

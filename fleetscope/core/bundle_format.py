@@ -64,36 +64,17 @@ def isa_check_file(binary: str) -> str:
     return f"{CMD}/isa-check-{binary}.json"
 
 
-# The most the kernel (or the tool) writes in a file a collector reads: a bundle file above
-# its limit is refused, not parsed, so a small archive cannot cost gigabytes of RAM. Looked
-# up by relative path, then by the directory, then by file name; everything else gets
-# DEFAULT_READ_LIMIT (large enough for /proc/interrupts or cpuinfo of a 4,096-CPU machine,
-# and for numa_maps as `bundle record` caps it).
+# The most bytes read from a file no collector declares a limit for (collectors/evidence.py:
+# each declares the most the kernel or the tool writes in its files), large enough for
+# /proc/interrupts or cpuinfo of a 4,096-CPU machine, and for numa_maps as `bundle record`
+# caps it: a bundle file above its limit is refused, not parsed, so a small archive cannot
+# cost gigabytes of RAM.
 KIB, MIB = 1024, 1024 * 1024
 DEFAULT_READ_LIMIT = 16 * MIB
-READ_LIMITS = {
-    "proc/stat": 8 * MIB, "proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
-    "stat": 64 * KIB, "status": 64 * KIB, "schedstat": 16 * MIB, "cgroup": 64 * KIB,
-    "limits": 64 * KIB, "cmdline": 4 * MIB, "fd_count": 4 * KIB, "cpulist": 64 * KIB,
-    "numastat": 64 * KIB, "distance": 64 * KIB, "meminfo": 64 * KIB, "cpu.stat": 64 * KIB,
-    "cpu.max": 4 * KIB, "cpu.pressure": 4 * KIB, "smp_affinity_list": 64 * KIB,
-    "cpu.cfs_quota_us": 4 * KIB, "cpu.cfs_period_us": 4 * KIB, "cpuacct.usage": 4 * KIB,
-    "pids.current": 4 * KIB, "pids.max": 4 * KIB, "pids.events": 4 * KIB,
-    "version.info": 64 * KIB,
-}
 # Distinct series of a whole replay: a recorded node gives a few hundred (the rules read
 # per-core and per-pool summaries), an agent runtime some thousands more.
 MAX_SERIES = 100_000
 MAX_META_BYTES = 64 * MIB  # meta.json: a day of samples at 0.1 s is ~35 MB
-
-
-def read_limit(relative: str) -> int:
-    """The most bytes read from `relative` (see READ_LIMITS)."""
-    directory, _, name = relative.rpartition("/")
-    for key in (relative, directory, name):
-        if key in READ_LIMITS:
-            return READ_LIMITS[key]
-    return DEFAULT_READ_LIMIT
 
 
 def load_meta(path: str) -> Any:
