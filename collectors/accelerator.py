@@ -60,7 +60,7 @@ from fleetscope.core.exposition import Family, gauge, labels
 from fleetscope.core.named_file import read_named_file
 
 from .agent import _Background, fetch_exposition
-from .base import Collector, Evidence, NotAvailable, Scrape, configured_but_unread
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal, configured_but_unread
 from .parsers import ParseError
 from .parsers.accelerator import MAX_OUTPUT_CHARS, AcceleratorDevice
 from .parsers.accelerator_matrix import MAX_MATRIX_CHARS, MatrixEntry, listed, parse_matrix
@@ -201,9 +201,25 @@ class _ToolRuns:
         return latest
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal(PREFIX + "healthy", "inference module health (1 healthy)", "check"),
+    Signal(PREFIX + "last_xid", "inference module's last XID", "xid"),
+    Signal(PREFIX + "matrix_listed",
+           "driver/firmware pair listed in the matrix (1 listed)", "check"),
+    Signal(PREFIX + "memory_total_bytes", "inference module memory size", "bytes"),
+    Signal(PREFIX + "memory_used_bytes", "inference module memory used", "bytes"),
+    Signal(PREFIX + "utilization_ratio", "inference module utilisation", "ratio"),
+    Signal(PREFIX + "ecc_uncorrected_errors",
+           "uncorrected ECC errors of an inference module", "errors"),
+    Signal(PREFIX + "error_codes", "error codes an Ascend module raises now", "error codes"),
+)
+
+
 class AcceleratorCollector(Collector):
     name = "accelerator"
-    evidence = Evidence(once=(ASCEND_DRIVER_VERSION, ASCEND_FIRMWARE_VERSION),
+    evidence = Evidence(signals=SIGNALS,
+                        once=(ASCEND_DRIVER_VERSION, ASCEND_FIRMWARE_VERSION),
                         read_limits={"version.info": 64 * KIB})
     # A configured source that failed leaves the same absence: say so, or an unreachable
     # exporter reads as a node without modules.

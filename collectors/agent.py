@@ -69,7 +69,7 @@ from fleetscope.core.exposition import (
     render,
 )
 
-from .base import Collector, NotAvailable, Scrape, configured_but_unread
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal, configured_but_unread
 from .parsers import ParseError
 from .source import LiveHost
 
@@ -448,6 +448,15 @@ def _redis_client(url: str, timeout: float) -> Any:
 
 class AgentCollector(Collector):
     name = "agent"
+    # the runtime's schema titles its families: its HELP as a phrase, its unit as UCUM
+    # writes it ("{session}": sessions)
+    evidence = Evidence(
+        described=((AGENT_PROM, "agent runtime metrics"),),
+        signals=tuple(Signal(metric.name, metric.help[:1].lower() + metric.help[1:].rstrip("."),
+                             metric.unit.strip("{}") + ("s" if metric.unit[:1] == "{" else ""))
+                      for metric in schema.METRICS)
+        + (Signal(schema.GENAI_OPERATION_DURATION, "GenAI client operation duration",
+                  "s"),))
     missing_hints = (("agent_", "no agent runtime metrics: set agent_metrics_url / redis_queues "
                                 "(a bundle carries them as agent.prom)"),
                      (MODULE_QUEUE_FAMILY, "the agent runtime reports no module-side queue "

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from fleetscope.core.bundle_format import MIB
 from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels
 
-from .base import Collector, Evidence, Scrape
+from .base import Collector, Evidence, Scrape, Signal
 from .parsers.procfs import CPU_STAT_FIELDS
-from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
+from .shared import NODE_DIR, PROC_STAT, numa_node_of_cpus, proc_stat
 
 MODES = CPU_STAT_FIELDS[:8]  # user .. steal: they add up to the CPU's wall time
 IDLE, IOWAIT, STEAL, GUEST, GUEST_NICE = 3, 4, 7, 8, 9
@@ -69,11 +69,23 @@ class CoreInterval:
         return cls(seconds, busy, steal) if busy else None
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_cpu_core_busy_ratio", "cores' busy share (distribution)", "ratio"),
+    Signal("fleetscope_cpu_core_steal_ratio", "cores' steal share (distribution)", "ratio"),
+    Signal("fleetscope_cpu_numa_node_cpus", "online CPUs of a NUMA node", "cpus"),
+    Signal("fleetscope_cpu_numa_node_seconds_total",
+           "CPU time of a NUMA node's CPUs, by mode", "s"),
+    Signal("fleetscope_cpu_saturated_cores", "saturated cores", "cores"),
+)
+
+
 class CpuCollector(Collector):
     name = "cpu"
-    evidence = Evidence(
-        sampled=("proc/stat",),
-        read_limits={"proc/stat": 8 * MIB})  # a line a CPU: 4,096 CPUs are ~600 KiB
+    evidence = Evidence(signals=SIGNALS,
+
+        sampled=(PROC_STAT,), described=((PROC_STAT, "per-core CPU time"),),
+        read_limits={PROC_STAT: 8 * MIB})  # a line a CPU: 4,096 CPUs are ~600 KiB
 
     def __init__(self, config):
         super().__init__(config)

@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
+from fleetscope.core.units import TIME_UNIT
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .fatal_traps import fatal_trap_families, pool_crash_family
 from .parsers import ParseError
 from .parsers.cpuinfo import CpuInfo, CpuModel, parse_cpuinfo, psabi_level, psabi_level_name
@@ -58,6 +59,7 @@ from .source import DMESG, KMSG
 T = TypeVar("T")
 MAX_BINARIES = 50
 MAX_VARIANTS = 16  # distinct CPU variants exported; more than this is not a real machine
+CPUINFO = "proc/cpuinfo"
 CPUINFO_MEMO = "proc/cpuinfo:CpuInfo"  # the parsed record, shared with any other reader
 EXCEPTION_TRACE = "proc/sys/debug/exception-trace"
 KMSG_HINT = (
@@ -141,9 +143,27 @@ def read_kernel_log(scrape: Scrape, readers: dict[str, Callable[[], T]]) -> tupl
     raise NotAvailable(f"{'; '.join(missing)}: {KMSG_HINT}")
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_fatal_trap_crashes_total",
+           "processes killed by a fatal trap (not SIGILL)", "crashes"),
+    Signal("fleetscope_fatal_trap_last_crash_timestamp_seconds",
+           "latest fatal trap of a binary", TIME_UNIT),
+    Signal("fleetscope_pool_fatal_trap_last_crash_timestamp_seconds",
+           "latest fatal trap of a pool's binary", TIME_UNIT),
+    Signal("fleetscope_pool_sigill_last_crash_timestamp_seconds",
+           "latest SIGILL of a pool's binary", TIME_UNIT),
+    Signal("fleetscope_sigill_crashes_total",
+           "processes killed by SIGILL (illegal instruction)", "crashes"),
+    Signal("fleetscope_sigill_last_crash_timestamp_seconds",
+           "latest SIGILL of a binary", TIME_UNIT),
+)
+
+
 class CpuFeaturesCollector(Collector):
     name = "cpu_features"
-    evidence = Evidence(once=("proc/cpuinfo",))
+    evidence = Evidence(signals=SIGNALS,
+                        once=(CPUINFO,))
     missing_hints = (("fleetscope_sigill_", "kernel log not readable (dmesg / /dev/kmsg)"),)
 
     def __init__(self, config):
@@ -177,7 +197,7 @@ class CpuFeaturesCollector(Collector):
             kmsg.close()
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        with scrape.source(self.name, "proc/cpuinfo"):
+        with scrape.source(self.name, CPUINFO):
             info = scrape.memo(CPUINFO_MEMO, lambda: self._parse_cpuinfo(scrape))
             yield from self._cpu(info)
         yield from self._sigill(scrape)
@@ -193,7 +213,7 @@ class CpuFeaturesCollector(Collector):
     # -- /proc/cpuinfo ---------------------------------------------------------------------
 
     def _parse_cpuinfo(self, scrape: Scrape) -> CpuInfo:
-        text = scrape.read_text("proc/cpuinfo")
+        text = scrape.read_text(CPUINFO)
         cached = self._cpuinfo
         if cached is not None and cached[0] == text:
             return cached[1]

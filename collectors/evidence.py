@@ -28,6 +28,8 @@ from typing import Any
 
 from fleetscope.core.bundle_format import DEFAULT_READ_LIMIT
 
+HISTOGRAM_SERIES = ("_bucket", "_count", "_sum")
+
 
 @dataclass(frozen=True)
 class Signal:
@@ -49,6 +51,7 @@ class Evidence:
     read_limits  the most bytes the kernel (or the tool) writes in a file, by relative path,
                  directory or file name: more in a bundle is refused, not parsed
     signals      the metric families it writes, titled for people
+    described    (path, what it is evidence for): the parts `bundle show` says a bundle has
     """
 
     once: tuple[str, ...] = ()
@@ -56,6 +59,7 @@ class Evidence:
     per_process: tuple[str, ...] = ()
     read_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     signals: tuple[Signal, ...] = ()
+    described: tuple[tuple[str, str], ...] = ()
 
 
 class CollectorRegistry(dict):
@@ -108,6 +112,9 @@ class CollectorRegistry(dict):
     def per_process(self) -> tuple[str, ...]:
         return self._merged("per_process")
 
+    def described(self) -> tuple[tuple[str, str], ...]:
+        return self._merged("described")
+
     def read_limit(self, relative: str) -> int:
         """The most bytes read from `relative`: a collector's declared limit (by relative
         path, then its directory, then its file name), else the bundle format's default."""
@@ -125,11 +132,14 @@ class CollectorRegistry(dict):
         return DEFAULT_READ_LIMIT
 
     def signal(self, name: str) -> Signal | None:
-        """The declared signal `name` (a metric family), or None."""
-        for collector in self.values():
-            for signal in collector.evidence.signals:
-                if signal.name == name:
-                    return signal
+        """The declared signal `name` (a metric family; a histogram's _bucket, _count and
+        _sum series are its family's), or None."""
+        for family in (name, *(name.removesuffix(suffix) for suffix in HISTOGRAM_SERIES
+                               if name.endswith(suffix))):
+            for collector in self.values():
+                for signal in collector.evidence.signals:
+                    if signal.name == family:
+                        return signal
         return None
 
 

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 
 from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
+from fleetscope.core.units import TIME_UNIT
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log
 from .parsers import ParseError
 from .parsers.kmsg import boot_time, log_clock
@@ -84,9 +85,19 @@ class _LiveLog:
     __del__ = close
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_pids_fork_rejected_cgroup_exists",
+           "fork-rejecting cgroup still exists (1 yes)", "check"),
+    Signal("fleetscope_pids_fork_rejected_last_timestamp_seconds",
+           "latest fork rejected by a cgroup's pids.max", TIME_UNIT),
+)
+
+
 class ForkLimitsCollector(Collector):
     name = "fork_limits"
-    evidence = Evidence(read_limits={"pids.current": 4 * KIB, "pids.max": 4 * KIB,
+    evidence = Evidence(signals=SIGNALS,
+                        read_limits={"pids.current": 4 * KIB, "pids.max": 4 * KIB,
                                      "pids.events": 4 * KIB})
 
     def __init__(self, config):

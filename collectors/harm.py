@@ -15,13 +15,20 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, Scrape
+from .base import Collector, Evidence, Scrape, Signal
 
 TARGET = "fleetscope_harm_target"
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal(TARGET, "harm target of a workload signal", ""),
+)
+
+
 class HarmCollector(Collector):
     name = "harm"
+    evidence = Evidence(signals=SIGNALS)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         family = gauge(TARGET, "Where a workload signal starts to hurt (config harm_targets), "

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.interrupts import Interrupts, InterruptsParser, IrqRow
 from .parsers.procfs import CPU_STAT_FIELDS
@@ -56,6 +56,7 @@ from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
 
 KINDS = ("device", "local")
 IRQ, SOFTIRQ = CPU_STAT_FIELDS.index("irq"), CPU_STAT_FIELDS.index("softirq")
+INTERRUPTS = "proc/interrupts"
 WRAP = 1 << 32  # kstat_irqs are unsigned int per CPU
 AFFINITY_REFRESH_SECONDS = 30.0  # longest a device IRQ's cached affinity mask is served
 
@@ -69,10 +70,24 @@ def row_kind(row: IrqRow) -> str:
     return "device"
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_irq_online_pool_cpus", "CPUs the online pool may run on", "cpus"),
+    Signal("fleetscope_irq_online_pool_device_interrupts_total",
+           "device interrupts on the online pool's CPUs", "interrupts"),
+    Signal("fleetscope_irq_online_pool_irq_seconds_total",
+           "interrupt time on the online pool's CPUs", "s"),
+    Signal("fleetscope_irq_online_pool_overlap_cpus",
+           "online pool CPUs that device IRQs target", "cpus"),
+)
+
+
 class IrqCollector(Collector):
     name = "irq"
-    evidence = Evidence(
-        sampled=("proc/interrupts", "proc/irq/*/smp_affinity_list"),
+    evidence = Evidence(signals=SIGNALS,
+
+        sampled=(INTERRUPTS, "proc/irq/*/smp_affinity_list"),
+        described=((INTERRUPTS, "interrupts"),),
         read_limits={"smp_affinity_list": 64 * KIB})
     missing_hints = (("fleetscope_irq_online_pool",
                       "no online pool in the config, or no process matched it"),)
@@ -95,7 +110,7 @@ class IrqCollector(Collector):
         self._irq_ticks: dict[int, int] = {}  # cpu -> irq+softirq ticks at the last scrape
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
-        parsed = self._parser.parse(scrape.read_text("proc/interrupts"))  # the required source
+        parsed = self._parser.parse(scrape.read_text(INTERRUPTS))  # the required source
         pool_cpus = self._online_pool_cpus(scrape, parsed.cpus)
         affinity = self._device_affinity(scrape, parsed)
         with self._lock:  # the running totals advance in reading order

@@ -25,8 +25,9 @@ import threading
 from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
+from fleetscope.core.units import TIME_UNIT
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .cpu_features import DMESG, KMSG, read_kernel_log
 from .fork_limits import _LiveLog
 from .parsers import ParseError
@@ -54,8 +55,22 @@ class _Tally:
                 self.stuck[stall.kind] = stall.stuck
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_kernel_stall_last_stuck_seconds",
+           "how long the latest stalled task or CPU was stuck", "s"),
+    Signal("fleetscope_kernel_stall_last_timestamp_seconds",
+           "latest kernel stall report", TIME_UNIT),
+    Signal("fleetscope_kernel_stall_previous_timestamp_seconds",
+           "kernel stall report before the latest", TIME_UNIT),
+    Signal("fleetscope_kernel_stall_reports_total",
+           "kernel stall reports (hung task, soft lockup)", "reports"),
+)
+
+
 class KernelStallsCollector(Collector):
     name = "kernel_stalls"
+    evidence = Evidence(signals=SIGNALS)
 
     def __init__(self, config):
         super().__init__(config)

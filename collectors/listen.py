@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.listen import (
     Listener,
@@ -111,8 +111,18 @@ def socket_owners(scrape: Scrape, inodes: set[int]) -> dict[int, list[int]]:
     return owners
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_tcp_listen_backlog_connections",
+           "listening socket's accept-queue bound", "connections"),
+    Signal("fleetscope_tcp_listen_queue_connections",
+           "connections waiting in a listening socket's accept queue", "connections"),
+)
+
+
 class ListenCollector(Collector):
     name = "listen"
+    evidence = Evidence(signals=SIGNALS)
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         queue = gauge("fleetscope_tcp_listen_queue_connections",

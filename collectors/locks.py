@@ -20,16 +20,24 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, Evidence, Scrape
+from .base import Collector, Evidence, Scrape, Signal
 from .parsers.locks import parse_proc_locks
 from .processes import pool_processes
 
 LOCKS = "proc/locks"
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_pool_file_lock_waiters",
+           "pool processes waiting for a file lock", "processes"),
+)
+
+
 class LocksCollector(Collector):
     name = "locks"
-    evidence = Evidence(sampled=("proc/locks",))
+    evidence = Evidence(signals=SIGNALS,
+                        sampled=(LOCKS,))
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         with scrape.source(self.name, LOCKS, "the kernel was built without CONFIG_FILE_LOCKING"):

@@ -40,8 +40,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
+from fleetscope.core.units import TIME_UNIT
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .cpu_features import DMESG, KMSG, _Kmsg, read_kernel_log, read_kmsg
 from .parsers import ParseError
 from .parsers.kmsg import LogClock, log_clock
@@ -139,9 +140,34 @@ def memory_cgroup_dirs(scrape: Scrape, members) -> list[str]:
     return sorted(found)
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_memory_allocation_stalls_total",
+           "allocations stalled in direct reclaim", "stalls"),
+    Signal("fleetscope_memory_reclaim_scanned_pages_total", "pages scanned for reclaim", "pages"),
+    Signal("fleetscope_oom_kill_existing_cgroup_last_timestamp_seconds",
+           "latest OOM kill in a cgroup that still exists", TIME_UNIT),
+    Signal("fleetscope_oom_kill_last_timestamp_seconds",
+           "latest OOM kill in the kernel log", TIME_UNIT),
+    Signal("fleetscope_oom_kills_logged_total", "OOM kills the kernel logged", "kills"),
+    Signal("fleetscope_pool_memory_high_events_total",
+           "times a pool's cgroups went over memory.high", "events"),
+    Signal("fleetscope_pool_memory_limit_hits_total",
+           "times a pool's memory cgroups hit their limit", "hits"),
+    Signal("fleetscope_pool_memory_oom_kills_total",
+           "OOM kills in a pool's memory cgroups", "kills"),
+    Signal("fleetscope_pool_memory_usage_ratio",
+           "a pool's fullest memory cgroup, usage over limit", "ratio"),
+    Signal("fleetscope_pool_oom_kill_last_timestamp_seconds",
+           "latest OOM kill in a pool's memory cgroups", TIME_UNIT),
+    Signal("fleetscope_vmstat_oom_kills_total", "OOM kills since boot (/proc/vmstat)", "kills"),
+)
+
+
 class MemoryCollector(Collector):
     name = "memory"
-    evidence = Evidence(sampled=("proc/meminfo", "proc/vmstat"))
+    evidence = Evidence(signals=SIGNALS,
+                        sampled=("proc/meminfo", "proc/vmstat"))
 
     def __init__(self, config):
         super().__init__(config)

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.net import parse_ethtool_stats
 from .rdma import NET_DIR, rdma_ports
@@ -126,8 +126,15 @@ def run_ethtool(host: EvidenceSource, interfaces: list[str], timeout: float
             for iface, out in outputs.items()}
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_nic_pfc_pause_frames_total", "PFC pause frames, by priority", "frames"),
+)
+
+
 class NicCollector(Collector):
     name = "nic"
+    evidence = Evidence(signals=SIGNALS)
     missing_hints = (("fleetscope_nic_pfc", "no PFC counters: no ethtool -S output for a RoCE "
                                             "NIC"),)
 

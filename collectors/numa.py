@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from fleetscope.core.bundle_format import KIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.process import parse_numa_maps
 from .parsers.sysfs import parse_cpulist, parse_distance, parse_node_meminfo, parse_numastat
@@ -35,12 +35,22 @@ MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemUsed", "FilePages", "AnonPages", "S
 
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_numastat_pages_total", "NUMA allocation outcomes per node", "pages"),
+    Signal("fleetscope_pool_numa_remote_memory_ratio",
+           "share of a pool's memory on remote NUMA nodes", "ratio"),
+)
+
+
 class NumaCollector(Collector):
     name = "numa"
-    evidence = Evidence(
+    evidence = Evidence(signals=SIGNALS,
+
         once=("sys/devices/system/node/online", "sys/devices/system/node/node*/cpulist",
               "sys/devices/system/node/node*/distance", "sys/devices/system/node/node*/meminfo"),
         sampled=("sys/devices/system/node/node*/numastat",),
+        described=((NODE_DIR, "NUMA counters"),),
         read_limits={"cpulist": 64 * KIB, "numastat": 64 * KIB, "distance": 64 * KIB,
                      "meminfo": 64 * KIB})
 

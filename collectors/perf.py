@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.perf import (
     NOT_SUPPORTED,
@@ -533,8 +533,20 @@ class _Live:
     sampler: PerfSampler | None = None
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_instructions_per_cycle", "instructions per cycle", "ipc"),
+    Signal("fleetscope_llc_miss_ratio", "last-level cache miss ratio", "ratio"),
+    Signal("fleetscope_memory_bandwidth_bytes_per_second", "DRAM bandwidth per socket", "bytes/s"),
+    Signal("fleetscope_memory_bandwidth_utilization_ratio",
+           "DRAM bandwidth over the platform peak", "ratio"),
+)
+
+
 class PerfCollector(Collector):
     name = "perf"
+    evidence = Evidence(signals=SIGNALS,
+                        described=((RECORDED_CSV, "perf memory bandwidth / L3"),))
     missing_hints = (
         ("fleetscope_memory_bandwidth", "perf cannot count memory traffic here: no uncore PMU "
                                         "access (VM, perf_event_paranoid) or perf missing"),

@@ -84,7 +84,7 @@ from typing import NamedTuple
 from fleetscope.core.bundle_format import KIB, MIB
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .cgroups import Location, cgroup_mounts, locate, parse_hierarchies
 from .parsers import ParseError, parse_int
 from .parsers.cgroup import (
@@ -121,6 +121,7 @@ from .tasks import (
 )
 
 CPU_DIR = "sys/devices/system/cpu"
+CPU_ONLINE = f"{CPU_DIR}/online"
 CGROUP_DIR = "sys/fs/cgroup"
 # A process that left a pool is remembered this long in case a racing listing missed it.
 GONE_TTL_SECONDS = 600.0
@@ -363,10 +364,58 @@ POOL_FAMILY_ABSENT = ("pools configured, but none of their processes gave these 
                       "`collectors:`)")
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_pool_blocked_network_threads",
+           "pool threads blocked on the network", "threads"),
+    Signal("fleetscope_pool_network_wait_longest_seconds", "a pool's longest network wait", "s"),
+    Signal("fleetscope_pool_cgroup_cpu_periods_total",
+           "CPU quota periods of a pool's cgroups", "periods"),
+    Signal("fleetscope_pool_cgroup_cpu_pressure_stall_seconds_total",
+           "CPU pressure stall of a pool's cgroups", "s"),
+    Signal("fleetscope_pool_cgroup_cpu_quota_cpus", "CPU limit of a pool's cgroups", "cpus"),
+    Signal("fleetscope_pool_cgroup_cpu_throttled_periods_total",
+           "throttled periods of a pool's cgroups", "periods"),
+    Signal("fleetscope_pool_cgroup_cpu_throttled_seconds_total",
+           "time a pool's cgroups were throttled", "s"),
+    Signal("fleetscope_pool_cgroup_cpu_usage_seconds_total", "CPU time of a pool's cgroups", "s"),
+    Signal("fleetscope_pool_cgroup_pids_current", "tasks in a pool's fullest pids cgroup", "tasks"),
+    Signal("fleetscope_pool_cgroup_pids_limit",
+           "pids.max of a pool's fullest pids cgroup", "tasks"),
+    Signal("fleetscope_pool_cgroup_pids_limit_hits_total",
+           "forks refused by a pool cgroup's pids.max", "forks"),
+    Signal("fleetscope_pool_cgroup_pids_usage_ratio",
+           "a pool's fullest pids cgroup, tasks over limit", "ratio"),
+    Signal("fleetscope_pool_connections_retransmitting",
+           "pool sockets with a retransmission outstanding", "connections"),
+    Signal("fleetscope_pool_connections_waiting",
+           "connections waiting for a pool's processes", "connections"),
+    Signal("fleetscope_pool_context_switches_total",
+           "context switches of a pool's threads", "switches"),
+    Signal("fleetscope_pool_cpu_seconds_total", "CPU time of a pool's processes", "s"),
+    Signal("fleetscope_pool_fd_usage_limit_fds", "fd limit of a pool's fullest process", "fds"),
+    Signal("fleetscope_pool_fd_usage_open_fds", "open fds of a pool's fullest process", "fds"),
+    Signal("fleetscope_pool_fd_usage_ratio",
+           "a pool's fullest process, open fds over limit", "ratio"),
+    Signal("fleetscope_pool_nproc_limit", "lowest RLIMIT_NPROC of a pool's processes", "tasks"),
+    Signal("fleetscope_pool_process_starts_total", "processes that joined a pool", "processes"),
+    Signal("fleetscope_pool_processes", "processes in a pool", "processes"),
+    Signal("fleetscope_pool_run_delay_seconds_total",
+           "run-queue wait of a pool's main threads", "s"),
+    Signal("fleetscope_pool_runnable_threads", "runnable threads of a pool", "threads"),
+    Signal("fleetscope_pool_thread_run_delay_seconds_total",
+           "run-queue wait of a pool's threads", "s"),
+    Signal("fleetscope_pool_threads", "threads of a pool's processes", "threads"),
+    Signal("fleetscope_pool_threads_per_core", "a pool's threads per physical core", "threads"),
+    Signal("fleetscope_pool_threads_read", "pool threads read this scrape", "threads"),
+)
+
+
 class PoolsCollector(Collector):
     name = "pools"
-    evidence = Evidence(
-        once=("sys/devices/system/cpu/online", "sys/devices/system/cpu/cpu*/topology/*"),
+    evidence = Evidence(signals=SIGNALS,
+
+        once=(CPU_ONLINE, f"{CPU_DIR}/cpu*/topology/*"),
         sampled=("sys/fs/cgroup/cgroup.controllers",
                  "proc/sys/net/ipv4/tcp_syn_linear_timeouts"),  # a SYN_SENT wait's age
         # never "environ": it holds every secret the process was started with
@@ -857,7 +906,7 @@ class PoolsCollector(Collector):
         does not change while it is online, and reading it costs three files per CPU (some
         6 ms a scrape on 256 CPUs)."""
         try:
-            key: tuple | None = (scrape.roots, scrape.read_text(f"{CPU_DIR}/online"))
+            key: tuple | None = (scrape.roots, scrape.read_text(CPU_ONLINE))
         except NotAvailable:
             key = None
         cached = self._cores

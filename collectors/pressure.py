@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from fleetscope.core.bundle_format import KIB, MIB
 from fleetscope.core.exposition import Family, LabelSet, counter, gauge, labels, seconds_from_ns
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.procfs import parse_loadavg, parse_pressure, parse_schedstat
 from .shared import NODE_DIR, numa_node_of_cpus, proc_stat
@@ -42,12 +42,25 @@ def elapsed_ticks(scrape: Scrape) -> dict[int, int]:
         return {}
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_pressure_stall_seconds_total",
+           "pressure stall time (PSI), by resource", "s"),
+    Signal("fleetscope_procs_running", "runnable tasks", "tasks"),
+    Signal("fleetscope_schedstat_core_waiting_ratio",
+           "run-queue wait per CPU (distribution)", "s/s"),
+    Signal("fleetscope_threads", "threads on the node", "threads"),
+)
+
+
 class PressureCollector(Collector):
     name = "pressure"
-    evidence = Evidence(
+    evidence = Evidence(signals=SIGNALS,
+
         sampled=("proc/loadavg", "proc/schedstat", "proc/pressure/cpu", "proc/pressure/memory",
                  "proc/pressure/io", "proc/pressure/irq"),
         # proc/schedstat has two lines a CPU, and a domain line per CPU and level
+        described=(("proc/schedstat", "run-queue delay"), ("proc/pressure/cpu", "PSI")),
         read_limits={"proc/loadavg": 4 * KIB, "proc/pressure": 4 * KIB,
                      "proc/schedstat": 16 * MIB})
 

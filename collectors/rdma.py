@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Evidence, NotAvailable, Scrape
+from .base import Collector, Evidence, NotAvailable, Scrape, Signal
 from .parsers import ParseError
 from .parsers.net import (
     parse_default_routes,
@@ -189,11 +189,23 @@ class _PartialRead(Exception):
         self.error = error
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_rdma_hw_stats_total", "RDMA port driver counters (ECN, CNP)", ""),
+)
+
+
 class RdmaCollector(Collector):
     name = "rdma"
-    evidence = Evidence(
-        sampled=("proc/net/dev", "sys/class/infiniband/*/ports/*/counters/*",
-                 "sys/class/infiniband/*/ports/*/hw_counters/*"))
+    evidence = Evidence(signals=SIGNALS,
+
+        sampled=("proc/net/dev", f"{IB_DIR}/*/ports/*/counters/*",
+                 f"{IB_DIR}/*/ports/*/hw_counters/*",
+                 # the RDMA-to-netdev mapping and the routes that tell the planes apart
+                 f"{IB_DIR}/*/device/net/*/dev_port", f"{IB_DIR}/*/ports/*/state",
+                 f"{IB_DIR}/*/ports/*/link_layer", f"{IB_DIR}/*/ports/*/gid_attrs/ndevs/*",
+                 f"{NET_DIR}/*/upper_*", "proc/net/route", "proc/net/ipv6_route"),
+        described=((IB_DIR, "RDMA counters"),))
     missing_hints = (("fleetscope_rdma_", "no RDMA device"),)
 
     @classmethod

@@ -12,10 +12,22 @@ from .parsers.procfs import ProcStat, parse_proc_stat
 from .parsers.sysfs import parse_cpulist
 
 NODE_DIR = "sys/devices/system/node"
+PROC_STAT = "proc/stat"
+
+
+def process_dir(pid: int | str) -> str:
+    """proc/<pid>, relative to the root."""
+    return f"proc/{pid}"
+
+
+def process_file(pid: int | str, name: str) -> str:
+    """proc/<pid>/<name>, relative to the root: a file of one process (`name` one the
+    collectors declare per process, or a directory such as fd)."""
+    return f"{process_dir(pid)}/{name}"
 
 
 def proc_stat(scrape: Scrape) -> ProcStat:
-    return scrape.memo("proc/stat", lambda: parse_proc_stat(scrape.read_text("proc/stat")))
+    return scrape.memo(PROC_STAT, lambda: parse_proc_stat(scrape.read_text(PROC_STAT)))
 
 
 def _read_numa_nodes(scrape: Scrape) -> dict[int, list[int]]:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
+from .base import Evidence, Signal
 from .log_events import LogEventCollector, LogTally
 from .parsers.syn_flood import syn_floods
 
@@ -29,8 +30,16 @@ MAX_PORTS = 20
 PREFIX = "fleetscope_tcp_syn_flood_"
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_tcp_syn_flood_notices_total",
+           "SYN flood notices in the kernel log", "notices"),
+)
+
+
 class SynFloodCollector(LogEventCollector):
     name = "syn_flood"
+    evidence = Evidence(signals=SIGNALS)
     missing_hints = ((PREFIX, "no 'Possible SYN flooding' line in the kernel log (or the "
                               "kernel log is not readable)"),)
 

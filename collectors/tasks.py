@@ -89,6 +89,8 @@ NETLINK_SOCK_DIAG = 4  # include/uapi/linux/netlink.h
 # A poll() interrupted by a signal or a ptrace stop (py-spy) resumes as restart_syscall with
 # the original arguments still in the registers; the kernel function it sleeps in
 # (poll_schedule_timeout, do_sys_poll) says it is a poll.
+OWN_NETWORK_NAMESPACE = "proc/self/ns/net"  # the reader's, beside a process's
+NETWORK_TABLES = "proc/net"  # the TCP tables of the reader's network namespace
 RESTART = "restart_syscall"
 # A thread asleep in futex(2): a mutex, semaphore or condition variable (the kernel cannot
 # tell a lock from a wait for work; the pools collector counts those that keep running).
@@ -297,7 +299,7 @@ def tcp_idle_ms(local: str, peer: str) -> int | None:
 def _same_network_namespace(scrape: Scrape, pid: int) -> bool:
     def own() -> str:
         try:
-            return os.readlink(scrape.path("proc/self/ns/net"))
+            return os.readlink(scrape.path(OWN_NETWORK_NAMESPACE))
         except OSError:
             return ""
     mine = scrape.memo("tasks:own_netns", own)
@@ -362,7 +364,7 @@ def tcp_tables(scrape: Scrape, pid: int,
     def read() -> tuple[tuple[str, str], ...]:
         tables, found = [], False
         for name, counts, protocol in (("tcp", "sockstat", "TCP"), ("tcp6", "sockstat6", "TCP6")):
-            for directory in (f"proc/{pid}/net", "proc/net"):
+            for directory in (f"proc/{pid}/net", NETWORK_TABLES):
                 if _no_sockets(scrape, f"{directory}/{counts}", protocol):
                     found = True  # an empty table, and its walk spared
                     break

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
 
-from .base import Collector, Evidence, Scrape
+from .base import Collector, Evidence, Scrape, Signal
 from .parsers.net import parse_netstat
 
 SNMP_TCP = ("ActiveOpens", "PassiveOpens", "AttemptFails", "EstabResets", "InSegs", "OutSegs",
@@ -42,9 +42,17 @@ NETSTAT_WANTED = {"TcpExt": frozenset(NETSTAT_TCPEXT),
                   "IpExt": frozenset(name for name, _ in ECN_CODEPOINTS)}
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_tcp_stats_total", "TCP counters, by kernel name", ""),
+)
+
+
 class TcpCollector(Collector):
     name = "tcp"
-    evidence = Evidence(sampled=("proc/net/netstat", "proc/net/snmp"))
+    evidence = Evidence(signals=SIGNALS,
+                        sampled=("proc/net/netstat", "proc/net/snmp"),
+                        described=(("proc/net/netstat", "TCP counters"),))
 
     def collect(self, scrape: Scrape) -> Iterator[Family]:
         tcp = counter(

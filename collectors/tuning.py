@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, gauge, labels
 
-from .base import Collector, Evidence, Scrape
+from .base import Collector, Evidence, Scrape, Signal
 from .parsers import ParseError, parse_int
 
 SYSCTLS = (
@@ -46,9 +46,16 @@ def sysctl_path(name: str) -> str:
     return "proc/sys/" + name.replace(".", "/")
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_sysctl", "kernel settings, by sysctl name", ""),
+)
+
+
 class TuningCollector(Collector):
     name = "tuning"
-    evidence = Evidence(
+    evidence = Evidence(signals=SIGNALS,
+
         # the kernel's boot command line (isolcpus, numa_balancing ...) for whoever reads
         # the bundle; no collector parses it
         once=("proc/cmdline",),

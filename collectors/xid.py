@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fleetscope.core.exposition import Family, counter, gauge, labels
+from fleetscope.core.units import TIME_UNIT
 
+from .base import Evidence, Signal
 from .log_events import LogEventCollector, LogTally
 from .parsers.xid import xid_errors
 
@@ -27,8 +29,18 @@ MAX_SERIES = 64  # eight GPUs with a few codes each, and room
 PREFIX = "fleetscope_accelerator_xid_"
 
 
+# The families the rules read, titled for people (the console names absent ones so).
+SIGNALS = (
+    Signal("fleetscope_accelerator_xid_errors_total",
+           "NVIDIA Xid errors in the kernel log", "errors"),
+    Signal("fleetscope_accelerator_xid_last_timestamp_seconds",
+           "latest Xid error of a GPU and code", TIME_UNIT),
+)
+
+
 class XidCollector(LogEventCollector):
     name = "xid"
+    evidence = Evidence(signals=SIGNALS)
     missing_hints = ((PREFIX, "no NVRM Xid line in the kernel log (no NVIDIA GPU, none has "
                               "reported an error, or the kernel log is not readable)"),)
 

@@ -20,11 +20,14 @@ import os
 
 from fleetscope.collectors import pods
 from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.cpu_features import CPUINFO
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
 from fleetscope.collectors.parsers.procfs import parse_proc_stat
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
+from fleetscope.collectors.pools import CPU_ONLINE
 from fleetscope.collectors.processes import pool_processes, program_name
+from fleetscope.collectors.shared import PROC_STAT, process_file
 from fleetscope.collectors.source import DMESG, KMSG, EvidenceSource
 from fleetscope.core.bundle_format import isa_check_file
 from fleetscope.core.config import Config
@@ -82,7 +85,7 @@ class Enricher:
         times before sampling (a bundle has its first sample for that)."""
         self._offline_before = self._offline_cpu(self.first)
         self._cpu_before = self._process_cpu(self.first)
-        self._stat_before = _read(self.first, "proc/stat", parse_proc_stat)
+        self._stat_before = _read(self.first, PROC_STAT, parse_proc_stat)
         import time
 
         # Network waits are tracked from here: the live node's samples start now.
@@ -109,7 +112,7 @@ class Enricher:
             yield process
 
     def _offline_cpu(self, scrape: Scrape) -> dict:
-        return {p.pid: _read(scrape, f"proc/{p.pid}/stat", parse_pid_stat)
+        return {p.pid: _read(scrape, process_file(p.pid, "stat"), parse_pid_stat)
                 for p in self.pool_members(scrape, workload_class="offline")}
 
     def offline_cpu_before(self) -> dict:
@@ -128,7 +131,7 @@ class Enricher:
             return out
         for name in names:
             if name.isdigit():
-                stat = _read(scrape, f"proc/{name}/stat", parse_pid_stat)
+                stat = _read(scrape, process_file(name, "stat"), parse_pid_stat)
                 if stat is not None:
                     out[int(name)] = (stat.utime_ticks + stat.stime_ticks, stat.processor)
         return out
@@ -170,10 +173,10 @@ class Enricher:
         return f"{pod.title}, {described}" if pod is not None else described
 
     def _describe(self, pid: int) -> str:
-        program = program_name(_read(self.last, f"proc/{pid}/cmdline", lambda t: t) or "")
-        status = _read(self.last, f"proc/{pid}/status", parse_status) or {}
+        program = program_name(_read(self.last, process_file(pid, "cmdline"), lambda t: t) or "")
+        status = _read(self.last, process_file(pid, "status"), parse_status) or {}
         allowed = status.get("Cpus_allowed_list", "")
-        online = _read(self.last, "sys/devices/system/cpu/online", lambda t: t.strip())
+        online = _read(self.last, CPU_ONLINE, lambda t: t.strip())
         pinned = ""
         if allowed and online and parse_cpulist(allowed) != parse_cpulist(online):
             pinned = f", pinned to CPU {allowed}"
@@ -200,8 +203,8 @@ class Enricher:
 
     def saturated_cpus(self) -> list[int]:
         """CPUs busier than the saturation ratio between the first and last /proc/stat."""
-        before = self._stat_before or _read(self.first, "proc/stat", parse_proc_stat)
-        after = _read(self.last, "proc/stat", parse_proc_stat)
+        before = self._stat_before or _read(self.first, PROC_STAT, parse_proc_stat)
+        after = _read(self.last, PROC_STAT, parse_proc_stat)
         if before is None or after is None:
             return []
         busy = {}
@@ -313,8 +316,8 @@ class Enricher:
             path = self.locate_binary(binary)
             if path is not None:
                 try:
-                    document = self.isa_budget.check(path, self.last.read_text("proc/cpuinfo"),
-                                                     "/proc/cpuinfo")
+                    document = self.isa_budget.check(path, self.last.read_text(CPUINFO),
+                                                     "/" + CPUINFO)
                 except (InputError, NotAvailable):
                     document = None
         if not isinstance(document, dict):

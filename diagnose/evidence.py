@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from fleetscope.bundle.read import Bundle, BundleError, replay_config
 from fleetscope.collectors.agent import KEPT_PREFIXES, OVER_BUNDLE_LIMIT, AgentCollector
+from fleetscope.collectors.shared import PROC_STAT, process_file
 from fleetscope.collectors.source import LiveHost
 from fleetscope.core.bundle_format import MAX_SERIES
 from fleetscope.core.config import Config
@@ -150,7 +151,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def process_start_time(stat_path: str = "/proc/self/stat") -> float | None:
+def process_start_time(stat_path: str = "/" + process_file("self", "stat")) -> float | None:
     """This process's start in unix seconds: boot time (/proc/stat btime) plus field 22 of
     /proc/self/stat (starttime, clock ticks since boot). None where /proc is not there."""
     import os
@@ -158,7 +159,7 @@ def process_start_time(stat_path: str = "/proc/self/stat") -> float | None:
     try:
         with open(stat_path) as handle:
             fields = handle.read().rpartition(")")[2].split()
-        with open("/proc/stat") as handle:
+        with open("/" + PROC_STAT) as handle:
             btime = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
         return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):

@@ -127,3 +127,15 @@ def test_its_absent_signal_is_explained_and_titled(throwaway, tmp_path):
     table = fleet_frames.not_evaluated_table([item])
     assert table["signals"].tolist() == [
         "entropy in the kernel's input pool (fleetscope_throwaway_entropy_bits, bits)"]
+
+
+def test_every_signal_a_rule_reads_is_declared_and_titled():
+    """The console titles any signal a rule lacks: each one some collector writes is
+    declared there, with a title and a unit."""
+    read = {name for rule in CATALOG for side in rule.alternatives() for name in side}
+    read.discard("ALERTS")  # the engine's own alerts (rules on rules)
+    assert len(read) > 50  # the catalog reads some 75
+    undeclared = sorted(name for name in read if COLLECTORS.signal(name) is None)
+    assert undeclared == []
+    untitled = sorted(name for name in read if not COLLECTORS.signal(name).title)
+    assert untitled == []

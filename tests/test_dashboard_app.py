@@ -204,8 +204,11 @@ def test_a_bundle_of_one_node_gets_its_verdict_not_an_empty_fleet(monkeypatch):
                                                f"{', '.join(firing)} firing")
             and "evaluated and passed" in v], (verdict, firing)
     skipped = table(app, "not_evaluated")
-    assert list(skipped.columns) == ["rule", "missing"]
+    assert list(skipped.columns) == ["rule", "missing", "signals"]
     assert (skipped["missing"].str.len() > 0).all()
+    # the absent signals by their collectors' titles, each with its name and unit
+    assert (skipped["signals"].str.len() > 0).all()
+    assert skipped["signals"].str.match(r"[A-Za-z].* \((agent|fleetscope)_\w+").all()
     assert not [c for c in app.get("plotly_chart")], "fleet charts drawn for one node"
     subheaders = [h.value for h in app.subheader]
     assert "Incidents" in subheaders

@@ -28,6 +28,7 @@ import subprocess
 
 from fleetscope.bundle.files import copy_globs
 from fleetscope.collectors.base import NotAvailable, Scrape
+from fleetscope.collectors.cpu_features import CPUINFO
 from fleetscope.collectors.source import EvidenceSource, Reader, kill
 from fleetscope.core.bundle_format import (
     ACCELERATOR_MATRIX,
@@ -41,14 +42,6 @@ from fleetscope.core.bundle_format import (
 from fleetscope.core.config import Config
 
 log = logging.getLogger("fleetscope.bundle")
-
-# The RDMA-to-netdev mapping and routes the rdma collector reads to tell planes apart.
-NETWORK_GLOBS = (
-    "sys/class/infiniband/*/device/net/*/dev_port",
-    "sys/class/infiniband/*/ports/*/state", "sys/class/infiniband/*/ports/*/link_layer",
-    "sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*",
-    "sys/class/net/*/upper_*", "proc/net/route", "proc/net/ipv6_route",
-)
 
 ACCELERATOR_GLOBS = ("cmd/accelerator-exporter-*.prom", "cmd/nvidia-smi-q-x.xml",
                      "cmd/nvidia-smi-query-gpu.csv", "cmd/npu-smi-info.txt")
@@ -181,7 +174,7 @@ class CommandOutputs:
 
         try:
             crashes = scan_kernel_log(dmesg).crashes
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            with open("/" + CPUINFO, encoding="utf-8", errors="replace") as handle:
                 cpuinfo = handle.read()
         except (ParseError, OSError):
             return
@@ -197,7 +190,7 @@ class CommandOutputs:
             if path is None:
                 continue
             try:
-                document = budget.check(path, cpuinfo, "/proc/cpuinfo")
+                document = budget.check(path, cpuinfo, "/" + CPUINFO)
             except InputError as err:
                 log.warning("bundle: isa check of %s failed: %s", path, err)
                 continue
@@ -210,9 +203,8 @@ class CommandOutputs:
             log.warning("bundle: %s", budget.reason())
 
     def sample(self, sample_dir: str, interval: float, reader: Reader) -> None:
-        """The sample's network files (read by `reader`, the sample's pass over the source)
-        and, on a live host, its command outputs."""
-        copy_globs(reader, NETWORK_GLOBS, sample_dir)
+        """The sample's recorded accelerator outputs (read by `reader`, the sample's pass
+        over the source) or, on a live host, its command outputs."""
         if not self.live:
             # a replayed root has no commands to run and no endpoints to ask: its recorded
             # accelerator outputs are carried over as they are

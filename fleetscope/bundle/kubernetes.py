@@ -28,6 +28,7 @@ from fleetscope.collectors.parsers.kubepods import (
     parse_pod_log_dir,
 )
 from fleetscope.collectors.pods import RUNTIME_SPEC_FILES
+from fleetscope.collectors.shared import process_file
 from fleetscope.collectors.source import NotAvailable, Reader
 from fleetscope.core.config import Config
 
@@ -53,7 +54,7 @@ def capture_pods(reader: Reader, destination: str, config: Config, pids,
     container_ids: set[str] = set()
     for pid in pids:
         try:
-            with open(os.path.join(destination, f"proc/{pid}/cgroup"), encoding="utf-8",
+            with open(os.path.join(destination, process_file(pid, "cgroup")), encoding="utf-8",
                       errors="replace") as handle:
                 found = parse_pod_cgroup(handle.read())
         except (OSError, ParseError):

@@ -42,6 +42,7 @@ from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.base import COLLECTORS, NotAvailable, Scrape
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.processes import pool_processes
+from fleetscope.collectors.shared import process_dir, process_file
 from fleetscope.collectors.source import DMESG, EvidenceSource, Reader, RecordingOf
 from fleetscope.core.bundle_format import (
     BUNDLE_FORMAT,
@@ -126,7 +127,7 @@ def _capture_processes(scrape: Scrape, destination: str, config: Config,
     for name in reader.listdir("proc"):
         if name.isdigit() and int(name) not in members:
             try:
-                usage.append((_cpu_ticks(reader.read_proc(f"proc/{name}/stat", True)),
+                usage.append((_cpu_ticks(reader.read_proc(process_file(name, "stat"), True)),
                               int(name)))
             except (NotAvailable, ParseError):
                 continue  # exited (in a recording: absent, refused or corrupt)
@@ -134,7 +135,7 @@ def _capture_processes(scrape: Scrape, destination: str, config: Config,
     chosen = sorted(members | {pid for ticks, pid in usage[:TOP_CPU_PROCESSES] if ticks > 0})
     redactor = redactor or Redactor(config.redact)
     for pid in chosen:
-        base = f"proc/{pid}"
+        base = process_dir(pid)
         if not copy_file(reader, f"{base}/stat", destination):
             continue  # exited
         for file_name in COLLECTORS.per_process():
@@ -171,7 +172,7 @@ def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
     wanted: dict[str, tuple[str, ...]] = {}
     for process in pool_members:
         try:
-            hierarchies = parse_hierarchies(scrape.read_text(f"proc/{process.pid}/cgroup"))
+            hierarchies = parse_hierarchies(scrape.read_text(process_file(process.pid, "cgroup")))
         except (NotAvailable, ParseError):
             continue
         for controller in ("cpu", "cpuacct", "pids"):
@@ -223,6 +224,7 @@ def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
     those a waiting thread waits on), proc/<pid>/task/<tid>/pollfds (one polled fd a line),
     and the TCP tables."""
     from fleetscope.collectors.tasks import (
+        OWN_NETWORK_NAMESPACE,
         TASKS_READ_PER_POOL,
         network_namespace,
         pool_sockets,
@@ -241,7 +243,7 @@ def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
     members: dict[str, list[tuple[int, str]]] = {}
     for process in pool_members:
         pid = process.pid
-        base = f"proc/{pid}"
+        base = process_dir(pid)
         for file_name in ("syscall", "wchan"):  # the leader's: task/<pid> is proc/<pid>
             copy_file(reader, f"{base}/{file_name}", destination)
         tids = [t for t in task_ids(scrape, pid) if t != pid][:budget[process.pool.name]]
@@ -264,12 +266,12 @@ def _capture_threads(destination: str, scrape: Scrape, pool_members) -> None:
             for fd, inode in sockets.items():
                 lines.setdefault(fd, f"{fd} {inode}")
     for pid, lines in fd_lines.items():
-        target = os.path.join(destination, f"proc/{pid}/fd_sockets")
+        target = os.path.join(destination, process_file(pid, "fd_sockets"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w") as out:
             out.writelines(f"{lines[fd]}\n" for fd in sorted(lines))
     try:
-        own = os.readlink(os.path.join(scrape.roots[0], "proc/self/ns/net"))
+        own = os.readlink(os.path.join(scrape.roots[0], OWN_NETWORK_NAMESPACE))
     except OSError:
         own = None
     _write_tcp_tables(destination, recorded, own,
@@ -282,11 +284,11 @@ def _write_tcp_tables(destination: str, recorded: Scrape, own: str | None,
     network namespace (`own`) as proc/net/tcp{,6}, another's (a container's workers) as
     each of its processes' proc/<pid>/net/tcp{,6}, where a replay looks them up
     (collectors/tasks.py)."""
-    from fleetscope.collectors.tasks import tcp_tables
+    from fleetscope.collectors.tasks import NETWORK_TABLES, tcp_tables
 
     written = set()
     for pid, namespace in members:
-        directory = "proc/net" if namespace in (own, "root") else f"proc/{pid}/net"
+        directory = NETWORK_TABLES if namespace in (own, "root") else process_file(pid, "net")
         if directory in written:
             continue
         written.add(directory)

@@ -21,7 +21,6 @@ from fleetscope.bundle.read import Bundle, BundleError, one_line
 from fleetscope.collectors.parsers.perf import parse_perf_stat_csv
 from fleetscope.core.bundle_format import (
     ACCELERATOR_MATRIX,
-    AGENT_PROM,
     BUNDLE_FORMAT,
     CMD,
     DMESG,
@@ -32,18 +31,6 @@ from fleetscope.core.units import time_window
 
 MAX_PERF_TEXT = 1 << 20  # one perf stat output: a few hundred lines at most
 
-# What a sample may hold, and what each part is evidence for (for `bundle show`).
-SOURCES = (
-    ("proc/stat", "per-core CPU time"),
-    ("proc/schedstat", "run-queue delay"),
-    ("proc/pressure/cpu", "PSI"),
-    ("sys/devices/system/node", "NUMA counters"),
-    ("proc/interrupts", "interrupts"),
-    ("proc/net/netstat", "TCP counters"),
-    ("sys/class/infiniband", "RDMA counters"),
-    (PERF_STAT, "perf memory bandwidth / L3"),
-    (AGENT_PROM, "agent runtime metrics"),
-)
 
 
 def describe(bundle: Bundle) -> list[tuple[str, str]]:
@@ -70,7 +57,10 @@ def describe(bundle: Bundle) -> list[tuple[str, str]]:
     except BundleError as err:
         rows.append(("recorded config", one_line(str(err), 200)))
     static = os.path.join(bundle.root, STATIC)
-    for relative, what in SOURCES:
+    from fleetscope.collectors import COLLECTORS
+
+    # what a sample may hold, and what each part is evidence for, as the collectors say
+    for relative, what in COLLECTORS.described():
         present = os.path.exists(os.path.join(last.directory, relative)) or \
             os.path.exists(os.path.join(static, relative))
         if present and relative == PERF_STAT:

@@ -35,6 +35,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
+from fleetscope.collectors.cpu_features import CPUINFO
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.cpuinfo import (
     CpuInfo,
@@ -42,6 +43,7 @@ from fleetscope.collectors.parsers.cpuinfo import (
     psabi_level,
     psabi_level_name,
 )
+from fleetscope.collectors.shared import process_dir, process_file
 from fleetscope.tools.isa_extensions import (  # noqa: F401  (callers and tests read them here)
     EXTENSION_TABLE,
     EXTENSIONS,
@@ -54,7 +56,7 @@ from fleetscope.tools.isa_extensions import (  # noqa: F401  (callers and tests 
 
 EXIT_OK, EXIT_MISSING, EXIT_USAGE, EXIT_INPUT = 0, 1, 2, 3
 JSON_FORMAT = "fleetscope-isa-check/1"
-DEFAULT_CPUINFO = "/proc/cpuinfo"
+DEFAULT_CPUINFO = "/" + CPUINFO
 
 # GNU property note (binutils/glibc elf.h): x86 ISA level bits in GNU_PROPERTY_X86_ISA_1_NEEDED.
 GNU_PROPERTY_X86_ISA_1_NEEDED = 0xC0008002
@@ -707,11 +709,11 @@ def _where_it_runs(name: str) -> str | None:
     beside: dict[str, set[int]] = {}
     for pid in pids:
         try:
-            owners = {0, os.stat(f"/proc/{pid}").st_uid}
+            owners = {0, os.stat("/" + process_dir(pid)).st_uid}
         except OSError:
             continue
         try:
-            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+            exe = os.readlink("/" + process_file(pid, "exe")).removesuffix(" (deleted)")
         except OSError:
             exe = ""
         if exe.startswith("/"):
@@ -719,7 +721,7 @@ def _where_it_runs(name: str) -> str | None:
                 return exe
             beside.setdefault(os.path.join(os.path.dirname(exe), name), set()).update(owners)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            with open("/" + process_file(pid, "cmdline"), "rb") as handle:
                 argv = handle.read(MAX_CMDLINE_BYTES).split(b"\0")
         except OSError:
             continue

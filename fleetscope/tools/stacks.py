@@ -102,8 +102,14 @@ def _py_spy() -> str:
 
 def dump(pid: int, timeout: float = 20.0) -> list[ThreadStack]:
     """Every Python thread of a process, classified."""
-    if not os.path.isdir(f"/proc/{pid}"):
+    if pid <= 0:  # 0 and below name process groups, never one process
         raise StacksError(f"no such process: {pid}")
+    try:
+        os.kill(pid, 0)  # signal 0: is there such a process (ours or not)
+    except (ProcessLookupError, OverflowError):  # gone, or past any pid a kernel gives
+        raise StacksError(f"no such process: {pid}") from None
+    except PermissionError:
+        pass  # another user's: py-spy says whether it may read it
     try:
         result = subprocess.run([_py_spy(), "dump", "--pid", str(pid), "--json"],
                                 capture_output=True, text=True, timeout=timeout, check=False)

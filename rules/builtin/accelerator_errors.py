@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 
+from fleetscope.collectors.shared import PROC_STAT
+
 from ..fleet import FleetFault, Set
 from ..model import ENDED, EXPLAINS_NODE, WINDOW, Evidence, Panel, Proof, Rule, Tier
 from ..promql import EVENT_LOOKBACK_SECONDS, Delta, Max, Min, Recent, Sum, Time
@@ -45,7 +47,7 @@ def enrich(ctx, finding) -> None:
     text = ctx.kernel_log()
     if not device or text is None or "NVRM: Xid" not in text:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     errors = [e for e in xid_errors(text, log_clock(boot, ctx.last.time)) if e.device == device]
     by_code: dict[int, list] = {}
     for error in errors:

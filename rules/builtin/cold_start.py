@@ -10,6 +10,7 @@ import os
 
 from fleetscope.collectors.parsers.process import parse_pid_stat
 from fleetscope.collectors.parsers.procfs import parse_proc_stat
+from fleetscope.collectors.shared import PROC_STAT, process_file
 from fleetscope.core import units
 
 from ..fleet import FleetFault, Noisy, Set
@@ -30,7 +31,7 @@ _LOAD = (Sum(Rate(Selector("agent_stage_duration_seconds_sum", {"stage": "model_
 def enrich(ctx, finding) -> None:
     """The pool's processes that started in the last five minutes of the window: the ones
     that loaded their model cold."""
-    stat = ctx.read(ctx.last, "proc/stat", parse_proc_stat)
+    stat = ctx.read(ctx.last, PROC_STAT, parse_proc_stat)
     boot = (stat.scalars.get("btime") if stat else None)
     if not boot:
         return
@@ -38,7 +39,7 @@ def enrich(ctx, finding) -> None:
     end = ctx.now()
     young = []
     for process in ctx.pool_members(ctx.last, finding.labels.get("pool")):
-        pid_stat = ctx.read(ctx.last, f"proc/{process.pid}/stat", parse_pid_stat)
+        pid_stat = ctx.read(ctx.last, process_file(process.pid, "stat"), parse_pid_stat)
         if pid_stat is None:
             continue
         age = end - (boot + pid_stat.starttime_ticks / hz)

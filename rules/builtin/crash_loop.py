@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from fleetscope.collectors.shared import PROC_STAT
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
@@ -105,7 +106,7 @@ def enrich(ctx, finding) -> None:
     text = ctx.kernel_log()
     if text is None:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     faults = scan_kernel_log(text, clock=log_clock(boot, ctx.last.time)).faults
     if not faults:
         return

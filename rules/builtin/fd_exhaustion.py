@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fleetscope.collectors.base import NotAvailable
 from fleetscope.collectors.parsers.process import parse_limits
+from fleetscope.collectors.shared import process_file
 
 from ..fleet import FleetFault, Noisy, Set
 from ..model import EXPLAINS_POOL, NODE, Evidence, Panel, Proof, Rule
@@ -25,13 +26,13 @@ def enrich(ctx, finding) -> None:
     """The processes closest to their limit, not every member of the pool."""
     worst = []
     for process in ctx.pool_members(ctx.last, finding.labels.get("pool")):
-        limits = ctx.read(ctx.last, f"proc/{process.pid}/limits", parse_limits)
+        limits = ctx.read(ctx.last, process_file(process.pid, "limits"), parse_limits)
         soft = (limits or {}).get("Max open files", (None, None))[0]
         try:
-            count = int(ctx.last.read_text(f"proc/{process.pid}/fd_count").strip())
+            count = int(ctx.last.read_text(process_file(process.pid, "fd_count")).strip())
         except (NotAvailable, ValueError):
             try:
-                count = len(ctx.last.listdir(f"proc/{process.pid}/fd"))
+                count = len(ctx.last.listdir(process_file(process.pid, "fd")))
             except NotAvailable:
                 continue
         if soft:

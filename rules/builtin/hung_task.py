@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 
+from fleetscope.collectors.shared import PROC_STAT
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy
@@ -95,7 +96,7 @@ def enrich(ctx, finding) -> None:
     text = ctx.kernel_log()
     if text is None:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     try:
         scan = scan_stalls(text, clock=log_clock(boot, ctx.last.time))
     except Exception:  # noqa: BLE001 (a log the collector already said it could not read)

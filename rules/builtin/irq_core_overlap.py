@@ -8,8 +8,10 @@ and the devices behind them.
 
 from __future__ import annotations
 
+from fleetscope.collectors.irq import INTERRUPTS
 from fleetscope.collectors.parsers.process import parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
+from fleetscope.collectors.shared import process_file
 
 from ..fleet import Add, FleetFault, Noisy, Set
 from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -39,10 +41,10 @@ def enrich(ctx, finding) -> None:
 
     allowed: set[int] = set()
     for process in ctx.pool_members(ctx.last, finding.labels.get("pool")):
-        status = ctx.read(ctx.last, f"proc/{process.pid}/status", parse_status) or {}
+        status = ctx.read(ctx.last, process_file(process.pid, "status"), parse_status) or {}
         allowed |= set(parse_cpulist(status.get("Cpus_allowed_list", "")))
-    before = ctx.read(ctx.first, "proc/interrupts", parse_interrupts)
-    after = ctx.read(ctx.last, "proc/interrupts", parse_interrupts)
+    before = ctx.read(ctx.first, INTERRUPTS, parse_interrupts)
+    after = ctx.read(ctx.last, INTERRUPTS, parse_interrupts)
     if after is None:
         return
     earlier = {row.name: row.counts for row in (before.rows if before else [])}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 
 from fleetscope.collectors.base import NotAvailable
+from fleetscope.collectors.cpu_features import CPUINFO
+from fleetscope.collectors.shared import PROC_STAT
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy
@@ -55,14 +57,14 @@ def enrich(ctx, finding) -> None:
     text = ctx.kernel_log()
     if text is None:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     crashes = scan_kernel_log(text, clock=log_clock(boot, ctx.last.time)).crashes
     labelled = finding.labels.get("binary")
     if labelled:  # a per-binary finding describes its own binary only
         crashes = tuple(c for c in crashes if c.binary == labelled)
     if not crashes:
         return
-    cpu = ctx.read(ctx.last, "proc/cpuinfo", parse_cpuinfo)
+    cpu = ctx.read(ctx.last, CPUINFO, parse_cpuinfo)
     try:
         captures = json.loads(ctx.last.read_text("cmd/sigill-faults.json"))
     except (NotAvailable, ValueError):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+from fleetscope.collectors.shared import PROC_STAT
+
 from ..fleet import FleetFault, Noisy, Set
 from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
@@ -70,7 +72,7 @@ def _syn_flood_ports(ctx, finding) -> list[str]:
     text = ctx.kernel_log()
     if text is None or "Possible SYN flooding" not in text:
         return []
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     by_port: dict[int, list] = {}
     for notice in syn_floods(text, log_clock(boot, ctx.last.time)):
         by_port.setdefault(notice.port, []).append(notice)

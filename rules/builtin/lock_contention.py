@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 
 from fleetscope.collectors.base import NotAvailable
+from fleetscope.collectors.locks import LOCKS
 from fleetscope.collectors.parsers import ParseError
 from fleetscope.collectors.parsers.locks import parse_proc_locks
+from fleetscope.collectors.shared import process_file
 
 from ..fleet import FleetFault, Set
 from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -38,7 +40,7 @@ _IDLE_CPUS = Sum(Rate(Selector("fleetscope_cpu_numa_node_seconds_total", {"mode"
 def lock_waits(scrape, pids: set[int] | None) -> list[tuple[object, object]]:
     """(waiter row, holder row) of /proc/locks for waiters among `pids` (None: all)."""
     try:
-        rows = parse_proc_locks(scrape.read_text("proc/locks"))
+        rows = parse_proc_locks(scrape.read_text(LOCKS))
     except (NotAvailable, ParseError):
         return []
     holders = {row.id: row for row in rows if not row.waiting}
@@ -49,7 +51,7 @@ def lock_waits(scrape, pids: set[int] | None) -> list[tuple[object, object]]:
 def _path(scrape, holder) -> str:
     """The locked file's path on a live node, as the node names it: the holder's fd whose
     inode it is, under the scrape's root (a container's /host too)."""
-    fd_dir = f"proc/{holder.pid}/fd"
+    fd_dir = process_file(holder.pid, "fd")
     try:
         base, fds = scrape.path(fd_dir), scrape.listdir(fd_dir)
     except NotAvailable:

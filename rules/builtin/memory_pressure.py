@@ -10,6 +10,8 @@ rates, and each pool cgroup's usage against its limit.
 
 from __future__ import annotations
 
+from fleetscope.collectors.shared import process_file
+
 from ..fleet import FleetFault, Set
 from ..model import EXPLAINS_NODE, NODE, WINDOW, Evidence, Panel, Proof, Rule
 from ..promql import Max, Rate, Selector, Sum
@@ -37,7 +39,7 @@ def enrich(ctx, finding) -> None:
     v1_mounts, v2_mounts = read_mount_points(ctx.last)
     seen, full = set(), []
     for process in ctx.pool_members(ctx.last):
-        line = ctx.read(ctx.last, f"proc/{process.pid}/cgroup", memory_cgroup_path)
+        line = ctx.read(ctx.last, process_file(process.pid, "cgroup"), memory_cgroup_path)
         if line is None or line in seen or line[1] in ("", "/"):
             continue
         seen.add(line)

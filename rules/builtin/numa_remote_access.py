@@ -11,7 +11,7 @@ from __future__ import annotations
 from fleetscope.collectors.parsers.process import parse_numa_maps, parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.pods import pod_notes
-from fleetscope.collectors.shared import numa_node_cpus
+from fleetscope.collectors.shared import numa_node_cpus, process_file
 
 from ..fleet import Add, FleetFault, Noisy, Set
 from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -34,8 +34,8 @@ def enrich(ctx, finding) -> None:
     remote_by_pid = []
     remote_nodes: set[int] = set()
     for process in ctx.pool_members(ctx.last, finding.labels.get("pool")):
-        status = ctx.read(ctx.last, f"proc/{process.pid}/status", parse_status)
-        resident = ctx.read(ctx.last, f"proc/{process.pid}/numa_maps", parse_numa_maps)
+        status = ctx.read(ctx.last, process_file(process.pid, "status"), parse_status)
+        resident = ctx.read(ctx.last, process_file(process.pid, "numa_maps"), parse_numa_maps)
         if not status or not resident:
             continue
         allowed = parse_cpulist(status.get("Cpus_allowed_list", ""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from fleetscope.collectors.parsers.process import parse_pid_stat, parse_status
 from fleetscope.collectors.parsers.sysfs import parse_cpulist
 from fleetscope.collectors.processes import program_name
+from fleetscope.collectors.shared import process_file
 
 from ..fleet import Add, FleetFault, Noisy, Set
 from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -39,7 +40,7 @@ def enrich(ctx, finding) -> None:
     before = ctx.offline_cpu_before()
     usage = []
     for process in ctx.pool_members(ctx.last, workload_class="offline"):
-        now = ctx.read(ctx.last, f"proc/{process.pid}/stat", parse_pid_stat)
+        now = ctx.read(ctx.last, process_file(process.pid, "stat"), parse_pid_stat)
         if now is None:
             continue
         then = before.get(process.pid)
@@ -98,7 +99,7 @@ def _kubelet_cpus(ctx, finding, antagonists) -> None:
         # kubelet gives shared-pool containers) must leave those CPUs out.
         intruders: set[int] = set()
         for process, cpu in antagonists:
-            status = ctx.read(ctx.last, f"proc/{process.pid}/status", parse_status) or {}
+            status = ctx.read(ctx.last, process_file(process.pid, "status"), parse_status) or {}
             allowed = parse_cpulist(status.get("Cpus_allowed_list", "")) or [cpu]
             intruders.update(guarded.intersection([*allowed, cpu]))
         with_cpus = sum(1 for p in online.values() if exclusive_cpus(state, p))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from fleetscope.collectors.shared import PROC_STAT, process_file
 from fleetscope.core import units
 
 from ..fleet import Events, FleetFault, Noisy, Set
@@ -66,7 +67,7 @@ def _member_cgroups(ctx) -> dict[str, str]:
 
     found: dict[str, str] = {}
     for process in ctx.pool_members(ctx.last):
-        line = ctx.read(ctx.last, f"proc/{process.pid}/cgroup", memory_cgroup_path)
+        line = ctx.read(ctx.last, process_file(process.pid, "cgroup"), memory_cgroup_path)
         if line is not None:
             found.setdefault(line[1], process.pool.name)
     return found
@@ -126,7 +127,7 @@ def enrich(ctx, finding) -> None:
     text = ctx.kernel_log()
     if text is None:
         return
-    boot = ctx.read(ctx.last, "proc/stat", boot_time)
+    boot = ctx.read(ctx.last, PROC_STAT, boot_time)
     try:
         kills = scan_oom_kills(text, clock=log_clock(boot, ctx.last.time))
     except ValueError:

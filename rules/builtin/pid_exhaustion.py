@@ -20,6 +20,7 @@ import time
 from fleetscope.collectors.cgroups import process_cgroups
 from fleetscope.collectors.parsers.cgroup import parse_pids
 from fleetscope.collectors.parsers.pids_log import fork_rejections
+from fleetscope.collectors.shared import PROC_STAT
 from fleetscope.core import units
 
 from ..fleet import FleetFault, Set
@@ -53,7 +54,7 @@ def _node_share(sysctl: str):
 def _boot_time(ctx) -> float | None:
     from fleetscope.collectors.parsers.kmsg import boot_time
 
-    return ctx.read(ctx.last, "proc/stat", boot_time)
+    return ctx.read(ctx.last, PROC_STAT, boot_time)
 
 
 def enrich(ctx, finding) -> None:

@@ -13,6 +13,7 @@ harm. Enrichment: the pool's processes with the most threads.
 from __future__ import annotations
 
 from fleetscope.collectors.parsers.process import parse_pid_stat
+from fleetscope.collectors.shared import process_file
 
 from ..fleet import Add, FleetFault, Set
 from ..model import EXPLAINS_POOL, NODE, WINDOW, Evidence, Panel, Proof, Rule
@@ -54,7 +55,7 @@ def enrich(ctx, finding) -> None:
     """The pool's processes with the most threads (where the oversubscription is)."""
     counts = []
     for process in ctx.pool_members(ctx.last, finding.labels.get("pool")):
-        stat = ctx.read(ctx.last, f"proc/{process.pid}/stat", parse_pid_stat)
+        stat = ctx.read(ctx.last, process_file(process.pid, "stat"), parse_pid_stat)
         if stat is not None:
             counts.append((stat.num_threads, process.pid))
     counts.sort(key=lambda item: (-item[0], item[1]))
