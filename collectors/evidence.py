@@ -48,6 +48,8 @@ class Evidence:
     once         captured once per bundle (static/): what does not change in a window
     sampled      copied into every bundle sample
     per_process  file names under proc/<pid>/ of every process a bundle records
+    per_cgroup   (controller, cgroup version) -> file names in the cgroup directory of each
+                 pool process, where a bundle records them
     read_limits  the most bytes the kernel (or the tool) writes in a file, by relative path,
                  directory or file name: more in a bundle is refused, not parsed
     signals      the metric families it writes, titled for people
@@ -57,6 +59,8 @@ class Evidence:
     once: tuple[str, ...] = ()
     sampled: tuple[str, ...] = ()
     per_process: tuple[str, ...] = ()
+    per_cgroup: Mapping[tuple[str, int], tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
     read_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     signals: tuple[Signal, ...] = ()
     described: tuple[tuple[str, str], ...] = ()
@@ -111,6 +115,13 @@ class CollectorRegistry(dict):
 
     def per_process(self) -> tuple[str, ...]:
         return self._merged("per_process")
+
+    def per_cgroup(self) -> dict[tuple[str, int], tuple[str, ...]]:
+        merged: dict[tuple[str, int], tuple[str, ...]] = {}
+        for collector in self.values():
+            for key, names in collector.evidence.per_cgroup.items():
+                merged[key] = tuple(dict.fromkeys(merged.get(key, ()) + tuple(names)))
+        return merged
 
     def described(self) -> tuple[tuple[str, str], ...]:
         return self._merged("described")

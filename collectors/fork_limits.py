@@ -97,6 +97,9 @@ SIGNALS = (
 class ForkLimitsCollector(Collector):
     name = "fork_limits"
     evidence = Evidence(signals=SIGNALS,
+                        per_cgroup={(controller, version): ("pids.current", "pids.max",
+                                                            "pids.events")
+                                    for controller, version in (("pids", 1), ("pids", 2))},
                         read_limits={"pids.current": 4 * KIB, "pids.max": 4 * KIB,
                                      "pids.events": 4 * KIB})
 

@@ -420,6 +420,9 @@ class PoolsCollector(Collector):
                  "proc/sys/net/ipv4/tcp_syn_linear_timeouts"),  # a SYN_SENT wait's age
         # never "environ": it holds every secret the process was started with
         per_process=("stat", "status", "schedstat", "cgroup", "cmdline", "limits"),
+        per_cgroup={("cpu", 2): ("cpu.stat", "cpu.pressure", "cpu.max"),
+                    ("cpu", 1): ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"),
+                    ("cpuacct", 1): ("cpuacct.usage",)},
         read_limits={"stat": 64 * KIB, "status": 64 * KIB, "schedstat": 4 * KIB,
                      "cgroup": 64 * KIB, "limits": 64 * KIB, "cmdline": 4 * MIB,
                      "fd_count": 4 * KIB, "cpu.stat": 64 * KIB, "cpu.max": 4 * KIB,

@@ -57,14 +57,6 @@ from fleetscope.tools.isa_budget import IsaBudget
 
 log = logging.getLogger("fleetscope.bundle")
 
-# What the pools collector reads per cgroup directory, v2 and v1 (collectors/cgroups.py).
-CGROUP_FILES = {
-    ("cpu", 2): ("cpu.stat", "cpu.pressure", "cpu.max"),
-    ("cpu", 1): ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"),
-    ("cpuacct", 1): ("cpuacct.usage",),
-    ("pids", 1): ("pids.current", "pids.max", "pids.events"),
-    ("pids", 2): ("pids.current", "pids.max", "pids.events"),
-}
 MAX_CONFIG_JSON_BYTES = 1024 * 1024  # the config recorded in the bundle's metadata
 
 
@@ -163,11 +155,14 @@ def _capture_processes(scrape: Scrape, destination: str, config: Config,
 
 
 def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
-    """The cgroup directories of the pool members' cpu, cpuacct and pids controllers, v1 or
-    v2, with the files read there; the bundle keeps them at the same paths."""
+    """The cgroup directories of the pool members' controllers the collectors read files of
+    (their per_cgroup evidence), v1 or v2, with those files; the bundle keeps them at the
+    same paths."""
     from fleetscope.collectors.cgroups import cgroup_mounts, locate, parse_hierarchies
     from fleetscope.collectors.parsers import ParseError
 
+    declared = COLLECTORS.per_cgroup()
+    controllers = tuple(dict.fromkeys(controller for controller, _ in declared))
     mounts = cgroup_mounts(scrape)
     wanted: dict[str, tuple[str, ...]] = {}
     for process in pool_members:
@@ -175,12 +170,12 @@ def _cgroup_files(scrape: Scrape, pool_members) -> dict[str, tuple[str, ...]]:
             hierarchies = parse_hierarchies(scrape.read_text(process_file(process.pid, "cgroup")))
         except (NotAvailable, ParseError):
             continue
-        for controller in ("cpu", "cpuacct", "pids"):
+        for controller in controllers:
             where = locate(mounts, hierarchies, controller)
             if where is None or where.path == "/" or (controller, where.version) not in \
-                    CGROUP_FILES:
+                    declared:
                 continue
-            wanted[where.directory] = wanted.get(where.directory, ()) + CGROUP_FILES[
+            wanted[where.directory] = wanted.get(where.directory, ()) + declared[
                 (controller, where.version)]
     return {directory: tuple(dict.fromkeys(names)) for directory, names in wanted.items()}
 
