@@ -56,12 +56,31 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
     # SIGTERM (systemd, kubelet) ends the server like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(args.listen, args.root, config, web, args.evidence)
+        serve(args.listen, args.root, config, web, args.evidence,
+              _flight_recorder(args.state_dir, config) if args.state_dir else None)
     except KeyboardInterrupt:
         return 0
     except (NotADirectoryError, OSError) as err:
         return _fail(str(err))
     return 0
+
+
+def _flight_recorder(state_dir: str, config):
+    """The exporter's `beside`: the flight recorder on its evidence source, or nothing (one
+    warning) where the directory cannot hold the ring."""
+    def start(source):
+        from fleetscope.bundle.ring import start
+
+        recording = start(state_dir, config, source)
+        if recording is None:
+            return None
+        recorder, stop = recording
+
+        def close():
+            stop.set()
+            recorder.close()
+        return close
+    return start
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
@@ -344,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--web-config",
         metavar="FILE",
         help="TLS and basic-auth config, node_exporter's web-config format (default: plain HTTP)",
+    )
+    exporter.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="keep the flight recorder's ring here (DIR/ring, a bundle: a sample every "
+        "ring_interval_seconds, the last ring_span_seconds, at most ring_max_bytes; read it "
+        "with `diagnose --bundle DIR/ring`); default: no ring",
     )
     exporter.set_defaults(run=_cmd_exporter)
 

@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -353,9 +354,11 @@ class ListenError(OSError):
     """The address cannot be listened on; the message names it."""
 
 
-def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str = "auto"
-          ) -> None:
-    """Start the exporter and serve until interrupted."""
+def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str = "auto",
+          beside: Callable[[EvidenceSource], Callable[[], None] | None] | None = None) -> None:
+    """Start the exporter and serve until interrupted. `beside(source)`, once the address is
+    taken, starts what runs beside the server on its evidence source (the flight recorder)
+    and returns how to stop it."""
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root} is not a directory")
     # Listen first: a taken port is one line naming the address, before the collectors
@@ -379,8 +382,11 @@ def serve(listen: str, root: str, config: Config, web: WebConfig, evidence: str 
     log.info("evidence source: %s %s", "live host" if exporter.source.live
              else "recorded sample", exporter.source.roots[0])
     exporter.collect()  # first snapshot for interval metrics; logs what this node lacks
+    stop_beside = beside(exporter.source) if beside is not None else None
     print(f"fleetscope exporter listening on {server.url()}", flush=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        if stop_beside is not None:
+            stop_beside()

@@ -453,9 +453,9 @@ def sample_count(seconds: float, interval: float) -> int:
     return max(1, int(seconds / interval) + 1)
 
 
-def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
-                 redactor: Redactor, kernel_log: str | None = None) -> None:
-    """The bundle's metadata (META): the config redacted and size-bounded, what redaction
+def bundle_meta(interval: float, samples: list, config: Config, redactor: Redactor,
+                kernel_log: str | None = None) -> dict:
+    """A bundle's metadata (META): the config redacted and size-bounded, what redaction
     removed, and what static/dmesg.txt was read from (`kernel_log`, when there is one)."""
     recorded_config = redactor.config(config.raw)
     config_json = json.dumps(recorded_config)
@@ -471,8 +471,34 @@ def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config
             "redacted": counts}
     if kernel_log is not None:
         meta["kernel_log"] = kernel_log
+    return meta
+
+
+def _record_meta(bundle_dir: str, interval: float, samples: list, config: Config,
+                 redactor: Redactor, kernel_log: str | None = None) -> None:
     with open(os.path.join(bundle_dir, META), "w", encoding="utf-8") as out:
-        json.dump(meta, out, indent=2)
+        json.dump(bundle_meta(interval, samples, config, redactor, kernel_log), out, indent=2)
+
+
+def capture_static(source: EvidenceSource, static_dir: str) -> Reader:
+    """What a bundle captures once (the collectors' `once` evidence and the cgroup mounts)
+    into `static_dir`; the reader it used, for the other static captures."""
+    static_reader = source.reader()
+    copy_globs(static_reader, COLLECTORS.once(), static_dir)
+    capture_cgroup_mounts(static_reader, static_dir)
+    return static_reader
+
+
+def capture_sample(source: EvidenceSource, sample_dir: str, now: float, interval: float,
+                   config: Config, redactor: Redactor, commands: CommandOutputs) -> None:
+    """One sample into `sample_dir` (made already): the collectors' sampled files, the
+    processes', the commands' outputs and the listening sockets, as read at `now`."""
+    scrape = Scrape(source, now)  # this sample's reads
+    copy_globs(scrape.reader, COLLECTORS.sampled(), sample_dir)
+    if os.path.isdir(os.path.join(source.roots[0], "proc")):
+        _capture_processes(scrape, sample_dir, config, redactor)
+    commands.sample(sample_dir, interval, scrape.reader)
+    _capture_listeners(sample_dir, commands.source)
 
 
 def _record(output, seconds, interval, config, source, progress, commands, partial, force):
@@ -483,9 +509,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
     try:
         os.makedirs(bundle_dir, exist_ok=True)
         static = os.path.join(bundle_dir, STATIC)
-        static_reader = source.reader()
-        copy_globs(static_reader, COLLECTORS.once(), static)
-        capture_cgroup_mounts(static_reader, static)
+        static_reader = capture_static(source, static)
         count = sample_count(seconds, interval)
         samples = []
         start = time.monotonic()
@@ -497,12 +521,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
             relative = sample_path(index)
             sample_dir = os.path.join(bundle_dir, relative)
             os.makedirs(sample_dir, exist_ok=True)
-            scrape = Scrape(source, now)  # this sample's reads
-            copy_globs(scrape.reader, COLLECTORS.sampled(), sample_dir)
-            if os.path.isdir(os.path.join(source.roots[0], "proc")):
-                _capture_processes(scrape, sample_dir, config, redactor)
-            commands.sample(sample_dir, interval, scrape.reader)
-            _capture_listeners(sample_dir, commands.source)
+            capture_sample(source, sample_dir, now, interval, config, redactor, commands)
             samples.append({"dir": relative, "time": round(now, 3)})
             took = time.monotonic() - began
             if took > interval and index + 1 < count:

@@ -11,6 +11,9 @@
     harm_targets: {online_session_p99_seconds: 1.0}  # where workloads hurt (harm_targets.py)
     binary_dirs: [/opt/agent/bin]  # where a binary the kernel names by its file name may be
     isa_scan_seconds: 30         # all ELF reads about SIGILL crashes of one command
+    ring_interval_seconds: 15    # the flight recorder (`exporter --state-dir`): a sample
+    ring_span_seconds: 1800      # every 15 s, kept 30 min, at most 256 MiB on disk
+    ring_max_bytes: 268435456
 
 Pools, agent endpoints, Redis queues and the platform block are the documented ones
 (docs/exporter.md); the rest are fleetscope's own settings. Loaded with yaml.safe_load only.
@@ -105,6 +108,11 @@ class Config:
     # All the ELF reads of one diagnosis or recording about SIGILL crashes together
     # (fleetscope/tools/isa_budget.py): past it, what was not read is named, not waited for.
     isa_scan_seconds: float = 30.0
+    # The flight recorder (fleetscope/bundle/ring.py): how often it samples, how long and
+    # how many bytes of samples it keeps (at most the bundle format's 10,000 samples).
+    ring_interval_seconds: float = 15.0
+    ring_span_seconds: float = 1800.0
+    ring_max_bytes: int = 256 * 1024 * 1024
     raw: dict[str, Any] = field(default_factory=dict)  # as loaded, for a bundle's metadata
 
 
@@ -134,10 +142,14 @@ _KNOWN_KEYS = {
     "harm_targets",
     "binary_dirs",
     "isa_scan_seconds",
+    "ring_interval_seconds",
+    "ring_span_seconds",
+    "ring_max_bytes",
 }
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_CONFIG_NODES = 100_000  # a config names pools and queues: thousands of values at most
 MAX_CONFIG_DEPTH = 32
+MAX_RING_SAMPLES = 10_000  # the samples a bundle may hold (fleetscope/bundle/read.py)
 
 
 def _peer(host: str, port: int) -> str:
@@ -374,6 +386,12 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
     check_bounded(raw)  # after the key checks: an unknown key is the clearer message
     paths = kubernetes_paths(raw.get("kubernetes"))
     pools = tuple(dataclasses.replace(p, kubernetes=paths) if p.by_pod else p for p in pools)
+    ring_interval = _number(raw, "ring_interval_seconds", 15.0, 1.0, 3600.0)
+    ring_span = _number(raw, "ring_span_seconds", 1800.0, 60.0, 7 * 86400.0)
+    if ring_span / ring_interval > MAX_RING_SAMPLES:
+        raise ConfigError(f"ring_span_seconds / ring_interval_seconds is "
+                          f"{ring_span / ring_interval:g} samples, over the {MAX_RING_SAMPLES} "
+                          "a bundle holds: sample less often or keep a shorter span")
     return Config(
         per_core=per_core,
         busy_interval_min_seconds=_number(raw, "busy_interval_min_seconds", 5.0, 0.0, 3600.0),
@@ -391,6 +409,10 @@ def parse_config(raw: Any, known_collectors: tuple[str, ...] = ()) -> Config:
         perf_window_seconds=_number(raw, "perf_window_seconds", 5.0, 0.1, 3600.0),
         command_timeout_seconds=_number(raw, "command_timeout_seconds", 10.0, 0.1, 600.0),
         isa_scan_seconds=_number(raw, "isa_scan_seconds", 30.0, 0.1, 3600.0),
+        ring_interval_seconds=ring_interval,
+        ring_span_seconds=ring_span,
+        ring_max_bytes=int(_number(raw, "ring_max_bytes", 256 * 1024 * 1024, 1024 * 1024,
+                                   1024 ** 4)),
         agent_timeout_seconds=_number(raw, "agent_timeout_seconds", 2.0, 0.05, 60.0),
         accelerator_exporter_urls=_accelerator_urls(raw),
         accelerator_tools=_accelerator_tools(raw),
