@@ -11,8 +11,8 @@ run-by-run ratios A/B.
     python bench/exporter_versions.py --a /tmp/after/bin/python --b /tmp/before/bin/python \\
         --root FIXTURE/samples/s0000 [--root /] [--scrapes 300] [--runs 9]
 
-A root inside a bundle uses the bundle's recorded config (its pools); `/` uses none. Exit 0
-whatever the numbers are (benchmarks report, tests assert behaviour).
+A root that is a bundle's sample uses the bundle's recorded config (its pools); `/` uses
+none. Exit 0 whatever the numbers are (benchmarks report, tests assert behaviour).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import sys
 
 # Run by each install's Python: fleetscope is imported from that install.
 LOOP = r"""
-import json, os, sys
+import os, sys
 from fleetscope.collectors import COLLECTORS
+from fleetscope.core.bundle_format import sample_bundle
 from fleetscope.collectors.source import LiveHost, recorded_sample
 from fleetscope.core.config import parse_config
 from fleetscope.core.exposition import render
@@ -38,10 +39,11 @@ if root == "/":
     source = LiveHost("/")
 else:
     source = recorded_sample(root)
-    meta = os.path.join(os.path.dirname(os.path.dirname(root)), "meta.json")
-    if os.path.isfile(meta):
-        with open(meta) as handle:
-            raw = json.load(handle).get("config") or {}
+    bundle = os.path.dirname(os.path.dirname(root))
+    if sample_bundle(os.path.abspath(root)) is not None:  # a bundle's sample: its config
+        from fleetscope.bundle.read import open_bundle
+        with open_bundle(bundle) as opened:
+            raw = opened.config_raw
 wanted = [name for name in COLLECTORS if name not in ("perf", "agent")]
 exporter = Exporter(source, parse_config({**raw, "collectors": wanted}, tuple(COLLECTORS)))
 for _ in range(scrapes):

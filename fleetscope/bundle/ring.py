@@ -1,20 +1,20 @@
 """The flight recorder: the node's own evidence kept on the node in a bounded ring that is a
-bundle directory (docs/bundle-format.md) at every moment, so what read a recording reads the
+bundle directory (docs/bundle-format.md) at every moment, so what reads a recording reads the
 minutes before anyone logged in (`diagnose --bundle <state dir>/ring`).
 
     <state dir>/ring.lock            held by the exporter that records (one per directory)
-    <state dir>/ring/meta.json       the bundle's metadata: the samples kept, oldest first,
+    <state dir>/ring/META            the bundle's metadata: the samples kept, oldest first,
                                      each with its size ("bytes")
     <state dir>/ring/static/         what does not change (cpuinfo, topology), captured when
                                      the ring opens, and the kernel log, refreshed each sample
     <state dir>/ring/samples/sNNNN/  one sample each, as `bundle record` writes them
 
-Crash safety: a sample is written under a name meta.json never holds (`.partial-sNNNN`) and
-renamed into place, then meta.json is replaced (written beside, flushed, renamed). A `kill -9`
-at any point leaves a meta.json naming complete samples only: at most the sample being written
-is lost. Opening the ring again removes what meta.json does not name and continues after the
-last sample. Samples past the span or the byte bound (config `ring_span_seconds`,
-`ring_max_bytes`) go oldest first, after the meta.json that no longer names them is in place.
+Crash safety: a sample is written under a name the metadata never holds (`.partial-sNNNN`)
+and renamed into place, then the metadata is replaced (written beside, flushed, renamed). A
+`kill -9` at any point leaves metadata naming complete samples only: at most the sample being
+written is lost. Opening the ring again removes what the metadata does not name and continues
+after the last sample. Samples past the span or the byte bound (config `ring_span_seconds`,
+`ring_max_bytes`) go oldest first, once metadata that no longer names them is in place.
 
 Node side: standard library and the bundle recorder.
 """
@@ -119,7 +119,7 @@ class FlightRecorder:
         self._commands = CommandOutputs(self.config, self.source)
 
     def _kept_samples(self) -> list[dict]:
-        """The samples the ring's meta.json names whose directories are there."""
+        """The samples the ring's metadata names whose directories are there."""
         try:
             meta = load_meta(os.path.join(self.ring, META))
         except (OSError, ValueError):
@@ -135,8 +135,8 @@ class FlightRecorder:
         return kept
 
     def _remove_unnamed(self) -> None:
-        """Sample directories meta.json does not name: a sample cut by a kill, or dropped
-        after a meta.json that was written."""
+        """Sample directories the metadata does not name: a sample cut by a kill, or one
+        dropped once metadata without it was written."""
         named = {s["dir"].rpartition("/")[2] for s in self.samples}
         samples = os.path.join(self.ring, SAMPLES)
         with contextlib.suppress(FileNotFoundError):
@@ -145,7 +145,7 @@ class FlightRecorder:
                     shutil.rmtree(os.path.join(samples, name), ignore_errors=True)
 
     def record_one(self, now: float | None = None) -> dict:
-        """Capture one sample into the ring; the meta.json entry it got."""
+        """Capture one sample into the ring; the metadata entry it got."""
         now = time.time() if now is None else now
         relative = sample_path(self.next_index)
         final = os.path.join(self.ring, relative)
@@ -164,7 +164,7 @@ class FlightRecorder:
         self._refresh_kernel_log()
         _replace(os.path.join(self.ring, META), json.dumps(bundle_meta(
             self.interval, self.samples, self.config, self.redactor, self._kernel_log_from)))
-        for sample in dropped:  # now that no meta.json names them
+        for sample in dropped:  # now that the metadata no longer names them
             shutil.rmtree(os.path.join(self.ring, sample["dir"]), ignore_errors=True)
         return entry
 
