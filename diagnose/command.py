@@ -13,13 +13,14 @@ import logging
 import sys
 import time
 
-from fleetscope.bundle.read import BundleError, one_line, open_bundle
+from fleetscope.bundle.read import Bundle, BundleError, one_line, open_bundle
 from fleetscope.collectors.source import LiveHost
 from fleetscope.core.config import Config, ConfigError, default_config_path, load_config
 from fleetscope.core.diagnose_options import (
     LIVE_SECONDS,
     MAX_ANSWERS_MIB,
     PROMETHEUS_SECONDS,
+    parse_duration,
 )
 from fleetscope.rules.catalog import CATALOG
 
@@ -52,6 +53,30 @@ class _Progress:
             self.bar.stop()
 
 
+def flight_recording(state_dir: str, since: float | None) -> Bundle:
+    """The flight recorder's ring in `state_dir` as a bundle, its samples of the last
+    `since` seconds only when asked; BundleError says what is missing."""
+    import os
+
+    from fleetscope.bundle.ring import RING
+
+    ring = os.path.join(state_dir, RING)
+    if not os.path.isdir(ring):
+        raise BundleError(f"{state_dir} holds no flight recorder ring ({RING}/): is an "
+                          "exporter running with --state-dir there?")
+    bundle = open_bundle(ring)
+    if since is not None:
+        newest = bundle.samples[-1].time
+        kept = [s for s in bundle.samples if s.time >= time.time() - since]
+        if len(kept) < 2:
+            bundle.close()
+            raise BundleError(f"the ring in {state_dir} holds {len(kept)} sample(s) of the "
+                              f"last {since:g} s (its newest is {time.time() - newest:.0f} s "
+                              "old): a verdict needs two; ask for a longer --since")
+        bundle.samples = kept
+    return bundle
+
+
 def _held_bytes(args: argparse.Namespace) -> int:
     return int(args.max_answers_mib * 2**20)
 
@@ -66,6 +91,16 @@ def run(args: argparse.Namespace) -> int:
         print("fleetscope diagnose: error: --node and --fleet go with --prometheus",
               file=sys.stderr)
         return 2
+    since = getattr(args, "since", None)
+    if since is not None and not getattr(args, "state_dir", None):
+        print("fleetscope diagnose: error: --since goes with --state-dir", file=sys.stderr)
+        return 2
+    if since is not None:
+        try:
+            args.since = parse_duration(since)
+        except ValueError as err:
+            print(f"fleetscope diagnose: error: --since: {err}", file=sys.stderr)
+            return 2
     if args.seconds is None:
         args.seconds = PROMETHEUS_SECONDS if args.prometheus else LIVE_SECONDS
     if not 0 < args.seconds <= 3600 * 24:
@@ -110,9 +145,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     try:
         enricher = None
         diagnosed = None  # a bundle's findings (diagnose/bundle_diagnosis.py)
-        if args.bundle:
+        state_dir = getattr(args, "state_dir", None)
+        if args.bundle or state_dir:
             try:
-                bundle = open_bundle(args.bundle)
+                bundle = open_bundle(args.bundle) if args.bundle else \
+                    flight_recording(state_dir, getattr(args, "since", None))
             except BundleError as err:
                 return _fail(str(err))
             stack.callback(bundle.close)
@@ -127,7 +164,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             series = diagnosed.series
             nodes = [bundle.hostname]
             window = (bundle.samples[0].time, bundle.samples[-1].time)
-            source = "bundle"
+            source = "bundle"  # the contract's kind: the ring is a bundle
         elif args.prometheus and args.evaluate == "local":
             # Every series the rules read fetched, the rules evaluated here.
             from .prometheus import PrometheusError, prometheus_series
@@ -203,6 +240,9 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     stack.close()
     document = engine.diagnosis(source, nodes, window, findings, not_evaluated, len(CATALOG),
                                 harm)
+    if getattr(args, "state_dir", None):  # beside the contract's fields: which ring, what span
+        document["flight_recorder"] = {"state_dir": args.state_dir,
+                                       "since_seconds": getattr(args, "since", None)}
     if answered is not None:
         document["fleet_findings"] = answered.fleet_findings
         document["query_engine"] = answered.stats.to_json()
@@ -239,6 +279,8 @@ def _why_unknown(document: dict, args: argparse.Namespace) -> str:
                 + "; ".join(document.get("partial_reasons", []))[:300] + ")")
     where = ("this node" if document["source"] == "live" else
              f"bundle {one_line(args.bundle, 300)}" if args.bundle else
+             f"the ring in {one_line(args.state_dir, 300)}" if getattr(args, "state_dir", None)
+             else
              f"node {one_line(args.node, 300)}" if args.node else "the fleet")
     hint = ("; is the fleetscope exporter scraped for it?" if args.prometheus else
             "; `--verbose` lists what each rule lacks")

@@ -262,8 +262,11 @@ def _print_report(document: dict, console: Console, verbose: bool) -> None:
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("critical", "warning")}
     tally = f" — {len(findings)} finding{'s' * (len(findings) != 1)}" + "".join(
         f", {n} {s}" for s, n in counts.items() if n) if findings else ""
+    kind = document["source"]
+    if document.get("flight_recorder"):  # a bundle, the one the exporter keeps on the node
+        kind = f"flight recorder in {document['flight_recorder']['state_dir']}"
     console.print(Text.assemble(("fleetscope diagnosis", "bold"),
-                                f" of {nodes} ({document['source']}{when}): ",
+                                f" of {nodes} ({kind}{when}): ",
                                 (status.upper(), _STYLE[status]), tally))
     if document.get("partial"):
         console.print(Text("PARTIAL DATA: the query engine answered with warnings; rules "

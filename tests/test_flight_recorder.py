@@ -173,3 +173,53 @@ def test_a_directory_that_cannot_hold_the_ring_is_one_warning(tmp_path):
     finally:
         exporter.stop()
     assert not os.path.exists(blocked / "state")
+
+
+def _diagnose(capsys, *argv: str) -> tuple[int, str, str]:
+    from fleetscope import cli
+
+    code = cli.main(["diagnose", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_diagnose_reads_the_ring_of_a_state_directory_since_when_asked(tmp_path, capsys):
+    recorder = _recorder(tmp_path)
+    now = time.time()
+    times = [now - 60 * k for k in (5, 4, 3, 2, 1, 0)]
+    try:
+        for at in times:
+            recorder.record_one(now=at)
+    finally:
+        recorder.close()
+    code, out, err = _diagnose(capsys, "--state-dir", str(tmp_path), "--since", "150s",
+                               "--json")
+    document = json.loads(out)
+    assert code in (0, 1, 2), err
+    assert document["source"] == "bundle"  # the contract's kind: the ring is a bundle
+    assert document["flight_recorder"] == {"state_dir": str(tmp_path), "since_seconds": 150}
+    kept = [round(at, 3) for at in times if at >= now - 150]
+    assert len(kept) == 3
+    assert (document["window"]["start"], document["window"]["end"]) == (kept[0], kept[-1])
+    code, out, _ = _diagnose(capsys, "--state-dir", str(tmp_path), "--json")
+    assert json.loads(out)["window"]["start"] == round(times[0], 3)  # all it keeps
+    code, out, err = _diagnose(capsys, "--state-dir", str(tmp_path), "--since", "150s")
+    assert f"(flight recorder in {tmp_path}," in " ".join(out.split())  # the first line
+
+
+def test_diagnose_says_what_the_state_directory_lacks(tmp_path, capsys):
+    code, out, err = _diagnose(capsys, "--state-dir", str(tmp_path), "--since", "5m")
+    assert code == 3 and out == ""
+    assert err.count("\n") == 1 and "holds no flight recorder ring" in err
+    recorder = _recorder(tmp_path)
+    try:
+        recorder.record_one(now=time.time() - 600)
+        recorder.record_one(now=time.time())
+    finally:
+        recorder.close()
+    code, out, err = _diagnose(capsys, "--state-dir", str(tmp_path), "--since", "5m")
+    assert code == 3 and "holds 1 sample(s) of the last 300 s" in err and err.count("\n") == 1
+    code, _, err = _diagnose(capsys, "--bundle", str(tmp_path / RING), "--since", "5m")
+    assert code == 2 and "--since goes with --state-dir" in err
+    code, _, err = _diagnose(capsys, "--state-dir", str(tmp_path), "--since", "soon")
+    assert code == 2 and "--since: a duration" in err

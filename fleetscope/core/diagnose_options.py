@@ -3,7 +3,8 @@ for every command, and defining these must not import what diagnosing needs (the
 the engine, rich), so `fleetscope exporter` starts without them. They live in core, not in
 the diagnose package: importing any module of that package loads the package itself.
 
-    fleetscope diagnose [--bundle PATH | --prometheus URL [--node NAME | --fleet]]
+    fleetscope diagnose [--bundle PATH | --prometheus URL [--node NAME | --fleet] |
+                         --state-dir DIR [--since 30m]]
                         [--seconds N] [--json] [--verbose] [--config FILE]
 """
 
@@ -18,11 +19,32 @@ PROMETHEUS_SECONDS = 300.0  # 20 scrapes at 15 s, the rules' 1-minute rates behi
 MAX_ANSWERS_MIB = 32.0
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '2h', '1d' (or plain seconds) -> seconds; ValueError otherwise."""
+    text = text.strip()
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= 7 * 86400:  # NaN too
+        raise ValueError(f"a duration from 1s to 7d, like 30m, not {text[:40]!r}")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--bundle", metavar="PATH", help="diagnose a recorded bundle "
                         "(directory or .tar.gz); never contacts the network")
     source.add_argument("--prometheus", metavar="URL", help="diagnose from a Prometheus server")
+    source.add_argument("--state-dir", metavar="DIR", help="diagnose the flight recorder's ring "
+                        "the exporter keeps there (`exporter --state-dir DIR`): the node's "
+                        "own recent past, no network needed")
+    parser.add_argument("--since", metavar="AGO", help="with --state-dir: only the ring's "
+                        "samples of the last AGO (90s, 30m, 2h; default: all it keeps)")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--node", metavar="NAME", help="with --prometheus: the node's "
                        "`instance` label, the exporter's host:port as Prometheus scrapes it "
