@@ -6,7 +6,7 @@ collectors that derives everything else from the declarations.
         evidence = Evidence(
             sampled=("proc/sys/net/core/somaxconn", ...),   copied into every bundle sample
             read_limits={"somaxconn": 4 * KIB},               the most the kernel writes there
-            signals=(Signal("fleetscope_sysctl", "kernel settings", "value"),))
+            signals=(Signal("fleetscope_sysctl", "kernel settings, by sysctl name"),))
 
 A collector registers itself when its module is imported (Collector.__init_subclass__), so a
 new one is its own module: the exporter runs it, `bundle record` copies what it declares
@@ -74,17 +74,18 @@ class CollectorRegistry(dict):
     def __init__(self) -> None:
         super().__init__()
         self._limits: dict[str, int] | None = None
+        self._signals: dict[str, Signal] | None = None
 
     def __setitem__(self, name: str, collector: Any) -> None:
-        self._limits = None
+        self._limits = self._signals = None
         super().__setitem__(name, collector)
 
     def __delitem__(self, name: str) -> None:
-        self._limits = None
+        self._limits = self._signals = None
         super().__delitem__(name)
 
     def pop(self, name: str, *default: Any) -> Any:
-        self._limits = None
+        self._limits = self._signals = None
         return super().pop(name, *default)
 
     def add(self, collector: Any) -> None:
@@ -145,12 +146,17 @@ class CollectorRegistry(dict):
     def signal(self, name: str) -> Signal | None:
         """The declared signal `name` (a metric family; a histogram's _bucket, _count and
         _sum series are its family's), or None."""
-        for family in (name, *(name.removesuffix(suffix) for suffix in HISTOGRAM_SERIES
-                               if name.endswith(suffix))):
+        signals = self._signals
+        if signals is None:
+            signals = {}
             for collector in self.values():
                 for signal in collector.evidence.signals:
-                    if signal.name == family:
-                        return signal
+                    signals.setdefault(signal.name, signal)
+            self._signals = signals
+        for family in (name, *(name.removesuffix(suffix) for suffix in HISTOGRAM_SERIES
+                               if name.endswith(suffix))):
+            if family in signals:
+                return signals[family]
         return None
 
 

@@ -68,19 +68,11 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
 def _flight_recorder(state_dir: str, config):
     """The exporter's `beside`: the flight recorder on its evidence source, or nothing (one
     warning) where the directory cannot hold the ring."""
-    def start(source):
+    def beside(source):
         from fleetscope.bundle.ring import start
 
-        recording = start(state_dir, config, source)
-        if recording is None:
-            return None
-        recorder, stop = recording
-
-        def close():
-            stop.set()
-            recorder.close()
-        return close
-    return start
+        return start(state_dir, config, source)
+    return beside
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:

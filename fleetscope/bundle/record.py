@@ -84,7 +84,7 @@ KERNEL_LOG_COMMANDS = (("dmesg",),
                        ("journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-iso"))
 
 
-def _live_kernel_log(timeout: float) -> tuple[str | None, str | None]:
+def live_kernel_log(timeout: float) -> tuple[str | None, str | None]:
     """(the kernel's records, the command that gave them), or (None, None)."""
     for index, argv in enumerate(KERNEL_LOG_COMMANDS):
         text = _run(list(argv), timeout)
@@ -532,7 +532,7 @@ def _record(output, seconds, interval, config, source, progress, commands, parti
                 progress(index + 1, count)
         # The kernel log last, so it holds what happened during the window (a crash loop's
         # SIGILLs are the incident, not history).
-        dmesg, kernel_log = (_live_kernel_log(config.command_timeout_seconds)
+        dmesg, kernel_log = (live_kernel_log(config.command_timeout_seconds)
                              if commands.live else (None, None))
         if dmesg is None and DMESG in commands.source.kernel_logs:
             try:

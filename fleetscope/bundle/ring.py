@@ -29,13 +29,14 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 
 from fleetscope.bundle.commands import CommandOutputs
 from fleetscope.bundle.record import (
-    _live_kernel_log,
     bundle_meta,
     capture_sample,
     capture_static,
+    live_kernel_log,
 )
 from fleetscope.bundle.redact import Redactor
 from fleetscope.collectors.source import DMESG, EvidenceSource
@@ -185,7 +186,7 @@ class FlightRecorder:
         event rules read a ring's crashes and OOM kills there."""
         if not self.source.own_root:
             return
-        text, command = _live_kernel_log(self.config.command_timeout_seconds)
+        text, command = live_kernel_log(self.config.command_timeout_seconds)
         if text is not None:
             _replace(os.path.join(self.ring, STATIC, DMESG), text)
             self._kernel_log_from = command
@@ -211,9 +212,9 @@ class FlightRecorder:
 
 
 def start(state_dir: str, config: Config, source: EvidenceSource
-          ) -> tuple[FlightRecorder, threading.Event] | None:
-    """The exporter's flight recorder running in a thread, or None (one warning) where the
-    directory cannot hold the ring."""
+          ) -> Callable[[], None] | None:
+    """The exporter's flight recorder running in a thread, and how to stop it; None (one
+    warning) where the directory cannot hold the ring."""
     recorder = FlightRecorder(state_dir, config, source)
     try:
         recorder.open()
@@ -224,4 +225,8 @@ def start(state_dir: str, config: Config, source: EvidenceSource
     threading.Thread(target=recorder.run, args=(stop,), name="flight-recorder",
                      daemon=True).start()
     log.info("flight recorder: a sample every %g s into %s", recorder.interval, recorder.ring)
-    return recorder, stop
+
+    def close() -> None:
+        stop.set()
+        recorder.close()
+    return close
