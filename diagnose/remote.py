@@ -1,20 +1,25 @@
 """Rules evaluated where the data is: `fleetscope diagnose --prometheus URL` on the query engine.
 
 Prometheus (or anything speaking its query API: VictoriaMetrics, Thanos, Mimir) evaluates
-each rule's condition, and only the label sets that fire come back:
+the terms of the rules' conditions, and only the label sets each term keeps come back:
 
     GET /api/v1/label/__name__/values?match[]=...     which signals the source has
-    GET /api/v1/query_range  query=<condition PromQL>  one per rule and severity tier,
-                             start, end, step=15s      over the evaluation steps
+    GET /api/v1/query_range  query=<terms, batched>    each distinct term of every condition
+                             start, end, step=15s      once over the evaluation steps, many
+                                                       terms a query (diagnose/terms.py)
     GET /api/v1/query        query=<evidence PromQL with instance=~"n1|n2|...">, time=...
-                                                       evidence, for the firing nodes alone
+                                                       evidence, for the firing nodes alone,
+                                                       batched the same way
 
-(GET throughout: node filters are split so no query passes MAX_QUERY_CHARS.)
+(GET throughout: node filters are split and batches sized so no query passes
+MAX_QUERY_CHARS.)
 
-Persistence is judged in Python on the returned steps with the in-process engine's own
-function (engine.held_label_sets: held at HOLD_FRACTION of the steps, events at one), so a
-node is a finding here exactly when it would be one in-process. Answers, memory and time
-scale with the findings, not with the nodes.
+The set operations joining terms into each condition, and persistence (held at
+HOLD_FRACTION of the steps, events at one), are judged in Python with the in-process
+engine's own code (SetOp, engine.held_label_sets), so a node is a finding here exactly when
+it would be one in-process. The queries follow the catalog's distinct terms, not its rules
+(the harm terms sit in most conditions); answers, memory and time follow the findings, not
+the nodes.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from fleetscope.rules.catalog import CATALOG, NODE_LABELS, Rule
 from fleetscope.rules.harm import HARM_SIGNALS, POOL_HARMS, pick_target
 from fleetscope.rules.harm import targets as harm_targets
 from fleetscope.rules.promql import Count, Expr, Labels, Scalar, Selector, Series, Vector
+from fleetscope.rules.terms import TERM_RECORD_PREFIX, TERMS_GROUP, TERMS_RECORDED, record_name
 
-from . import accelerator_fleet, engine, fleet_findings, prometheus
+from . import accelerator_fleet, engine, fleet_findings, prometheus, terms
 
 NODE_LABEL = NODE_LABELS[0]
 STEP_SECONDS = 15.0  # the scrape interval the rules' windows assume
@@ -65,6 +71,10 @@ class QueryStats:
 
     queries: int = 0
     bytes_received: int = 0
+    # The conditions' distinct terms read from the engine's recorded series (rules export
+    # loaded over the window) and those it computed.
+    terms_recorded: int = 0
+    terms_computed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, received: int) -> None:
@@ -73,7 +83,8 @@ class QueryStats:
             self.bytes_received += received
 
     def to_json(self) -> dict:
-        return {"queries": self.queries, "bytes_received": self.bytes_received}
+        return {"queries": self.queries, "bytes_received": self.bytes_received,
+                "terms_recorded": self.terms_recorded, "terms_computed": self.terms_computed}
 
 
 class QueryClient:
@@ -296,9 +307,12 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
                     max_held_bytes: int = prometheus.MAX_HELD_BYTES,
                     parallel: int = PARALLEL_QUERIES, now: float | None = None,
                     settle_seconds: float = SETTLE_SECONDS,
-                    rules: tuple[Rule, ...] = CATALOG) -> RemoteDiagnosis:
+                    rules: tuple[Rule, ...] = CATALOG,
+                    recorded: bool = True) -> RemoteDiagnosis:
     """Every rule evaluated by the engine at `base` over the `seconds` before `now` less
-    `settle_seconds`, for one node (`node`, its instance label) or the whole fleet."""
+    `settle_seconds`, for one node (`node`, its instance label) or the whole fleet; the
+    terms the engine records (rules export loaded) read from their series unless `recorded`
+    is False."""
     client = QueryClient(base, deadline_seconds, max_answer_bytes, max_held_bytes)
     scope = {NODE_LABEL: node} if node else {}
     now = time.time() if now is None else now
@@ -345,15 +359,21 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
             queries.append((rule, tier, level.severity, expr, level.summary))
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        answers = _condition_answers(client, pool, queries, steps, step, scope)
-        candidates = _candidates(queries, answers, steps)
+        harm_conditions = [with_matchers(c, scope) if scope else c for c in POOL_HARMS]
+        term_vectors, partial_terms = _term_vectors(
+            client, pool, [query[3] for query in queries] + harm_conditions, steps, step, scope,
+            recorded)
+        candidates = _candidates(queries, [terms.condition_vectors(query[3], term_vectors, steps)
+                                           for query in queries], steps)
         _fetch_evidence(client, pool, candidates, scope)
-        harm = remote_harm(client, pool, steps, step, scope)
+        harm = remote_harm(client, pool, steps, scope, [terms.condition_vectors(
+            condition, term_vectors, steps) for condition in harm_conditions])
 
-    # A rule whose condition came back with warnings (a store down) is not judged on the
+    # A rule with a term that came back with warnings (a store down) is not judged on the
     # part that answered: no finding from it, and no clean bill either.
-    warned = {tag.removeprefix(CONDITION_TAG): "; ".join(dict.fromkeys(w))[:200]
-              for tag, w in client.warnings.items() if tag.startswith(CONDITION_TAG)}
+    warned = {query[0].id: reason for query in queries
+              for term in terms.terms(query[3])
+              if (reason := partial_terms.get(term.promql()))}
     candidates = [c for c in candidates if c.finding.rule.id not in warned]
     not_evaluated += [{"rule": rule_id, "reason": f"partial answer from the query engine: "
                        f"{reason}"} for rule_id, reason in sorted(warned.items())]
@@ -370,29 +390,135 @@ def diagnose_remote(base: str, seconds: float, node: str | None = None, *,
 
 
 HARM_TAG = "harm"
+TERMS_TAG = "terms "
 
 
-def remote_harm(client: QueryClient, pool: ThreadPoolExecutor, steps: list[int], step: float,
-                scope: dict[str, str]) -> list[engine.PoolHarm]:
-    """Each pool's harm over the window, as the in-process engine judges it (held_harm),
-    from one range query per harm signal (its pools over target: the answer is the hurting
-    pools alone) and the targets of the nodes that hurt."""
+def _term_vectors(client: QueryClient, pool: ThreadPoolExecutor, conditions: list[Expr],
+                  steps: list[int], step: float, scope: dict[str, str],
+                  use_recorded: bool = True
+                  ) -> tuple[dict[str, dict[int, Vector]], dict[str, str]]:
+    """Every distinct term of `conditions` over the steps, from range queries batching many
+    terms each (diagnose/terms.py): first the terms that drive a condition (terms.driving),
+    for the whole fleet; then the others for the nodes where a condition using them can
+    hold, none where no condition can; each read from its recorded series where the engine
+    keeps them over the window (and `use_recorded`). Returns ({term PromQL: {step: vector}},
+    {term PromQL: the warnings its answer came with}, for the terms whose data was
+    partial)."""
     start_s, end_s = steps[0] / 1000, steps[-1] / 1000
-    conditions = [with_matchers(c, scope) if scope else c for c in POOL_HARMS]
-    answers = list(pool.map(lambda c: client.query_range(c.promql(), start_s, end_s, step,
-                                                         HARM_TAG), conditions))
     step_set = set(steps)
-    harm = []
-    for signal, result in zip(HARM_SIGNALS, answers, strict=True):
-        if not result:
+    vectors: dict[str, dict[int, Vector]] = {}
+    tags: dict[str, list[str]] = {}  # the tag of each batch -> the terms in it
+
+    def fetch(jobs: list[tuple[str, str]]) -> None:
+        """(term PromQL, the PromQL sent for it: the term, or it for some nodes)."""
+        texts = [sent for _, sent in jobs]
+
+        def ask(promql: str, indices: list[int]) -> list[dict]:
+            tag = f"{TERMS_TAG}{len(tags)}"
+            tags[tag] = [jobs[index][0] for index in indices]
+            return client.query_range(promql, start_s, end_s, step, tag)
+
+        for (term, _sent), answer in zip(jobs, terms.fetch_batched(
+                texts, ask, pool, MAX_QUERY_CHARS), strict=True):
+            for at_ms, vector in _per_step(answer, step_set).items():
+                vectors.setdefault(term, {}).setdefault(at_ms, {}).update(vector)
+
+    every = {term.promql(): term for condition in conditions
+             for term in terms.terms(condition)}
+    # Terms the engine keeps recorded over the whole window are read, not computed.
+    recorded = _recorded_terms(client, steps, step, start_s, end_s) if use_recorded else {}
+    sent = {text: Selector(recorded[text]) if text in recorded else term
+            for text, term in every.items()}
+    drivers = {term.promql(): term for condition in conditions
+               for term in (terms.terms(condition) if scope
+                            else terms.driving(condition, NODE_LABEL))}
+    client.stats.terms_recorded = sum(text in recorded for text in every)
+    client.stats.terms_computed = len(every) - client.stats.terms_recorded
+    fetch([(text, with_matchers(sent[text], scope).promql() if scope else sent[text].promql())
+           for text in drivers])
+    nodes: dict[str, set[str] | None] = {}  # a filter term -> its nodes (None: every node)
+    for condition in conditions:
+        driven = [t for t in terms.terms(condition) if t.promql() not in drivers]
+        if not driven:
             continue
-        per_step = _per_step(result, step_set)
-        vectors = [(at_ms, per_step.get(at_ms, {})) for at_ms in steps]
-        nodes = sorted({dict(labels_of(series)).get(NODE_LABEL, "") for series in result})
-        target_vector: Vector = {}
-        for _chunk, expr in node_chunks(harm_targets(signal), [n for n in nodes if n]) \
-                if not scope else [(nodes, with_matchers(harm_targets(signal), scope))]:
-            target_vector.update(_vector(client.query(expr.promql(), end_s, HARM_TAG)))
+        found = [dict(labels).get(NODE_LABEL) for term in terms.driving(condition, NODE_LABEL)
+                 for vector in vectors.get(term.promql(), {}).values() for labels in vector]
+        for term in driven:
+            known = nodes.setdefault(term.promql(), set())
+            if known is not None:
+                nodes[term.promql()] = None if None in found else known | set(found)
+    jobs = []
+    for text, wanted in nodes.items():
+        if wanted is None:
+            jobs.append((text, sent[text].promql()))
+        elif wanted:
+            jobs += [(text, expr.promql()) for _chunk, expr in
+                     node_chunks(sent[text], sorted(wanted))]
+    fetch(jobs)
+    for text in every:
+        vectors.setdefault(text, {})
+    partial: dict[str, str] = {}
+    for tag, warnings in client.warnings.items():
+        for text in tags.get(tag, []):
+            partial[text] = "; ".join(dict.fromkeys(warnings))[:200]
+    return vectors, partial
+
+
+def _recorded_terms(client: QueryClient, steps: list[int], step: float, start_s: float,
+                    end_s: float) -> dict[str, str]:
+    """{term PromQL: its recorded series} for the terms the engine records (`rules export`'s
+    group fleetscope-terms loaded, the rule healthy) over every step of the window (its
+    TERMS_RECORDED sample at each); empty where it records none or not for that long."""
+    try:
+        data = client.request("/api/v1/rules", {"type": "record"})
+    except RemoteError:
+        return {}  # no rules API here (VictoriaMetrics without vmalert behind it)
+    found: dict[str, str] = {}
+    groups = data.get("groups") if isinstance(data, dict) else None
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, dict) or group.get("name") != TERMS_GROUP:
+            continue
+        for loaded in group.get("rules") or []:
+            if not isinstance(loaded, dict) or loaded.get("health") != "ok":
+                continue
+            name, query = str(loaded.get("name", "")), loaded.get("query")
+            if isinstance(query, str) and name.startswith(TERM_RECORD_PREFIX):
+                found[query] = name
+    if not found:
+        return {}
+    covered = _per_step(client.query_range(TERMS_RECORDED, start_s, end_s, step, TERMS_TAG),
+                        set(steps))
+    if len(covered) < len(steps):
+        return {}  # loaded since less than the window: those before are not recorded
+    # A record is read for its term only under the name this version gives the term.
+    return {query: name for query, name in found.items()
+            if name == record_name(query)}
+
+
+def remote_harm(client: QueryClient, pool: ThreadPoolExecutor, steps: list[int],
+                scope: dict[str, str], pool_harms: list[list[tuple[int, Vector]]]
+                ) -> list[engine.PoolHarm]:
+    """Each pool's harm over the window, as the in-process engine judges it (held_harm),
+    from each harm signal's pools over target at every step (`pool_harms`, from the terms
+    the conditions share) and the targets of the nodes that hurt (batched instant queries)."""
+    end_s = steps[-1] / 1000
+    hurting = [(signal, vectors) for signal, vectors in zip(HARM_SIGNALS, pool_harms,
+                                                            strict=True)
+               if any(vector for _, vector in vectors)]
+    jobs: list[tuple[int, str]] = []  # (signal's place in `hurting`, its targets' query)
+    for place, (signal, vectors) in enumerate(hurting):
+        nodes = sorted({dict(labels).get(NODE_LABEL, "") for _, vector in vectors
+                        for labels in vector} - {""})
+        chunks = node_chunks(harm_targets(signal), nodes) if not scope else \
+            [(nodes, with_matchers(harm_targets(signal), scope))]
+        jobs += [(place, expr.promql()) for _chunk, expr in chunks]
+    answers = terms.fetch_batched([text for _, text in jobs], lambda promql, _indices:
+                                  client.query(promql, end_s, HARM_TAG), pool, MAX_QUERY_CHARS)
+    target_vectors: list[Vector] = [{} for _ in hurting]
+    for (place, _text), answer in zip(jobs, answers, strict=True):
+        target_vectors[place].update(_vector(answer))
+    harm = []
+    for (signal, vectors), target_vector in zip(hurting, target_vectors, strict=True):
         harm += engine.held_harm(
             signal, vectors, len(steps), "?", engine.HOLD_FRACTION,
             lambda _at, labels, s=signal, v=target_vector: pick_target(v, s, labels))
@@ -411,7 +537,7 @@ def _per_step(result: list[dict], step_set: set[int]) -> dict[int, Vector]:
     return per_step
 
 
-CONDITION_TAG = "condition of "
+EVIDENCE_TAG = "evidence"
 
 
 def _unavailable_sources(client: QueryClient, scope: dict[str, str], at: float
@@ -614,66 +740,19 @@ def _with_evidence(candidates: list[_Candidate], rules: tuple[Rule, ...]) -> lis
     return findings
 
 
-def probe_steps(step_count: int, hold: float) -> int:
-    """How many of the last steps any label set that persists must show up in at least
-    once: held at `need` of `step_count` steps, it is absent at no more than
-    step_count - need of them."""
-    need = max(1, math.ceil(hold * step_count))
-    return step_count - need + 1
-
-
-def _condition_answers(client: QueryClient, pool: ThreadPoolExecutor, queries,
-                       steps: list[int], step: float, scope: dict[str, str]) -> list[list]:
-    """Each condition's range answer over the steps. A state rule's condition is first
-    queried over the last few steps only (probe_steps: a quarter of the window, the
-    cheaper query), then over the whole window for the nodes it named there: the engine
-    evaluates the expensive window for the suspects alone, and misses none (conditions
-    aggregate by instance, so a node's answer does not depend on the others)."""
-    start_s, end_s = steps[0] / 1000, steps[-1] / 1000
-
-    def probe(query) -> list | None:
-        rule, expr = query[0], query[3]
-        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
-        tag = CONDITION_TAG + rule.id
-        if scope or probes >= len(steps):
-            return client.query_range(expr.promql(), start_s, end_s, step, tag)
-        return client.query_range(expr.promql(), steps[-probes] / 1000, end_s, step, tag)
-
-    probed = list(pool.map(probe, queries))
-    jobs = []
-    for index, (query, result) in enumerate(zip(queries, probed, strict=True)):
-        rule = query[0]
-        probes = probe_steps(len(steps), engine.HOLD_FRACTION if rule.for_seconds else 0.0)
-        if scope or probes >= len(steps) or not result:
-            continue  # already the whole window (or nothing fires)
-        labels = [dict(labels_of(series)) for series in result]
-        probed[index] = []  # replaced by the whole-window answers below
-        if any(NODE_LABEL not in one for one in labels):
-            jobs.append((index, query[3]))  # not per node: the whole window, unfiltered
-            continue
-        nodes = sorted({one[NODE_LABEL] for one in labels})
-        jobs += [(index, expr) for expr in node_filtered(query[3], nodes)]
-    windows = pool.map(lambda job: client.query_range(
-        job[1].promql(), start_s, end_s, step, CONDITION_TAG + queries[job[0]][0].id), jobs)
-    for (index, _expr), result in zip(jobs, windows, strict=True):
-        probed[index] = probed[index] + result
-    return probed
-
-
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _candidates(queries, answers, steps: list[int]) -> list[_Candidate]:
-    """Firing label sets of every rule, the most severe tier per node, as the in-process
-    engine picks them."""
-    step_set = set(steps)
+def _candidates(queries, answers: list[list[tuple[int, Vector]]],
+                steps: list[int]) -> list[_Candidate]:
+    """Firing label sets of every rule, from each condition's vector at every step, the
+    most severe tier per node, as the in-process engine picks them."""
     out: list[_Candidate] = []
     tier_of: dict[tuple[str, str], int] = {}  # (rule, node) -> the tier that holds there
-    for (rule, tier, severity, _expr, summary), result in zip(queries, answers, strict=True):
-        per_step = _per_step(result, step_set)
+    for (rule, tier, severity, _expr, summary), vectors in zip(queries, answers, strict=True):
         hold = engine.HOLD_FRACTION if rule.for_seconds else 0.0
-        held = engine.held_label_sets(sorted(per_step.items()), len(steps), hold)
+        held = engine.held_label_sets(vectors, len(steps), hold)
         for labels, record in sorted(held.items()):
             finding_labels = dict(labels)
             node = finding_labels.get(NODE_LABEL, "?")
@@ -702,8 +781,14 @@ def _fetch_evidence(client: QueryClient, pool: ThreadPoolExecutor,
                 node_chunks(item.expr, nodes)
             for chunk, filtered in chunks:
                 jobs.append((members, set(chunk), index, filtered.promql(), at_ms / 1000))
-    answers = pool.map(lambda job: client.query(
-        job[3], job[4], f"evidence of {job[0][0].finding.rule.id}"), jobs)
+    answers: list[list[dict]] = [[] for _ in jobs]
+    for at in sorted({job[4] for job in jobs}):  # one batch of queries per instant
+        places = [place for place, job in enumerate(jobs) if job[4] == at]
+        batch = terms.fetch_batched([jobs[place][3] for place in places],
+                                    lambda promql, _indices, at=at: client.query(
+                                        promql, at, EVIDENCE_TAG), pool, MAX_QUERY_CHARS)
+        for place, answer in zip(places, batch, strict=True):
+            answers[place] = answer
     vectors: dict[tuple[int, int], Vector] = {}  # (candidate id, evidence index) -> samples
     for (members, chunk, index, _query, _at), result in zip(jobs, answers, strict=True):
         vector = _vector(result)

@@ -29,9 +29,10 @@ from __future__ import annotations
 import yaml
 
 from .catalog import CATALOG, Rule
-from .harm import EXPLAINED_ON, ExplainingAlerts
+from .harm import EXPLAINED_ON, POOL_HARMS, ExplainingAlerts
 from .model import ONGOING
 from .recording import recording_group
+from .terms import terms_group
 
 DEFAULT_RUNBOOK_BASE = "runbooks/"
 
@@ -91,13 +92,16 @@ def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE, rules: tuple[Rule, ...] 
               for_seconds: int | None = None, console_url: str | None = None,
               recording: bool = True, console_runbooks: bool = False) -> dict:
     """The alerts (group `fleetscope`), then the recording rules the console reads
-    (`fleetscope-recording`, rules/recording.py)."""
+    (`fleetscope-recording`, rules/recording.py) and those that keep the conditions' terms
+    evaluated for a diagnosis to read (`fleetscope-terms`, rules/terms.py)."""
     groups = [{"name": "fleetscope",
                "rules": [alert for r in rules
                          for alert in alert_rules(r, runbook_base, for_seconds, console_url,
                                                   console_runbooks)]}]
     if recording:
         groups.append(recording_group())
+        groups.append(terms_group([level.condition for rule in rules
+                                   for level in rule.levels()] + list(POOL_HARMS)))
     return {"groups": groups}
 
 

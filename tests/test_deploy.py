@@ -336,10 +336,16 @@ def test_scrape_config_passes_promtool(tmp_path):
     done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    from fleetscope.rules.harm import POOL_HARMS
     from fleetscope.rules.recording import RECORDINGS
+    from fleetscope.rules.terms import catalog_terms
 
     alerts = sum(len(rule.severities()) for rule in CATALOG)  # one alert per severity tier
-    assert f"{alerts + len(RECORDINGS)} rules found" in done.stdout + done.stderr
+    # and the conditions' terms recorded, with the record of since when they are
+    terms = catalog_terms([level.condition for rule in CATALOG for level in rule.levels()]
+                          + list(POOL_HARMS))
+    assert f"{alerts + len(RECORDINGS) + len(terms) + 1} rules found" in \
+        done.stdout + done.stderr
 
 
 def test_real_prometheus_attaches_rack_and_node_pool(tmp_path, exporter_factory):

@@ -87,7 +87,8 @@ def test_engine_side_finds_what_the_in_process_engine_finds(fleet, name, monkeyp
     code, document = _diagnose(url)
     # The same window on both sides, a minute back (VictoriaMetrics hides its newest 30 s).
     at = time.time() // 15 * 15 - 60
-    answer = remote.diagnose_remote(url, SECONDS, now=at, settle_seconds=0)
+    answer = remote.diagnose_remote(url, SECONDS, now=at, settle_seconds=0, recorded=False)
+    assert answer.stats.terms_recorded == 0 and answer.stats.terms_computed > 0
     # The in-process engine on the raw samples (read back from Prometheus: VictoriaMetrics
     # resamples a range query of a raw series onto its own step, the engine's input then
     # differs from the samples stored).
@@ -114,14 +115,46 @@ def test_engine_side_finds_what_the_in_process_engine_finds(fleet, name, monkeyp
     assert document["query_engine"]["queries"] > 0
 
 
+def test_the_diagnosis_reads_the_terms_the_engine_records(fleet):
+    """Where `rules export` is loaded (the session's Prometheus evaluates it), the engine
+    records the conditions' terms and the diagnosis reads them instead of computing them:
+    each node's injected fault, nothing else, as when computed; only the bare selectors
+    (and ALERTS) are still read as they are. VictoriaMetrics has no rules API of its own:
+    everything computed there."""
+    from fleetscope.diagnose import terms
+    from fleetscope.rules.harm import POOL_HARMS
+    from fleetscope.rules.terms import catalog_terms
+
+    # The recorded terms must cover the window and its settling before they are read.
+    remaining = fleet["started"] + SECONDS + remote.SETTLE_SECONDS + 30 - time.time()
+    if remaining > 0:
+        time.sleep(remaining)
+    url = fleet["engines"]["prometheus"].url
+    at = time.time()
+    computed = remote.diagnose_remote(url, SECONDS, now=at, recorded=False)
+    read = remote.diagnose_remote(url, SECONDS, now=at)
+    conditions = [level.condition for rule in CATALOG for level in rule.levels()]
+    every = {t.promql() for c in conditions + list(POOL_HARMS) for t in terms.terms(c)}
+    recordable = len(catalog_terms(conditions + list(POOL_HARMS)))
+    assert read.stats.terms_recorded == recordable
+    assert read.stats.terms_computed == len(every) - recordable
+    keyed = {(f.rule.id, f.node, f.severity) for f in read.findings}
+    assert keyed == {(f.rule.id, f.node, f.severity) for f in computed.findings}
+    document = {"findings": [f.to_json() for f in read.findings]}
+    assert fleet["bench"].check(document, fleet["nodes"]) == []
+    victoria = remote.diagnose_remote(fleet["engines"]["victoriametrics"].url, SECONDS)
+    assert victoria.stats.terms_recorded == 0
+
+
 def test_both_engines_agree_and_answer_with_the_findings_only(fleet):
     documents = {name: _diagnose(e.url)[1] for name, e in fleet["engines"].items()}
     prometheus, victoria = documents["prometheus"], documents["victoriametrics"]
     assert _keyed(prometheus["findings"]) == _keyed(victoria["findings"])
     assert prometheus["fleet_findings"] == victoria["fleet_findings"]
     assert len(prometheus["nodes"]) == NODES
-    # Answer size follows the findings: far less than the fleet's samples of one metric.
-    assert prometheus["query_engine"]["bytes_received"] < 200_000
+    # Answer size follows what the terms keep, not the fleet's samples: a term that holds
+    # on most nodes (an idle CPU beside a busy module) comes back whole, once for every rule.
+    assert prometheus["query_engine"]["bytes_received"] < 400_000
 
 
 def test_fleet_finding_names_the_older_stepping(fleet):
