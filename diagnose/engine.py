@@ -459,8 +459,16 @@ def explain(harm: list[PoolHarm], findings: list[Finding]) -> None:
 
 
 def reads_alerts(rule: Rule) -> bool:
-    """A rule about the other rules' findings (harm no rule explains): evaluated after them."""
-    return any("ALERTS" in condition.metrics() for _, condition, _ in rule.severities())
+    """A rule about the other rules' findings (harm no rule explains): evaluated after them.
+    Asked for every finding and pool of a fleet: the walk of its conditions is kept."""
+    known = _READS_ALERTS.get(id(rule))
+    if known is None or known[0] is not rule:
+        known = _READS_ALERTS[id(rule)] = (rule, any(
+            "ALERTS" in condition.metrics() for _, condition, _ in rule.severities()))
+    return known[1]
+
+
+_READS_ALERTS: dict[int, tuple[Rule, bool]] = {}  # by the rule's identity, the rule kept
 
 
 def drop_explained(findings: list[Finding]) -> list[Finding]:

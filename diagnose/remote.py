@@ -449,7 +449,9 @@ def _term_vectors(client: QueryClient, pool: ThreadPoolExecutor, conditions: lis
                 nodes[term.promql()] = None if None in found else known | set(found)
     jobs = []
     for text, wanted in nodes.items():
-        if wanted is None:
+        if wanted is None or len(wanted) > NODES_PER_QUERY:
+            # Beyond one filter's worth of nodes, the term for every node: one query, not
+            # one per filter (the engine matches a long regex against the fleet anyway).
             jobs.append((text, sent[text].promql()))
         elif wanted:
             jobs += [(text, expr.promql()) for _chunk, expr in
