@@ -34,6 +34,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -460,14 +461,16 @@ def import_victoria(url: str, text: Path, chunk_bytes: int = 32 << 20) -> None:
 
 
 def run_diagnosis(url: str, seconds: float, at: float, python_code: str,
-                  *extra: str) -> dict:
-    """A diagnosis (AFTER or BEFORE) or a page render (FLEET_PAGE) in a fresh child: its
+                  *extra: str, python: str = sys.executable) -> dict:
+    """A diagnosis (AFTER or BEFORE) or a page render (FLEET_PAGE) in a fresh child (of
+    `python`: another install's, from a directory where it imports its own fleetscope): its
     JSON, wall time and peak RSS."""
-    command = [sys.executable, "-c", PEAK_RSS + python_code, url, f"{seconds:g}", f"{at:.3f}",
+    command = [python, "-c", PEAK_RSS + python_code, url, f"{seconds:g}", f"{at:.3f}",
                *extra]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err)
+        proc = subprocess.Popen(command, stdout=out, stderr=err,
+                                cwd=None if python == sys.executable else "/")
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -497,9 +500,12 @@ AFTER = """
 import json, sys
 from fleetscope.diagnose import engine, remote
 from fleetscope.rules.catalog import CATALOG
-answer = remote.diagnose_remote(sys.argv[1], float(sys.argv[2]), now=float(sys.argv[3]))
+rules = tuple(r for r in CATALOG if r.id in sys.argv[4].split(",")) if len(sys.argv) > 4 \\
+    else CATALOG
+answer = remote.diagnose_remote(sys.argv[1], float(sys.argv[2]), now=float(sys.argv[3]),
+                                rules=rules)
 document = engine.diagnosis("prometheus", answer.nodes, answer.window, answer.findings,
-                            answer.not_evaluated, len(CATALOG))
+                            answer.not_evaluated, len(rules))
 document["fleet_findings"] = answer.fleet_findings
 document["query_engine"] = answer.stats.to_json()
 print(json.dumps(document))
@@ -520,7 +526,9 @@ app = AppTest.from_file(sys.argv[4], default_timeout=600)
 started = time.perf_counter()
 app.run()
 cold = time.perf_counter() - started
-errors = [e.message for e in app.exception] + [e.value for e in app.error]
+# The harm line is drawn red when some harm is unexplained: the page's verdict, no error.
+errors = [e.message for e in app.exception] + [e.value for e in app.error
+                                               if not e.value.startswith("**Harm:**")]
 started = time.perf_counter()
 app.run()
 warm = time.perf_counter() - started
@@ -565,23 +573,27 @@ def injected(profile: str) -> set[str]:
     return set() if healthy else {profile, *by_id(profile).proof.also_shown}
 
 
-def score(document: dict, fleet: list[Node]) -> dict[str, list[str]]:
+def score(document: dict, fleet: list[Node],
+          rules: set[str] | None = None) -> dict[str, list[str]]:
     """(rule, node) pairs against the injected ground truth: found, missed and extra (a rule
-    on a node that did not inject it, an unknown node included)."""
+    on a node that did not inject it, an unknown node included); with `rules`, the pairs of
+    those rules alone (a diagnosis of part of the catalog)."""
     got = {(f["rule"], f["node"]) for f in document["findings"]}
-    want = {(rule, node.instance) for node in fleet for rule in injected(node.profile)}
+    want = {(rule, node.instance) for node in fleet for rule in injected(node.profile)
+            if rules is None or rule in rules}
     return {"found": sorted(got & want), "missed": sorted(want - got),
             "extra": sorted(got - want)}
 
 
-def check(document: dict, fleet: list[Node]) -> list[str]:
-    """Each node whose findings differ from what was injected on it, both ways."""
+def check(document: dict, fleet: list[Node], rules: set[str] | None = None) -> list[str]:
+    """Each node whose findings differ from what was injected on it, both ways (of `rules`
+    alone, when given)."""
     found: dict[str, set[str]] = {}
     for finding in document["findings"]:
         found.setdefault(finding["node"], set()).add(finding["rule"])
     problems = []
     for node in fleet:
-        want = injected(node.profile)
+        want = {rule for rule in injected(node.profile) if rules is None or rule in rules}
         got = found.pop(node.instance, set())
         if got != want:
             problems.append(f"{node.instance} ({node.profile}): found {sorted(got)}, "
@@ -600,10 +612,11 @@ def prometheus_response_bytes(url: str) -> float:
 
 
 def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: list[str],
-          ahead_minutes: float | None = None):
+          ahead_minutes: float | None = None, text: bool = True):
     """Generate the fleet's samples (or reuse those of an earlier run with the same fleet in
     `workdir`), the last `ahead_minutes` of them past now (default a third, at most 10);
-    returns (fleet, profiles, start_s, points)."""
+    returns (fleet, profiles, start_s, points). `text` False: plan it only, the engines then
+    load it in pieces (load_prometheus_pieces, load_victoria_pieces)."""
     profiles = load_profiles(all_series)
     fleet = plan(nodes)
     points = int(minutes * 60 // STEP_S) + 1
@@ -617,14 +630,150 @@ def build(nodes: int, minutes: float, workdir: Path, all_series: bool, engines: 
     ahead = (min(10 * 60, minutes * 60 / 3) if ahead_minutes is None
              else ahead_minutes * 60)  # data runs this far past "now"
     start_s = int((time.time() + ahead) // STEP_S * STEP_S) - (points - 1) * STEP_S
-    for stale in ("prometheus-tsdb", "vm-data"):
+    for stale in ("prometheus-tsdb", "vm-data", PROMETHEUS_BUILT, "vm-imported"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
-    if "prometheus" in engines:
+        (workdir / stale).unlink(missing_ok=True)
+    if "prometheus" in engines and text:
         write_samples(workdir / "fleet.om", fleet, profiles, start_s, points, True)
-    if "vm" in engines:
+    if "vm" in engines and text:
         write_samples(workdir / "fleet.prom", fleet, profiles, start_s, points, False)
     meta_path.write_text(json.dumps({**meta, "start_s": start_s}))
     return fleet, profiles, start_s, points
+
+
+# A large fleet is written and loaded this many nodes at a time: the text, promtool's block
+# builder and the import hold one piece, never the fleet (16,384 nodes are 4 M series).
+PIECE_NODES = 1024
+PROMETHEUS_BUILT = "prometheus-built"
+
+
+def _pieces(fleet: list[Node], size: int = PIECE_NODES):
+    for first in range(0, len(fleet), size):
+        yield fleet[first:first + size]
+
+
+def load_prometheus_pieces(fleet, profiles, start_s: int, points: int, workdir: Path) -> int:
+    """Prometheus's blocks built piece by piece (a node range each: overlapping blocks,
+    which Prometheus merges); returns promtool's peak RSS in bytes (0 when already built)."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        raise RuntimeError("promtool is needed (Debian package prometheus)")
+    if (workdir / PROMETHEUS_BUILT).exists():
+        return 0
+    tsdb = workdir / "prometheus-tsdb"
+    shutil.rmtree(tsdb, ignore_errors=True)
+    peak = 0
+    for piece in _pieces(fleet):
+        text = workdir / "piece.om"
+        write_samples(text, piece, profiles, start_s, points, True)
+        proc = subprocess.Popen([promtool, "tsdb", "create-blocks-from", "openmetrics",
+                                 str(text), str(tsdb)], stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        text.unlink()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"promtool exited {os.waitstatus_to_exitcode(status)}")
+        peak = max(peak, usage.ru_maxrss * 1024)
+    (workdir / PROMETHEUS_BUILT).write_text("")
+    return peak
+
+
+def load_victoria_pieces(url: str, fleet, profiles, start_s: int, points: int,
+                         workdir: Path) -> None:
+    """The fleet imported into VictoriaMetrics at `url` piece by piece (once per workdir)."""
+    if (workdir / "vm-imported").exists():
+        return
+    for piece in _pieces(fleet):
+        text = workdir / "piece.prom"
+        write_samples(text, piece, profiles, start_s, points, False)
+        import_victoria(url, text)
+        text.unlink()
+    (workdir / "vm-imported").write_text("")
+
+
+def blocks_compacted(url: str, tsdb: Path, seconds: float = 1800) -> float:
+    """Wait until Prometheus has merged the pieces' overlapping blocks (one block per time
+    range left), so no compaction runs under a measurement; the seconds it took."""
+    ranges = set()
+    for meta in tsdb.glob("*/meta.json"):
+        document = json.loads(meta.read_text())
+        ranges.add((document["minTime"], document["maxTime"]))
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        loaded = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith("prometheus_tsdb_blocks_loaded ")]
+        if loaded and loaded[0] <= len(ranges):
+            break
+        time.sleep(5)
+    return time.monotonic() - started
+
+
+def _peak_rss_self() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def deployed(engine: Engine, workdir: Path, args, fleet: list[Node], start_s: int,
+             points: int) -> None:
+    """Prometheus as deployed: `rules export` loaded, so it records the conditions' terms
+    (rules/terms.py); once they cover the diagnosis window, the diagnosis reads them."""
+    from fleetscope.rules.terms import TERMS_RECORDED
+
+    rule_file = workdir / "fleetscope.rules.yml"
+    subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
+                    str(rule_file)], check=True)
+    load_rules(engine, workdir, rule_file)
+    loaded = time.time()
+    cover = args.seconds + 90  # the window, the settling and rounds of evaluation
+    at = loaded + cover
+    if at > start_s + (points - 1) * STEP_S - 60:
+        print("  as deployed: the samples end before the exported rules could cover the "
+              "window (build with a larger --ahead)")
+        return
+    time.sleep(max(0.0, at - time.time()))
+    from fleetscope.diagnose import remote
+
+    client = remote.QueryClient(engine.url, 60)
+    held = client.query_range(TERMS_RECORDED, at - cover + 30, at, STEP_S)
+    result = run_diagnosis(engine.url, args.seconds, at, AFTER)
+    document = result["document"]
+    tally = score(document, fleet)
+    print(f"  as deployed (exported rules loaded {at - loaded:.0f} s, terms recorded: "
+          f"{'yes' if held else 'no'}): {result['wall_s']:.2f} s wall, peak RSS "
+          f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, "
+          f"{document['query_engine']['queries']} queries, "
+          f"{document['query_engine']['bytes_received'] / 2**20:.2f} MiB received; found "
+          f"{len(tally['found'])}, missed {len(tally['missed'])}, extra {len(tally['extra'])}; "
+          f"{result['wall_s'] / target_seconds(len(fleet)):.2f}x the target")
+    for line in check(document, fleet)[:10]:
+        print(f"    {line}")
+    # What recording the terms costs the engine, every interval, beside the alerts.
+    with urllib.request.urlopen(f"{engine.url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    durations = {line.split('rule_group="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1]:
+                 float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith("prometheus_rule_group_last_duration_seconds{")}
+    print("  the engine's last evaluation of each exported group: " + ", ".join(
+        f"{group} {seconds:.2f} s" for group, seconds in sorted(durations.items()))
+        + f" (every {STEP_S} s)")
+
+
+def catalog_part(count: int) -> tuple:
+    """The first `count` rules of the catalog, unexplained-harm left out (it reads the
+    others' alerts: with part of them it names the rest's harm); 0: the whole catalog."""
+    from fleetscope.rules.catalog import CATALOG
+
+    if not count:
+        return CATALOG
+    return tuple(rule for rule in CATALOG if rule.id != "unexplained-harm")[:count]
+
+
+def target_seconds(nodes: int) -> float:
+    """docs/benchmarks.md's goal for a fleet diagnosis of this size: 2 s at 4,096 nodes,
+    5 s at 16,384."""
+    return 2.0 if nodes <= 4096 else 5.0
 
 
 def evaluation_time(start_s: int, points: int) -> float:
@@ -645,18 +794,28 @@ def main() -> int:
     parser.add_argument("--before", action="store_true", help="also time the old in-process "
                         "path once (Prometheus only)")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
+    parser.add_argument("--rules", default="all", help="catalog sizes to diagnose with, e.g. "
+                        "15,all: the first N rules of the catalog (unexplained-harm, which "
+                        "reads the others' alerts, only with all)")
+    parser.add_argument("--vs", metavar="PYTHON", help="also time the diagnosis under "
+                        "another fleetscope install's interpreter (the anchor), alternated")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side with --vs")
+    parser.add_argument("--ahead", type=float, metavar="MIN", help="minutes of the samples "
+                        "past now when built (default a third, at most 10): the exported "
+                        "rules evaluate now, so the diagnosis as deployed needs samples there")
+    parser.add_argument("--no-console", action="store_true",
+                        help="the diagnosis only, not the console's Fleet page")
     args = parser.parse_args()
+    catalogs = [0 if size == "all" else int(size) for size in args.rules.split(",")]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fleet-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     fleet, profiles, start_s, points = build(args.nodes, args.minutes, workdir,
-                                             args.all_series, engines)
+                                             args.all_series, engines, args.ahead, text=False)
     per_node = {p: len(s) + 2 for p, s in profiles.items()}
     samples = sum(per_node[n.profile] for n in fleet) * points
     print(f"fleet: {args.nodes:,} nodes, {samples // points:,} series, {samples:,} samples "
-          f"({args.minutes:g} min at {STEP_S} s); text written in "
-          f"{time.perf_counter() - started:.0f} s")
+          f"({args.minutes:g} min at {STEP_S} s), loaded {PIECE_NODES:,} nodes at a time")
     faults: dict[str, int] = {}
     for node in fleet:
         faults[node.profile] = faults.get(node.profile, 0) + 1
@@ -664,35 +823,81 @@ def main() -> int:
     failures = 0
     for name in engines:
         loaded = time.perf_counter()
-        engine = (start_prometheus(workdir / "fleet.om", workdir) if name == "prometheus"
-                  else start_victoria(workdir / "fleet.prom", workdir))
+        if name == "prometheus":
+            builder_peak = load_prometheus_pieces(fleet, profiles, start_s, points, workdir)
+            engine = start_prometheus(workdir / "fleet.om", workdir)
+        else:
+            engine = start_victoria(None, workdir)
         try:
-            print(f"\n{engine.name}: loaded in {time.perf_counter() - loaded:.0f} s")
+            if name == "prometheus":
+                merged = blocks_compacted(engine.url, workdir / "prometheus-tsdb")
+                how = (f"promtool's peak RSS {builder_peak / 2**30:.1f} GiB, " if builder_peak
+                       else "blocks kept from an earlier run, ") + \
+                    f"blocks merged in {merged:.0f} s"
+            else:
+                load_victoria_pieces(engine.url, fleet, profiles, start_s, points, workdir)
+                how = "imported"
+            print(f"\n{engine.name}: loaded in {time.perf_counter() - loaded:.0f} s ({how}; "
+                  f"this bench's peak RSS {_peak_rss_self() / 2**30:.1f} GiB)")
             at = evaluation_time(start_s, points)
-            result = run_diagnosis(engine.url, args.seconds, at, AFTER)
+            runs = []
+            for count in catalogs:
+                rule_ids = [rule.id for rule in catalog_part(count)]
+                extra = (",".join(rule_ids),) if count else ()
+                result = run_diagnosis(engine.url, args.seconds, at, AFTER, *extra)
+                runs.append(result)
+                document = result["document"]
+                stats = document.get("query_engine", {})
+                problems = check(document, fleet, set(rule_ids))
+                tally = score(document, fleet, set(rule_ids))
+                failures += bool(problems)
+                print(f"  diagnose --fleet, {len(rule_ids)} rules: {result['wall_s']:.2f} s "
+                      f"wall, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB, "
+                      f"{stats.get('queries')} queries, "
+                      f"{stats.get('bytes_received', 0) / 2**20:.2f} MiB received, "
+                      f"{len(document['findings'])} findings")
+                verdict = ("every injected fault on its node, nothing else" if not problems
+                           else f"{len(problems)} nodes differ")
+                print(f"    faults: {verdict}; against what was injected: found "
+                      f"{len(tally['found'])}, missed {len(tally['missed'])}, extra "
+                      f"{len(tally['extra'])} (rule, node) pairs")
+                for line in problems[:10]:
+                    print(f"      {line}")
+            if len(runs) > 1:
+                first, last = runs[0], runs[-1]
+                print(f"  {len(catalog_part(catalogs[-1]))} rules against "
+                      f"{len(catalog_part(catalogs[0]))}: "
+                      f"{last['wall_s'] / first['wall_s']:.2f}x wall, "
+                      f"{last['document']['query_engine']['queries'] / first['document']['query_engine']['queries']:.2f}x queries")  # noqa: E501
+            result = runs[-1]
             document = result["document"]
-            stats = document.get("query_engine", {})
-            problems = check(document, fleet)
-            tally = score(document, fleet)
-            failures += bool(problems)
-            print(f"  diagnose --fleet: {result['wall_s']:.2f} s wall, peak RSS "
-                  f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, {stats.get('queries')} queries, "
-                  f"{stats.get('bytes_received', 0) / 2**20:.2f} MiB received, "
-                  f"{len(document['findings'])} findings")
-            verdict = ("every injected fault on its node, nothing else" if not problems
-                       else f"{len(problems)} nodes differ")
-            print(f"  faults: {verdict}")
-            print(f"  against what was injected: found {len(tally['found'])}, missed "
-                  f"{len(tally['missed'])}, extra {len(tally['extra'])} (rule, node) pairs")
-            for line in problems[:10]:
-                print(f"    {line}")
+            if args.vs:  # the anchor: another install, the whole catalog, alternated
+                ours, theirs = [], []
+                for _ in range(args.repeat):
+                    theirs.append(run_diagnosis(engine.url, args.seconds, at, AFTER,
+                                                python=args.vs))
+                    ours.append(run_diagnosis(engine.url, args.seconds, at, AFTER))
+                other = theirs[-1]["document"]
+                ratios = sorted(o["wall_s"] / t["wall_s"] for o, t in zip(ours, theirs,
+                                                                          strict=True))
+                print(f"  against {args.vs}: {statistics.median(t['wall_s'] for t in theirs):.2f} s"
+                      f" wall, {other['query_engine']['queries']} queries, "
+                      f"{len(other['findings'])} findings (missed "
+                      f"{len(score(other, fleet)['missed'])}, extra "
+                      f"{len(score(other, fleet)['extra'])}); this one "
+                      f"{statistics.median(o['wall_s'] for o in ours):.2f} s: "
+                      f"{statistics.median(ratios):.2f}x wall (min-max "
+                      f"{ratios[0]:.2f}-{ratios[-1]:.2f}, {args.repeat} runs alternated), "
+                      f"{document['query_engine']['queries'] / other['query_engine']['queries']:.2f}x queries")  # noqa: E501
+            print(f"  target at this size: {target_seconds(len(fleet)):g} s; "
+                  f"{result['wall_s'] / target_seconds(len(fleet)):.2f}x of it")
             for entry in document.get("fleet_findings", [])[:5]:
                 print(f"  fleet: {entry['summary']}")
             if name == "prometheus":  # as deployed: the exported rules, recording too
-                rule_file = workdir / "fleetscope.rules.yml"
-                subprocess.run([sys.executable, "-m", "fleetscope", "rules", "export", "-o",
-                                str(rule_file)], check=True)
-                load_rules(engine, workdir, rule_file)
+                deployed(engine, workdir, args, fleet, start_s, points)
+            if args.no_console:
+                continue
+            if name == "prometheus":
                 recorded = wait_recorded(engine.url) is not None
                 # Its alerts fire once their `for:` has passed (the console reads them).
                 from fleetscope.rules.catalog import CATALOG
