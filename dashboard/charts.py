@@ -310,3 +310,12 @@ def stage_bars(breakdown: pd.DataFrame) -> go.Figure:
                       legend={"orientation": "h", "yanchor": "top", "y": -70 / plot,
                               "title": {"text": ""}})
     return _styled(fig)
+
+
+def warm_up() -> None:
+    """Build and serialise one small figure of each kind the Fleet page draws: plotly loads
+    its figure machinery on first use, which a server pays before its first visitor instead
+    of during that visitor's page."""
+    frame = pd.DataFrame({"x": [1, 2], "y": ["a", "b"], "c": ["ok", "warning"]})
+    px.bar(frame, x="x", y="y", color="c", orientation="h").to_json()
+    go.Figure([go.Heatmap(z=[[0.0, 1.0]]), go.Scatter(x=[0], y=[0], mode="markers")]).to_json()

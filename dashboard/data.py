@@ -127,7 +127,22 @@ def check_source(spec: str) -> None:
             raise SourceError(str(err)) from None
 
 
+# Snapshots made before the server took its first visitor (`fleetscope demo` simulates its
+# fleet, then serves): the first load of that source takes it, a Refresh makes a new one.
+_PRELOADED: dict[str, Snapshot] = {}
+
+
+def preload(spec: str) -> None:
+    """Load a demo source now, in this process, for its first visitor (other sources are
+    current only when asked: they are not made ahead)."""
+    if parse_source(spec)[0] == "demo":
+        _PRELOADED[spec] = load(spec)
+
+
 def load(spec: str) -> Snapshot:
+    preloaded = _PRELOADED.pop(spec, None)
+    if preloaded is not None:
+        return preloaded
     kind, argument = parse_source(spec)
     if kind == "demo":
         return load_demo(int(argument))

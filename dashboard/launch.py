@@ -8,7 +8,9 @@ The source is checked before Streamlit starts, so a bad one costs one line and e
 (not a source) or 3 (a bundle that does not open, a Prometheus that does not answer). So is
 the port: without --port the console takes 8501 or the next free port; a --port that is
 taken is one line and exit 3. The
-process then becomes the Streamlit server (exec), so stopping it stops the console.
+process then becomes the Streamlit server (exec), so stopping it stops the console; the
+demo simulates its fleet and runs the rules first, then serves from the same process, so its
+first visitor waits for none of it.
 """
 
 from __future__ import annotations
@@ -101,8 +103,32 @@ def run_console(source: str, host: str = "127.0.0.1", port: int | None = None,
         return fail(f"port {port} on {host} is taken: stop what holds it, or leave out "
                     f"--port to get a free one", EXIT_INPUT)
     port = chosen
+    if parse_source(source)[0] == "demo":
+        return _serve_demo(source, host, port, prog)
     env = dict(os.environ, **{SOURCE_ENV: source})
     print(f"fleetscope {prog}: http://{host}:{port}/ (source {source})", flush=True)
     args = streamlit_args(host, port)
     os.execve(sys.executable, args, env)
     return 0  # not reached
+
+
+def _serve_demo(source: str, host: str, port: int, prog: str) -> int:
+    """The demo simulates its fleet and runs the rules over it first, then serves from this
+    process: the first visitor's page draws what is already there instead of waiting for
+    it (a Refresh simulates again, up to then)."""
+    from fleetscope.dashboard import data
+
+    print(f"fleetscope {prog}: simulating the fleet ({source})...", flush=True)
+    data.preload(source)
+    from fleetscope.dashboard import charts
+
+    charts.warm_up()
+    os.environ[SOURCE_ENV] = source
+    # As `python -m streamlit` would run, without the working directory on sys.path (a
+    # folder named `fleetscope` there would shadow the installed package).
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+    from streamlit.web.cli import main
+
+    print(f"fleetscope {prog}: http://{host}:{port}/ (source {source})", flush=True)
+    main(args=streamlit_args(host, port)[3:], prog_name="streamlit")
+    return 0
