@@ -409,12 +409,12 @@ def _term_vectors(client: QueryClient, pool: ThreadPoolExecutor, conditions: lis
     vectors: dict[str, dict[int, Vector]] = {}
     tags: dict[str, list[str]] = {}  # the tag of each batch -> the terms in it
 
-    def fetch(jobs: list[tuple[str, str]]) -> None:
+    def fetch(jobs: list[tuple[str, str]], round_name: str) -> None:
         """(term PromQL, the PromQL sent for it: the term, or it for some nodes)."""
         texts = [sent for _, sent in jobs]
 
         def ask(promql: str, indices: list[int]) -> list[dict]:
-            tag = f"{TERMS_TAG}{len(tags)}"
+            tag = f"{TERMS_TAG}{round_name} {indices[0]}"  # a batch's own: asked in threads
             tags[tag] = [jobs[index][0] for index in indices]
             return client.query_range(promql, start_s, end_s, step, tag)
 
@@ -435,7 +435,7 @@ def _term_vectors(client: QueryClient, pool: ThreadPoolExecutor, conditions: lis
     client.stats.terms_recorded = sum(text in recorded for text in every)
     client.stats.terms_computed = len(every) - client.stats.terms_recorded
     fetch([(text, with_matchers(sent[text], scope).promql() if scope else sent[text].promql())
-           for text in drivers])
+           for text in drivers], "drivers")
     nodes: dict[str, set[str] | None] = {}  # a filter term -> its nodes (None: every node)
     for condition in conditions:
         driven = [t for t in terms.terms(condition) if t.promql() not in drivers]
@@ -456,7 +456,7 @@ def _term_vectors(client: QueryClient, pool: ThreadPoolExecutor, conditions: lis
         elif wanted:
             jobs += [(text, expr.promql()) for _chunk, expr in
                      node_chunks(sent[text], sorted(wanted))]
-    fetch(jobs)
+    fetch(jobs, "filters")
     for text in every:
         vectors.setdefault(text, {})
     partial: dict[str, str] = {}
