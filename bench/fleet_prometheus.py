@@ -690,13 +690,18 @@ def load_victoria_pieces(url: str, fleet, profiles, start_s: int, points: int,
     (workdir / "vm-imported").write_text("")
 
 
+def block_ranges(tsdb: Path) -> set[tuple[str, str]]:
+    """The (min, max) time of each block in `tsdb`, as `promtool tsdb list` prints them."""
+    listed = subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "list", str(tsdb)],
+                            capture_output=True, text=True, check=True, timeout=600).stdout
+    rows = [line.split() for line in listed.splitlines()[1:]]
+    return {(row[1], row[2]) for row in rows if len(row) > 2}
+
+
 def blocks_compacted(url: str, tsdb: Path, seconds: float = 1800) -> float:
     """Wait until Prometheus has merged the pieces' overlapping blocks (one block per time
     range left), so no compaction runs under a measurement; the seconds it took."""
-    ranges = set()
-    for meta in tsdb.glob("*/meta.json"):
-        document = json.loads(meta.read_text())
-        ranges.add((document["minTime"], document["maxTime"]))
+    ranges = block_ranges(tsdb)
     started = time.monotonic()
     while time.monotonic() - started < seconds:
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
