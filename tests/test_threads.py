@@ -304,7 +304,10 @@ THREADS = r"""
 import hashlib, os, sys, threading, time
 count, busy = int(sys.argv[1]), sys.argv[2] == "busy"
 data, go, never = b"x" * (64 << 20), threading.Event(), threading.Event()
-end = time.time() + 30
+# Killed by the test when done; this bound only ends it if the test cannot. Under 400 busy
+# threads on 2 cores the exporter's scrape gets a sliver of the CPU and took 17-27 s: a
+# 30 s life ended the process between the test's two scrapes (the second found a zombie).
+end = time.time() + 600
 def burn():
     go.wait()
     while time.time() < end:
