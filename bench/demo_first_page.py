@@ -28,16 +28,11 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.e2e.test_console_browser import browser, free_port, stop  # noqa: E402
+
 TARGET_SECONDS = 3.0
 SERVER_SECONDS = 300  # a demo not healthy by then has failed
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_demo(python: str, nodes: int, log: Path) -> tuple[subprocess.Popen, str, float]:
@@ -62,16 +57,6 @@ def start_demo(python: str, nodes: int, log: Path) -> tuple[subprocess.Popen, st
         time.sleep(0.05)
     stop(proc)
     raise RuntimeError(f"the demo was not healthy in {SERVER_SECONDS} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 SETTLED = """
@@ -121,7 +106,6 @@ def main() -> int:
     import shutil
     import tempfile
 
-    from tests.e2e.test_console_browser import browser
 
     logs = Path(tempfile.mkdtemp(prefix="demo-bench-"))
     driver, profile = browser()
